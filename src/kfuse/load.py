@@ -1,0 +1,181 @@
+"""Stage 1, load: a KernelBench-format problem file -> a `Problem` (its own namespace, never sys.modules).
+
+A problem file defines `class Model(nn.Module)`, `get_inputs()`, `get_init_inputs()` and module-level
+constants those two read. `--set NAME=VALUE` replaces the constant's assignment in the file's syntax tree
+before it runs, so constants derived from it (`hidden = 2 * in_features`) follow the override too.
+Every failure a user can cause is a `ProblemError`: one line naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kfuse.errors import ProblemError
+
+REQUIRED = ("Model", "get_inputs", "get_init_inputs")
+# Constants that stand for the batch: the contract's extra shape adds 37 to the first one present.
+BATCH_NAMES = ("batch_size", "batch", "n_batch", "num_batches", "M", "n_rows")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A loaded problem. `namespace` is the executed file's globals (with overrides applied)."""
+
+    path: Path
+    source: str
+    overrides: Mapping[str, int | float]
+    namespace: Mapping[str, Any] = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @property
+    def model_cls(self) -> type[torch.nn.Module]:
+        return self.namespace["Model"]
+
+    def constants(self) -> dict[str, int | float]:
+        """Module-level numeric constants (the names --set accepts), after overrides."""
+        return {k: v for k, v in self.namespace.items() if _is_number(v) and not k.startswith("_")}
+
+    def init_inputs(self) -> list[Any]:
+        args = _call(self, "get_init_inputs")
+        if not isinstance(args, (list, tuple)):
+            raise ProblemError(f"{self.path}: get_init_inputs() returned {type(args).__name__}, expected a list")
+        return list(args)
+
+    def inputs(self) -> list[torch.Tensor]:
+        args = _call(self, "get_inputs")
+        if not isinstance(args, (list, tuple)):
+            raise ProblemError(f"{self.path}: get_inputs() returned {type(args).__name__}, expected a list of tensors")
+        bad = [type(a).__name__ for a in args if not isinstance(a, torch.Tensor)]
+        if bad or not args:
+            what = ", ".join(bad) if bad else "an empty list"
+            raise ProblemError(f"{self.path}: get_inputs() must return tensors, got {what}")
+        return list(args)
+
+    def build(self, init_inputs: Sequence[Any] | None = None, cls: type | None = None) -> torch.nn.Module:
+        """Construct `cls` (default: Model) from the init inputs; a raising constructor is a ProblemError."""
+        cls = cls or self.model_cls
+        args = self.init_inputs() if init_inputs is None else list(init_inputs)
+        try:
+            return cls(*args)
+        except Exception as err:  # noqa: BLE001 - any constructor failure is the user's to fix
+            raise ProblemError(f"{self.path}: {cls.__name__}(*get_init_inputs()) raised {_one_line(err)}") from None
+
+    def with_overrides(self, extra: Mapping[str, int | float]) -> "Problem":
+        return load_problem(self.path, {**self.overrides, **extra})
+
+    def batch_constant(self) -> str | None:
+        consts = self.constants()
+        return next((n for n in BATCH_NAMES if isinstance(consts.get(n), int)), None)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def _call(problem: Problem, fn_name: str) -> Any:
+    try:
+        return problem.namespace[fn_name]()
+    except Exception as err:  # noqa: BLE001
+        raise ProblemError(f"{problem.path}: {fn_name}() raised {_one_line(err)}") from None
+
+
+def parse_set(items: Sequence[str]) -> dict[str, int | float]:
+    """`["batch_size=64", "scale=0.5"]` -> {"batch_size": 64, "scale": 0.5}; bad items are ProblemErrors."""
+    out: dict[str, int | float] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name, text = name.strip(), text.strip()
+        if not sep or not name.isidentifier():
+            raise ProblemError(f"--set {item!r}: expected NAME=VALUE")
+        out[name] = parse_number(name, text)
+    return out
+
+
+def parse_number(name: str, text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise ProblemError(f"--set {name}={text}: value is not a number") from None
+
+
+def _apply_overrides(tree: ast.Module, path: Path, overrides: Mapping[str, int | float]) -> None:
+    """Replace `NAME = <expr>` at module level by `NAME = <value>` for each override."""
+    seen: set[str] = set()
+    for stmt in tree.body:
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id in overrides and stmt.value is not None:
+                stmt.value = ast.copy_location(ast.Constant(overrides[target.id]), stmt.value)
+                seen.add(target.id)
+    unknown = sorted(set(overrides) - seen)
+    if unknown:
+        raise ProblemError(f"{path}: --set {unknown[0]}: no module-level constant of that name")
+
+
+def load_problem(path: str | Path, overrides: Mapping[str, int | float] | None = None) -> Problem:
+    path = Path(path)
+    overrides = dict(overrides or {})
+    if not path.is_file():
+        raise ProblemError(f"{path}: file not found")
+    if path.suffix != ".py":
+        raise ProblemError(f"{path}: not a Python file (expected a .py KernelBench problem)")
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError) as err:
+        raise ProblemError(f"{path}: cannot read as Python source ({_one_line(err)})") from None
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as err:
+        raise ProblemError(f"{path}: syntax error at line {err.lineno}: {err.msg}") from None
+    original = copy.deepcopy(tree)
+    _apply_overrides(tree, path, overrides)
+
+    module = types.ModuleType(f"kfuse_problem_{path.stem}")
+    module.__file__ = str(path)
+    try:
+        exec(compile(tree, str(path), "exec"), module.__dict__)  # noqa: S102 - running the user's problem is the job
+    except Exception as err:  # noqa: BLE001
+        raise ProblemError(f"{path}: running the file raised {_one_line(err)}") from None
+    missing = [n for n in REQUIRED if n not in module.__dict__]
+    if missing:
+        raise ProblemError(f"{path}: not a KernelBench problem: {', '.join(missing)} missing")
+    if not (isinstance(module.Model, type) and issubclass(module.Model, torch.nn.Module)):
+        raise ProblemError(f"{path}: Model is not a torch.nn.Module subclass")
+    for fn in ("get_inputs", "get_init_inputs"):
+        if not isinstance(module.__dict__[fn], Callable):
+            raise ProblemError(f"{path}: {fn} is not a function")
+    for name in overrides:
+        if not _is_number(_module_value(original, name, module.__dict__)):
+            raise ProblemError(f"{path}: --set {name}: {name} is not a numeric constant")
+    return Problem(path=path, source=source, overrides=overrides, namespace=module.__dict__)
+
+
+def _module_value(tree: ast.Module, name: str, namespace: Mapping[str, Any]) -> Any:
+    """The constant's value as the file wrote it (before the override), for the 'is it a number' check."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets):
+            try:
+                return ast.literal_eval(stmt.value)
+            except ValueError:
+                return namespace.get(name)
+    return namespace.get(name)
