@@ -1,0 +1,465 @@
+"""fp32-accurate GEMM tiles on tensor cores (plain Triton + torch; meant to be pasted into generated files).
+
+out = x @ W^T with x (M, K) fp32 and W (N, K) fp32 (nn.Linear layout), accurate to fp32 (max abs error vs a
+float64 evaluation within ~2x of cuBLAS fp32's own error) but computed on the fp16 tensor cores.
+
+Why the split works
+-------------------
+fp16 keeps 11 significant bits, fp32 24.  Write every operand value v as v = hi + lo with hi = fp16(v) and
+lo = fp16(v - hi): hi + lo carries ~22 bits, so the three products hi*hi + hi*lo + lo*hi (lo*lo is below fp32's
+last bit and is dropped) reproduce an fp32 product to ~2^-22 relative.  Tensor-core products of fp16 values are
+exact and are summed in fp32, so the only other error is the fp32 accumulation, as in cuBLAS.
+
+fp16 has a narrow range (max 65504, normal down to 2^-14), so every ROW of x and every row of W (= output
+column) is first multiplied by a power of two s chosen from the data: s = 2^(14 - floor(log2(max|row|))), so the
+row's largest magnitude lands in [2^14, 2^15).  Powers of two are exact, so the scaling adds no error; it is undone
+on the fp32 accumulator (acc * (1/s_row) * (1/s_col), again exact).  With max|row| at 2^14, hi is normal for
+values down to 2^-28 of the row max and lo (|lo| <= 2^-11 |hi|) stays normal for values down to 2^-17 of the
+row max; below that the lost bits sit under 2^-38 of the row max, far under fp32's rounding of the sum.  No
+separate "lo scale" is needed (the products hi*lo are exact in fp32 either way), so all three products can share
+one tensor-core accumulator.  Scaled values are < 2^15, so the accumulator is bounded by K * 2^30: it cannot
+overflow whatever the input's range (1e-6 or 1e6 inputs work the same).
+
+Schemes (SCHEME constexpr of gemm_tile)
+--------------------------------------
+  "ieee"    plain fp32 FMA dot (input_precision="ieee").  Slow (no tensor cores); the reference scheme, and the one
+            that runs under the CPU interpreter (TRITON_INTERPRET=1).
+  "tf32x3"  Triton's built-in 3-pass tf32 split (fp32 operands, tensor cores at the tf32 rate, half fp16's).
+  "fp16x3"  the fp16 split above, all three products chained into ONE tensor-core fp32 accumulator.
+  "fp16x3p" the same, but each K block's three products go into a fresh tensor-core partial that is then added
+            into an fp32 register accumulator with a round-to-nearest FADD ("promotion"; guards against the
+            tensor core's truncating accumulation at the cost of a second accumulator's registers and a
+            wgmma wait per K block).
+
+x's split: SPLIT_A=True loads fp32 x tiles and splits them in registers inside the GEMM (needs only the per-row
+scales, from split_rows_kernel with WRITE_PARTS=False: one read of x); SPLIT_A=False takes x pre-split into
+fp16 hi/lo by split_rows_kernel (one read of x, one write of 2 bytes + 2 bytes per element).
+
+Cost (problem 12: M=1024, K=8192, N=8192):  3 x 2*M*N*K = 412 GFLOP of fp16 tensor-core work -> 0.51 ms at the
+803 TFLOP/s measured for bf16 cuBLAS on the H100; bytes: W hi+lo 2*128 MiB + x 32 MiB + out 32 MiB = 320 MiB ->
+0.11 ms at 2.9 TB/s, so the kernel is compute bound.  (Problem 39 shape: M=16384, K=N=4096: 1.65 TFLOP -> 2.05 ms.)
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _patch_interpreter_for_numpy24() -> None:
+    """Triton 3.6's CPU interpreter turns every scalar into a 1-element array and calls int() on it for
+    `range(0, K)`; numpy >= 2.4 refuses int() of a 1-d array ("only 0-dimensional arrays can be converted").
+    Re-register __index__ to read the single element.  No effect on compiled (GPU) kernels."""
+    try:
+        import triton.runtime.interpreter as interp
+    except Exception:  # pragma: no cover
+        return
+    if getattr(interp, "_kfuse_numpy24_patch", False) or not hasattr(interp, "_patch_lang_tensor"):
+        return
+    orig = interp._patch_lang_tensor
+
+    def patched(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interp._patch_lang_tensor = patched
+    interp._kfuse_numpy24_patch = True
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_interpreter_for_numpy24()
+
+# The split schemes scale every row so that its max |value| lands in [2^TARGET_EXP, 2^(TARGET_EXP+1)).
+TARGET_EXP = 14
+SPLIT_SCHEMES = ("fp16x3", "fp16x3d", "fp16x3p")
+SCHEMES = ("ieee", "tf32x3") + SPLIT_SCHEMES
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# per-row power-of-two scales and the fp16 hi/lo split
+# ----------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _pow2_scale(amax):
+    """Power of two s with amax * s in [2^14, 2^15): built from amax's exponent bits, so it is exact."""
+    e = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent of amax
+    field = 127 + 14 + 127 - e  # biased exponent of s = 2^(14 - (e - 127))
+    field = tl.minimum(tl.maximum(field, 2), 252)  # zero/subnormal/inf rows: clamp (s and 1/s stay normal)
+    return (field << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pow2_inv(s):
+    """1/s for a power of two s made by _pow2_scale (exact, no division)."""
+    e = (s.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    return ((254 - e) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def split_rows_kernel(x_ptr, parts_ptr, scale_ptr, C, stride_xr, stride_xc,
+                      BLOCK_C: tl.constexpr, WRITE_PARTS: tl.constexpr):
+    """One program per row r: s[r] = _pow2_scale(max |x[r, :]|); if WRITE_PARTS, hi = fp16(x*s), lo = fp16(x*s - hi)
+    into the contiguous (R, 2C) fp16 tensor parts = [hi | lo].  Reads the row once when C <= BLOCK_C (the launcher makes it so for
+    C <= 16384), else twice (second pass mostly from L2)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_C)
+    xrow = x_ptr + row * stride_xr
+    if C <= BLOCK_C:
+        v = tl.load(xrow + offs * stride_xc, mask=offs < C, other=0.0)
+        s = _pow2_scale(tl.max(tl.abs(v), axis=0))
+        tl.store(scale_ptr + row, s)
+        if WRITE_PARTS:
+            vs = v * s
+            hi = vs.to(tl.float16)
+            lo = (vs - hi.to(tl.float32)).to(tl.float16)
+            tl.store(parts_ptr + row * 2 * C + offs, hi, mask=offs < C)
+            tl.store(parts_ptr + row * 2 * C + C + offs, lo, mask=offs < C)
+    else:
+        m = tl.zeros((BLOCK_C,), dtype=tl.float32)
+        for c0 in range(0, C, BLOCK_C):
+            v = tl.load(xrow + (c0 + offs) * stride_xc, mask=c0 + offs < C, other=0.0)
+            m = tl.maximum(m, tl.abs(v))
+        s = _pow2_scale(tl.max(m, axis=0))
+        tl.store(scale_ptr + row, s)
+        if WRITE_PARTS:
+            for c0 in range(0, C, BLOCK_C):
+                v = tl.load(xrow + (c0 + offs) * stride_xc, mask=c0 + offs < C, other=0.0)
+                vs = v * s
+                hi = vs.to(tl.float16)
+                lo = (vs - hi.to(tl.float32)).to(tl.float16)
+                tl.store(parts_ptr + row * 2 * C + c0 + offs, hi, mask=c0 + offs < C)
+                tl.store(parts_ptr + row * 2 * C + C + c0 + offs, lo, mask=c0 + offs < C)
+
+
+def _split_launch(x: torch.Tensor, write_parts: bool):
+    assert x.dim() == 2 and x.dtype == torch.float32
+    R, C = x.shape
+    scale = torch.empty(R, device=x.device, dtype=torch.float32)
+    parts = torch.empty(R, 2 * C, device=x.device, dtype=torch.float16) if write_parts else scale
+    block_c = min(triton.next_power_of_2(max(C, 16)), 16384)
+    num_warps = 8 if block_c >= 4096 else 4
+    split_rows_kernel[(R,)](x, parts, scale, C, x.stride(0), x.stride(1),
+                            BLOCK_C=block_c, WRITE_PARTS=write_parts, num_warps=num_warps)
+    if write_parts:
+        return parts[:, :C], parts[:, C:], scale
+    return None, None, scale
+
+
+def split_weight(w: torch.Tensor) -> tuple:
+    """W (N, K) fp32 -> (w_hi, w_lo, w_scale).  w_hi = parts[:, :K] and w_lo = parts[:, K:] are views of ONE
+    contiguous (N, 2K) fp16 tensor (so they share strides (2K, 1)); W[n] * w_scale[n] ~= w_hi[n] + w_lo[n] to
+    ~2^-22 relative; w_scale (N,) fp32 powers of two.  Done once per weight; the caller caches the tuple.
+    Cost: reads 4 and writes 4 bytes per weight element (W 8192x8192: 512 MiB moved, ~0.2 ms)."""
+    return _split_launch(w.float().contiguous(), True)
+
+
+def split_x(x: torch.Tensor) -> tuple:
+    """x (M, K) fp32 -> (x_hi, x_lo, x_scale), same layout as split_weight (for configs with split_a=False).
+    One Triton kernel: reads x once (4 B/elem), writes 4 B/elem + 4 B/row."""
+    return _split_launch(x, True)
+
+
+def row_scales(x: torch.Tensor) -> torch.Tensor:
+    """x (M, K) fp32 -> x_scale (M,): the per-row powers of two only (split_a=True configs; reads x once)."""
+    return _split_launch(x, False)[2]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the reusable tile
+# ----------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _fp16_dot_loop(acc, a_ptrs, b_ptrs, a_s, K, stride_ak, stride_bk,
+                   BLOCK_K: tl.constexpr, A_PART: tl.constexpr, EVEN_K: tl.constexpr):
+    """acc += sum over K of A_part @ B with ONE fp16 tensor-core dot per K block (Triton then keeps the wgmma
+    asynchronous across iterations; several dots per iteration make it wait after each).
+    A_PART: 0 = a_ptrs already point at fp16 (pre-split hi or lo); 1 = fp32 x, use hi(x*s); 2 = fp32 x, lo(x*s)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - kb * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if A_PART == 1:
+            a = (a * a_s[:, None]).to(tl.float16)
+        elif A_PART == 2:
+            av = a * a_s[:, None]
+            a = (av - av.to(tl.float16).to(tl.float32)).to(tl.float16)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
+              pid_m, pid_n, M, N, K,
+              stride_am, stride_ak, stride_bn, stride_bk,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr):
+    """Return the fp32 (BLOCK_M, BLOCK_N) tile acc[i, j] = sum_k A[m_i, k] * B[n_j, k] (= (x @ W^T) tile) for
+    rows m_i = pid_m*BLOCK_M + i, cols n_j = pid_n*BLOCK_N + j.  Rows/cols past M/N are computed from wrapped
+    (valid) indices: the caller must mask its store with (offs_m < M) & (offs_n < N).
+
+    Operands by SCHEME:
+      "ieee", "tf32x3": a_ptr = x fp32 (M, K), b_ptr = W fp32 (N, K); the *_lo_ptr / *_scale_ptr are unused.
+      split schemes: b_ptr, b_lo_ptr = w_hi, w_lo fp16 (N, K) sharing strides (stride_bn, stride_bk),
+          b_scale_ptr = w_scale (N,) (split_weight); SPLIT_A=True: a_ptr = x fp32, a_scale_ptr = x_scale (M,)
+          (row_scales), a_lo_ptr unused; SPLIT_A=False: a_ptr, a_lo_ptr = x_hi, x_lo fp16 (M, K) sharing strides
+          (stride_am, stride_ak), a_scale_ptr = x_scale (split_x).
+    EVEN_K: K % BLOCK_K == 0 (drops the K mask from the loads; set by the launcher, any K is handled otherwise).
+    """
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Wrap out-of-range rows/cols onto valid ones so the loads need no M/N mask (their results are never stored).
+    offs_am = offs_m % M
+    offs_bn = offs_n % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_off = offs_am[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak
+    b_off = offs_bn[None, :].to(tl.int64) * stride_bn + offs_k[:, None] * stride_bk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SCHEME == "ieee" or SCHEME == "tf32x3":
+        a_ptrs = a_ptr + a_off
+        b_ptrs = b_ptr + b_off
+        for kb in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                k_left = K - kb * BLOCK_K
+                a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=SCHEME)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+    else:
+        a_s = tl.load(a_scale_ptr + offs_am)
+        if SCHEME == "fp16x3":
+            # Three single-dot K loops into ONE tensor-core accumulator: lo*hi, hi*lo, then hi*hi.
+            if SPLIT_A:
+                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
+                                     BLOCK_K, 2, EVEN_K)
+                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_lo_ptr + b_off, a_s, K, stride_ak, stride_bk,
+                                     BLOCK_K, 1, EVEN_K)
+                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
+                                     BLOCK_K, 1, EVEN_K)
+            else:
+                acc = _fp16_dot_loop(acc, a_lo_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
+                                     BLOCK_K, 0, EVEN_K)
+                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_lo_ptr + b_off, a_s, K, stride_ak, stride_bk,
+                                     BLOCK_K, 0, EVEN_K)
+                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
+                                     BLOCK_K, 0, EVEN_K)
+        else:
+            # "fp16x3d" / "fp16x3p": one K loop, three dots per K block.
+            a_ptrs = a_ptr + a_off
+            a_lo_ptrs = a_lo_ptr + a_off
+            b_ptrs = b_ptr + b_off
+            b_lo_ptrs = b_lo_ptr + b_off
+            for kb in range(0, tl.cdiv(K, BLOCK_K)):
+                if EVEN_K:
+                    a = tl.load(a_ptrs)
+                    b = tl.load(b_ptrs)
+                    b_lo = tl.load(b_lo_ptrs)
+                else:
+                    k_left = K - kb * BLOCK_K
+                    a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                    b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+                    b_lo = tl.load(b_lo_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+                if SPLIT_A:
+                    av = a * a_s[:, None]  # exact (power of two)
+                    a_hi = av.to(tl.float16)
+                    a_lo = (av - a_hi.to(tl.float32)).to(tl.float16)
+                else:
+                    a_hi = a
+                    if EVEN_K:
+                        a_lo = tl.load(a_lo_ptrs)
+                    else:
+                        a_lo = tl.load(a_lo_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                if SCHEME == "fp16x3d":
+                    acc = tl.dot(a_lo, b, acc)
+                    acc = tl.dot(a_hi, b_lo, acc)
+                    acc = tl.dot(a_hi, b, acc)
+                else:  # "fp16x3p": fresh tensor-core partial per K block, added with a round-to-nearest FADD
+                    part = tl.dot(a_lo, b)
+                    part = tl.dot(a_hi, b_lo, part)
+                    part = tl.dot(a_hi, b, part)
+                    acc = acc + part
+                a_ptrs += BLOCK_K * stride_ak
+                a_lo_ptrs += BLOCK_K * stride_ak
+                b_ptrs += BLOCK_K * stride_bk
+                b_lo_ptrs += BLOCK_K * stride_bk
+        # undo the row/col powers of two (exact)
+        b_s = tl.load(b_scale_ptr + offs_bn)
+        acc = acc * _pow2_inv(a_s)[:, None] * _pow2_inv(b_s)[None, :]
+    return acc
+
+
+@triton.jit
+def _tile_ids(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped ordering: GROUP_M row-blocks share each sweep over the column blocks, so their W tiles are reused
+    from L2 while they are hot."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_in_group = GROUP_M * num_pid_n
+    group_id = tile // num_in_group
+    first_m = group_id * GROUP_M
+    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % num_in_group) % group_size
+    pid_n = (tile % num_in_group) // group_size
+    return pid_m, pid_n
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# example fused kernel: y = LeakyReLU((x @ W^T + bias) * mult, slope)   (KernelBench problem 12)
+# ----------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
+                             tile, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on,
+                             mult, slope, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             GROUP_M: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr,
+                             EVEN_K: tl.constexpr):
+    pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
+                    pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
+                    BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K)
+    # epilogue on the fp32 accumulator, then a masked store
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
+    y = (acc + bias[None, :]) * mult
+    y = tl.where(y >= 0, y, y * slope)
+    out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :] * stride_on
+    tl.store(out_ptrs, y, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def gemm_bias_mul_leakyrelu_kernel(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
+                                   M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on,
+                                   mult, slope,
+                                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                   GROUP_M: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr,
+                                   EVEN_K: tl.constexpr, PERSISTENT: tl.constexpr, NUM_SMS: tl.constexpr):
+    if PERSISTENT:  # one program per SM walks the tiles (grid = NUM_SMS)
+        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        for tile in range(tl.program_id(0), num_tiles, NUM_SMS):
+            _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
+                                     tile, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on,
+                                     mult, slope, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCHEME, SPLIT_A, EVEN_K)
+    else:  # one program per tile
+        _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
+                                 tl.program_id(0), M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
+                                 stride_om, stride_on, mult, slope, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCHEME,
+                                 SPLIT_A, EVEN_K)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    split_a: bool = True  # split schemes: split x inside the GEMM (True) or by split_x beforehand (False)
+    persistent: bool = False  # one program per SM looping over tiles
+
+    def short(self) -> str:
+        s = f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}_w{self.num_warps}_s{self.num_stages}"
+        if self.split_a is False:
+            s += "_presplit"
+        if self.persistent:
+            s += "_pers"
+        return s
+
+
+def valid_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
+    """A small config space.  Split schemes: the tile loop holds fp16 hi+lo of A and B per stage
+    ((BM + BN) * BK * 4 bytes; fp32 x when split inside: the same) -- 228 KB of shared memory caps the stages.
+    One accumulator of 128x256 over 8 warps is 128 registers/thread; fp16x3p needs two (partial + fp32 sum),
+    so it is limited to 128x128 tiles."""
+    if scheme in ("ieee", "tf32x3"):
+        return [GemmConfig(128, 128, 32, 8, 8, 3), GemmConfig(128, 64, 32, 8, 4, 4),
+                GemmConfig(64, 64, 32, 8, 4, 3), GemmConfig(128, 256, 32, 8, 8, 3)]
+    if scheme == "fp16x3p":
+        return [GemmConfig(128, 128, 32, 8, 8, 4), GemmConfig(128, 128, 64, 8, 8, 3),
+                GemmConfig(128, 128, 32, 8, 8, 4, split_a=False), GemmConfig(64, 128, 32, 8, 4, 4)]
+    return [GemmConfig(128, 256, 32, 8, 8, 3), GemmConfig(128, 256, 32, 8, 8, 4),
+            GemmConfig(128, 256, 64, 8, 8, 2), GemmConfig(128, 128, 64, 8, 8, 3),
+            GemmConfig(128, 128, 32, 8, 4, 4), GemmConfig(256, 128, 32, 8, 8, 3),
+            GemmConfig(128, 256, 32, 8, 8, 3, split_a=False), GemmConfig(128, 256, 32, 8, 8, 3, persistent=True)]
+
+
+def default_config(M: int, N: int, K: int, scheme: str) -> GemmConfig:
+    """Best measured config per shape class (see benchmarks/gemm/NOTES.md)."""
+    if scheme in ("ieee", "tf32x3"):
+        return GemmConfig(128, 128, 32, 8, 8, 3) if M >= 128 else GemmConfig(64, 64, 32, 8, 4, 3)
+    if scheme == "fp16x3p":
+        return GemmConfig(128, 128, 32, 8, 8, 4) if M >= 128 else GemmConfig(64, 128, 32, 8, 4, 4)
+    if M < 128 or N < 128:
+        return GemmConfig(64, 128, 32, 8, 4, 4)
+    return GemmConfig(128, 256, 32, 8, 8, 3)
+
+
+_NUM_SMS = {}
+
+
+def _num_sms(device) -> int:
+    if device not in _NUM_SMS:
+        _NUM_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return _NUM_SMS[device]
+
+
+def gemm_bias_mul_leakyrelu(x: torch.Tensor, w_parts, bias: torch.Tensor, mult: float, slope: float,
+                            scheme: str = "fp16x3", config: GemmConfig | None = None,
+                            x_parts: tuple | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = LeakyReLU((x @ W^T + bias) * mult, slope), x (M, K) fp32.
+    w_parts: the fp32 W (N, K) for "ieee"/"tf32x3"; split_weight(W) for the split schemes.
+    x_parts: optional precomputed split_x(x) / (None, None, row_scales(x)) -- otherwise computed here (and timed
+    as part of the call)."""
+    assert scheme in SCHEMES, scheme
+    M, K = x.shape
+    if scheme in SPLIT_SCHEMES:
+        w_hi, w_lo, w_scale = w_parts
+        N = w_hi.shape[0]
+        assert w_hi.dtype == torch.float16 and w_hi.stride() == w_lo.stride()
+    else:
+        w = w_parts[0] if isinstance(w_parts, (tuple, list)) else w_parts
+        N = w.shape[0]
+    cfg = config or default_config(M, N, K, scheme)
+    if out is None:
+        out = torch.empty(M, N, device=x.device, dtype=torch.float32)
+    if scheme in SPLIT_SCHEMES:
+        if cfg.split_a:
+            x_scale = x_parts[2] if x_parts is not None else row_scales(x)
+            a, a_lo, a_s = x, x, x_scale
+        else:
+            a, a_lo, a_s = x_parts if x_parts is not None else split_x(x)
+        b, b_lo, b_s = w_hi, w_lo, w_scale
+    else:
+        a, a_lo, a_s = x, x, x
+        b, b_lo, b_s = w, w, w
+    assert b.stride() == b_lo.stride() and (cfg.split_a or a.stride() == a_lo.stride())
+    num_tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    nsm = _num_sms(x.device)
+    grid = (min(num_tiles, nsm),) if cfg.persistent else (num_tiles,)
+    gemm_bias_mul_leakyrelu_kernel[grid](
+        a, a_lo, a_s, b, b_lo, b_s, bias, out, M, N, K,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+        float(mult), float(slope),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        SCHEME=scheme, SPLIT_A=cfg.split_a, EVEN_K=(K % cfg.block_k == 0),
+        PERSISTENT=cfg.persistent, NUM_SMS=nsm if cfg.persistent else 1,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+def gemm_bias_mul_leakyrelu_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, mult: float,
+                                slope: float) -> torch.Tensor:
+    """Plain torch reference (computes in x's dtype: pass float64 tensors for the accuracy reference)."""
+    y = (x @ w.t() + bias) * mult
+    return torch.nn.functional.leaky_relu(y, slope)
