@@ -112,10 +112,14 @@ def run_model(model: torch.nn.Module, inputs: Sequence[torch.Tensor], seed: int)
     return snapshot(model, out)
 
 
-def reference_run(problem: Problem, seed: int, device: str, precision: str = "fp32") -> tuple[Reference, torch.nn.Module]:
-    """The eager result (in `precision`) and the float64 result of one draw; also the fresh eager model."""
+def reference_run(problem: Problem, seed: int, device: str, precision: str = "fp32",
+                  input_seed: int | None = None) -> tuple[Reference, torch.nn.Module]:
+    """The eager result (in `precision`) and the float64 result of one draw; also the fresh eager model.
+
+    `input_seed` (default: `seed`) draws the inputs apart from the model, so one model instance can be
+    judged on several fresh draws (`kfuse eval` does this to catch results cached across calls)."""
     model = seeded_build(problem, seed)
-    inputs = seeded_inputs(problem, seed)
+    inputs = seeded_inputs(problem, seed if input_seed is None else input_seed)
     f64_model = copy.deepcopy(model).to(device=device, dtype=torch.float64)
     pristine = copy.deepcopy(model).to(device=device, dtype=DTYPES[precision])
     eager_model = model.to(device=device, dtype=DTYPES[precision])

@@ -1,0 +1,374 @@
+"""One (REF, CANDIDATE) pair -> an `EvalRecord` (-> JSON).
+
+The judge process loads REF and computes every reference result itself (verify.reference_run: eager in the
+chosen precision and float64). The candidate lives in a worker process (ipc.py / worker.py) that receives
+inputs and sends back outputs; it never sees a reference. Per shape the candidate is built once and called
+on fresh input draws (a fresh seed each), so a result cached across calls fails; its state is reloaded
+before each call so buffers (BatchNorm statistics) match a fresh reference.
+
+Shapes: the problem as given (`trials` draws), batch + 37 and, where the file names feature sizes the
+reference accepts changed, those + 13 (one draw each): kernels must mask, not specialize.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+import secrets
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kfuse.errors import KfuseError, ProblemError
+from kfuse.judge import cheats
+from kfuse.judge.ipc import WorkerFailure, WorkerHandle
+from kfuse.load import Problem, load_problem
+from kfuse.timing import time_cuda, timing_unavailable
+from kfuse.verify import (DTYPES, RULES, TOLERANCES, Reference, Results, Verdict, cast_inputs, compare,
+                          extra_shape_problem, flatten, reference_run)
+
+FEATURE_STEP = 13  # the feature-size change for the second extra shape (odd, off every power-of-two tile)
+FEATURE_NAME = re.compile(r"(features|channels|hidden\w*|_dim|^dim|embed\w*|d_model)$")
+SHAPE_SEED_STRIDE = 7919  # seeds of different shapes never coincide
+# The references seed torch's global RNG: evaluations that run side by side (threads) take turns.
+_REFERENCE_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    device: str = "cpu"
+    precision: str = "fp32"
+    trials: int = 5
+    perf_trials: int = 100
+    warmup: int = 5
+    timeout_s: float = 300.0  # the whole candidate: start, import, every call, timing
+    seed: int | None = None  # None: drawn at random (and recorded), so no candidate can know it
+    overrides: Mapping[str, int | float] = field(default_factory=dict)
+    extra_shapes: bool = True
+    compile_baseline: bool = True
+
+
+@dataclass
+class EvalRecord:
+    """What `kfuse eval` reports; `to_json()` is the documented JSON (docs/eval.md)."""
+
+    problem: str
+    ref: str
+    candidate: str
+    device: str
+    precision: str
+    seed: int
+    compiled: bool = False
+    correct: bool = False
+    flags: list[str] = field(default_factory=list)
+    flag_details: dict[str, str] = field(default_factory=dict)
+    max_abs_err: float | None = None
+    ref_max_abs_err: float | None = None
+    max_abs_diff_eager: float | None = None
+    rules: dict[str, bool | None] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    shapes: list[str] = field(default_factory=list)
+    trials: int = 0
+    runtime_ms: float | None = None
+    ref_runtime_ms: float | None = None
+    compile_runtime_ms: float | None = None
+    speedup_eager: float | None = None
+    speedup_compile: float | None = None
+    timing: dict[str, Any] = field(default_factory=dict)
+    triton_launches: int = 0
+    kernels: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+    elapsed_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+
+def _jsonable(obj: Any) -> Any:
+    """Strict JSON: NaN -> null, inf -> "inf"."""
+    if isinstance(obj, float):
+        return None if math.isnan(obj) else ("inf" if obj == math.inf else "-inf" if obj == -math.inf else obj)
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+@dataclass(frozen=True)
+class Shape:
+    label: str  # "" for the problem as given, else the changed constants ("batch_size=53")
+    problem: Problem
+    model_seed: int
+    input_seeds: tuple[int, ...]
+
+
+# --- planning -----------------------------------------------------------------------------------------
+
+
+def feature_shape_problem(problem: Problem) -> tuple[Problem | None, str | None]:
+    """The problem with its feature-size constants + FEATURE_STEP, or (None, None) where it names none."""
+    batch = problem.batch_constant()
+    consts = problem.constants()
+    names = [n for n, v in consts.items()
+             if isinstance(v, int) and v > 1 and n != batch and FEATURE_NAME.search(n)]
+    if not names:
+        return None, None
+    changes = {n: int(consts[n]) + FEATURE_STEP for n in names}
+    try:
+        return problem.with_overrides(changes), ",".join(f"{n}={v}" for n, v in changes.items())
+    except ProblemError:
+        return None, None
+
+
+def plan_shapes(problem: Problem, seed: int, trials: int, extra: bool) -> list[Shape]:
+    def seeds(k: int, n: int) -> tuple[int, ...]:
+        return tuple(seed + k * SHAPE_SEED_STRIDE + 1 + i for i in range(n))
+
+    shapes = [Shape("", problem, seed, seeds(0, trials))]
+    if extra:
+        for k, (prob, label) in enumerate((extra_shape_problem(problem), feature_shape_problem(problem)), start=1):
+            if prob is not None and label:
+                shapes.append(Shape(label, prob, seed + k * SHAPE_SEED_STRIDE, seeds(k, 1)))
+    return shapes
+
+
+# --- the evaluation -----------------------------------------------------------------------------------
+
+
+def check_paths(ref: Path, candidate: Path) -> None:
+    """Usage errors (exit 2): the candidate file must exist and be Python; REF is checked by load_problem."""
+    if not candidate.is_file():
+        raise KfuseError(f"{candidate}: candidate file not found")
+    if candidate.suffix != ".py":
+        raise KfuseError(f"{candidate}: not a Python file (expected a file defining ModelNew)")
+
+
+def evaluate(ref_path: Path | str, cand_path: Path | str, cfg: EvalConfig) -> EvalRecord:
+    """Judge one candidate. Bad REF or usage raises KfuseError; anything the candidate does is a record."""
+    ref_path, cand_path = Path(ref_path), Path(cand_path)
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise KfuseError("--device cuda: no CUDA device is available (use --device cpu)")
+    if cfg.precision not in DTYPES:
+        raise KfuseError(f"--precision {cfg.precision}: expected one of {', '.join(DTYPES)}")
+    problem = load_problem(ref_path, cfg.overrides)
+    check_paths(ref_path, cand_path)
+    seed = cfg.seed if cfg.seed is not None else secrets.randbelow(2**31 - 10**6)
+    record = EvalRecord(problem=problem.name, ref=str(ref_path), candidate=str(cand_path),
+                        device=cfg.device, precision=cfg.precision, seed=seed)
+    started = time.monotonic()
+    ev = cheats.Evidence()
+    verdicts: list[Verdict] = []
+    try:
+        with WorkerHandle(interpret=cfg.device == "cpu", timeout_s=cfg.timeout_s) as worker:
+            _run(worker, problem, cand_path, cfg, seed, record, ev, verdicts)
+    except WorkerFailure as err:
+        record.error = str(err)
+    _conclude(record, ev, verdicts)
+    record.elapsed_s = round(time.monotonic() - started, 3)
+    return record
+
+
+def _run(worker: WorkerHandle, problem: Problem, cand_path: Path, cfg: EvalConfig, seed: int,
+         record: EvalRecord, ev: cheats.Evidence, verdicts: list[Verdict]) -> None:
+    loaded = worker.request("load", path=str(cand_path.resolve()), device=cfg.device, precision=cfg.precision)
+    _absorb(ev, loaded.get("facts"))
+    if not loaded["ok"]:
+        record.error = loaded.get("error", "candidate failed to import")
+        return
+    record.compiled = True
+    tol = TOLERANCES[cfg.precision]
+    dtype = DTYPES[cfg.precision]
+    for shape in plan_shapes(problem, seed, cfg.trials, cfg.extra_shapes):
+        try:
+            with _REFERENCE_LOCK:
+                refs = [reference_run(shape.problem, shape.model_seed, cfg.device, cfg.precision, input_seed=s)
+                        for s in shape.input_seeds]
+        except Exception as err:  # noqa: BLE001 - only extra shapes get here: the given one already ran
+            if not shape.label:
+                raise
+            record.notes.append(f"extra shape {shape.label} skipped: the reference fails there ({type(err).__name__})")
+            continue
+        record.shapes.append(shape.label or "as given")
+        pristine = refs[0][1]
+        state = {k: v.detach().to("cpu", copy=True) for k, v in pristine.state_dict().items()}
+        built = worker.request("build", key=shape.label, seed=shape.model_seed,
+                               init_inputs=shape.problem.init_inputs(), state=state)
+        _absorb(ev, built.get("facts"))
+        if not built["ok"]:
+            record.error = f"ModelNew(*get_init_inputs()) raised {built.get('error')}"
+            verdicts.append(_failed_verdict(shape.model_seed, shape.label, record.error))
+            return
+        if built.get("state_error"):
+            ev.state = built["state_error"]
+        outputs: list[list[torch.Tensor] | None] = []
+        for i, (ref, _) in enumerate(refs):
+            ref.seed = shape.input_seeds[i]  # verdicts name the draw
+            answer = worker.request("call", key=shape.label, seed=shape.model_seed, inputs=ref.inputs,
+                                    state=state, late=(i == 0 and not shape.label))
+            outputs.append(_judge_call(answer, ref, shape.label, dtype, tol, ev, verdicts, record))
+        _check_repeats(outputs, refs, shape.label, ev)
+        if not shape.label:
+            _poison_pass(worker, shape, refs[0][0], state, outputs[0], ev)
+            with _REFERENCE_LOCK:
+                ev.ref_aliases_input, ev.ref_modifies_inputs = reference_behaviour(pristine, refs[0][0].inputs,
+                                                                                   cfg.device, dtype)
+            if cfg.device == "cuda":
+                _time_all(worker, shape, pristine, refs[0][0].inputs, cfg, record, ev)
+    main_ok = all(v.ok for v in verdicts if not v.shape)
+    for v in verdicts:
+        if v.shape and main_ok and not v.ok:
+            ev.specialized.append(f"correct at the given sizes, wrong at {v.shape}")
+
+
+def _judge_call(answer: dict[str, Any], ref: Reference, label: str, dtype: torch.dtype, tol: Any,
+                ev: cheats.Evidence, verdicts: list[Verdict], record: EvalRecord) -> list[torch.Tensor] | None:
+    _absorb(ev, answer.get("facts"))
+    if not answer["ok"]:
+        text = f"candidate raised {answer.get('error')}"
+        record.error = record.error or text
+        verdicts.append(_failed_verdict(ref.seed, label, text))
+        return None
+    ev.calls += 1
+    outs = answer["outputs"]
+    if outs is None:
+        verdicts.append(_failed_verdict(ref.seed, label, "output has no readable data"))
+        return None
+    verdicts.append(compare(Results(outs, answer["buffers"]), ref, tol, label))
+    sent = cast_inputs(ref.inputs, "cpu", dtype)
+    for j, (before, after) in enumerate(zip(sent, answer["inputs_after"])):
+        if not cheats.bitwise_equal(before, after):
+            ev.inputs_modified.append(f"input {j} changed by the call")
+    return outs
+
+
+def _failed_verdict(seed: int, label: str, text: str) -> Verdict:
+    return Verdict(seed, label, dict.fromkeys(RULES, False), math.inf, 0.0, math.inf, [text])
+
+
+def _check_repeats(outputs: Sequence[list[torch.Tensor] | None], refs: Sequence[tuple[Reference, Any]],
+                   label: str, ev: cheats.Evidence) -> None:
+    """A later draw that returns an earlier draw's output bit for bit, where the references differ."""
+    for i in range(1, len(outputs)):
+        for j in range(i):
+            a, b = outputs[i], outputs[j]
+            if a is None or b is None or len(a) != len(b):
+                continue
+            same = all(cheats.bitwise_equal(x, y) for x, y in zip(a, b))
+            ref_same = all(cheats.bitwise_equal(x.cpu(), y.cpu())
+                           for x, y in zip(refs[i][0].eager.outputs, refs[j][0].eager.outputs))
+            if same and not ref_same:
+                where = f" at {label}" if label else ""
+                ev.repeated.append(f"draw {i} returned draw {j}'s output{where}")
+                break
+
+
+def _poison_pass(worker: WorkerHandle, shape: Shape, ref: Reference, state: dict[str, torch.Tensor],
+                 normal: list[torch.Tensor] | None, ev: cheats.Evidence) -> None:
+    """Call again on draw 0 with every torch.empty* poisoned; poison bits in the output = unwritten."""
+    if normal is None:
+        return
+    answer = worker.request("call", key=shape.label, seed=shape.model_seed, inputs=ref.inputs, state=state,
+                            poison=True, late=True)
+    _absorb(ev, answer.get("facts"))
+    if not answer["ok"] or answer["outputs"] is None:
+        ev.poison_error = answer.get("error") or "no readable output"
+        return
+    for k, (p, n, r) in enumerate(zip(answer["outputs"], normal, ref.eager.outputs)):
+        bad = cheats.unwritten_count(p, n, r)
+        if bad:
+            ev.unwritten.append(f"output {k}: {bad} of {p.numel()} elements never written")
+
+
+def reference_behaviour(pristine: torch.nn.Module, inputs: Sequence[torch.Tensor], device: str,
+                        dtype: torch.dtype) -> tuple[bool, bool]:
+    """(returns a view of an input, writes into an input) for the reference itself: then it is allowed."""
+    model = copy.deepcopy(pristine)
+    xs = cast_inputs(inputs, device, dtype)
+    before = [x.clone() for x in xs]
+    with torch.no_grad():
+        outs = flatten(model(*xs))
+    return bool(cheats.aliases(outs, xs)), any(not cheats.bitwise_equal(a, b) for a, b in zip(before, xs))
+
+
+def _time_all(worker: WorkerHandle, shape: Shape, pristine: torch.nn.Module, inputs: Sequence[torch.Tensor],
+              cfg: EvalConfig, record: EvalRecord, ev: cheats.Evidence) -> None:
+    """GPU: the candidate in its worker, eager and torch.compile here, all with kfuse.timing.time_cuda."""
+    start = time.perf_counter()
+    answer = worker.request("time", key=shape.label, inputs=list(inputs), warmup=cfg.warmup, runs=cfg.perf_trials)
+    judge_wall_ms = (time.perf_counter() - start) * 1e3
+    _absorb(ev, answer.get("facts"))
+    if answer.get("facts", {}).get("timing_replaced"):
+        ev.replaced.extend(answer["facts"]["timing_replaced"])
+    if not answer["ok"]:
+        record.notes.append(f"timing failed: {answer.get('error')}")
+        return
+    t = answer["timing"]
+    record.timing = {"candidate": t}
+    if t.get("available") and t["median_ms"] is not None:
+        # n runs each at least the median for half of them: their sum cannot exceed the judge's wall clock
+        if t["median_ms"] * t["n"] / 2 > judge_wall_ms:
+            ev.timing.append(f"reported median {t['median_ms']:.3g} ms x {t['n']} runs > judge wall {judge_wall_ms:.3g} ms")
+        record.runtime_ms = t["median_ms"]
+    xs = cast_inputs(inputs, cfg.device, DTYPES[cfg.precision])
+    eager = copy.deepcopy(pristine)
+    with torch.no_grad():
+        ref_t = time_cuda(lambda: eager(*xs), warmup=cfg.warmup, runs=cfg.perf_trials)
+    record.timing["eager"] = ref_t.to_json()
+    record.ref_runtime_ms = ref_t.median_ms if ref_t.available else None
+    comp_t = timing_unavailable("torch.compile baseline not requested")
+    if cfg.compile_baseline:
+        try:
+            compiled = torch.compile(copy.deepcopy(pristine))
+            with torch.no_grad():
+                comp_t = time_cuda(lambda: compiled(*xs), warmup=max(cfg.warmup, 3), runs=cfg.perf_trials)
+        except Exception as err:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
+            comp_t = timing_unavailable(f"torch.compile failed: {type(err).__name__}")
+    record.timing["compile"] = comp_t.to_json()
+    record.compile_runtime_ms = comp_t.median_ms if comp_t.available else None
+    if record.runtime_ms:
+        if record.ref_runtime_ms:
+            record.speedup_eager = record.ref_runtime_ms / record.runtime_ms
+        if record.compile_runtime_ms:
+            record.speedup_compile = record.compile_runtime_ms / record.runtime_ms
+
+
+def _absorb(ev: cheats.Evidence, facts: Mapping[str, Any] | None) -> None:
+    if not facts:
+        return
+    for key in ("replaced", "precision", "modes", "output_types", "aliases", "late_changes", "threads",
+                "introspection"):
+        getattr(ev, key).extend(facts.get(key) or [])
+    ev.custom_launches += int(facts.get("launches") or 0)
+    ev.custom_names = sorted(set(ev.custom_names) | set(facts.get("launch_names") or []))
+
+
+def _conclude(record: EvalRecord, ev: cheats.Evidence, verdicts: Sequence[Verdict]) -> None:
+    found = cheats.detect(ev)
+    record.flags = list(found)
+    record.flag_details = found
+    record.triton_launches = ev.custom_launches
+    record.kernels = ev.custom_names
+    if not record.timing:
+        record.timing = {"candidate": timing_unavailable(
+            "no CUDA device: timing needs a GPU" if record.device == "cpu" else "not measured").to_json()}
+    if not verdicts:
+        record.correct = False
+        return
+    record.trials = len(verdicts)
+    record.rules = {r: all(v.rules[r] for v in verdicts) for r in RULES}
+    extra = [v for v in verdicts if v.shape]
+    record.rules["extra_shape"] = all(v.ok for v in extra) if extra else None
+    record.max_abs_err = max(v.max_abs_err for v in verdicts)
+    record.ref_max_abs_err = max(v.ref_max_abs_err for v in verdicts)
+    record.max_abs_diff_eager = max(v.max_abs_diff_eager for v in verdicts)
+    record.failures = [f"seed {v.seed}{' at ' + v.shape if v.shape else ''}: {f}" for v in verdicts for f in v.failures]
+    contract_ok = all(v.ok for v in verdicts) and record.error is None
+    record.correct = contract_ok and not (set(found) & cheats.FAILING)
