@@ -24,3 +24,8 @@ def main() -> None:
 
 
 # --- commands from other modules register below (one import + one app.command line each) ---
+from kfuse.judge.commands import eval_cmd, eval_suite_cmd, report_cmd  # noqa: E402
+
+app.command("eval")(eval_cmd)
+app.command("eval-suite")(eval_suite_cmd)
+app.command("report")(report_cmd)
