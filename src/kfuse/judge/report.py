@@ -26,7 +26,7 @@ def records_table(meta: dict[str, Any], records: Sequence[dict[str, Any]]) -> Ta
     for col, justify in (("problem", "left"), ("compiled", "center"), ("correct", "center"), ("max abs err", "right"),
                          ("ms", "right"), ("eager ms", "right"), ("vs eager", "right"), ("vs compile", "right"),
                          ("flags / error", "left")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        table.add_column(col, justify=justify, no_wrap=col == "problem")  # type: ignore[arg-type]
     for r in records:
         note = ", ".join(r.get("flags") or [])
         if r.get("error"):

@@ -1,0 +1,39 @@
+"""Shared fixtures for the judge tests: every planted candidate is evaluated once per session, two at a
+time (each in its own worker process), and the tests read the records."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from kfuse.judge.evaluate import EvalConfig, EvalRecord, evaluate
+
+HERE = Path(__file__).parent
+PROBLEMS = HERE / "problems"
+CANDIDATES = HERE / "candidates"
+
+# candidate -> problem it answers
+PROBLEM_OF = {"honest_scale": "scale_relu", "alias_input": "scale_relu"}
+CPU_CANDIDATES = sorted(p.stem for p in CANDIDATES.glob("*.py") if not p.stem.endswith("_gpu"))
+# Small enough for CI on 2 cores; `hang` needs a short timeout, everyone else a generous one.
+FAST = EvalConfig(device="cpu", trials=3, seed=1234, timeout_s=120)
+TIMEOUTS = {"hang": 12.0}
+
+
+def problem_path(candidate: str) -> Path:
+    return PROBLEMS / f"{PROBLEM_OF.get(candidate, 'linear_relu')}.py"
+
+
+def _evaluate(name: str) -> EvalRecord:
+    cfg = EvalConfig(**{**FAST.__dict__, "timeout_s": TIMEOUTS.get(name, FAST.timeout_s)})
+    return evaluate(problem_path(name), CANDIDATES / f"{name}.py", cfg)
+
+
+@pytest.fixture(scope="session")
+def records() -> dict[str, EvalRecord]:
+    # Threads are enough: the work happens in the worker processes; the judge's references take a lock.
+    with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as pool:
+        return dict(zip(CPU_CANDIDATES, pool.map(_evaluate, CPU_CANDIDATES)))

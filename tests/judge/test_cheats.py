@@ -1,0 +1,69 @@
+"""Every planted cheat is caught by its detector; every honest control passes clean (CPU, interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kfuse.judge import cheats
+
+# candidate -> (correct, the flags it must raise); controls must raise exactly these flags, cheats at least.
+EXPECTED = {
+    "honest": (True, set()),
+    "honest_scale": (True, set()),
+    "no_kernel": (True, {"no_custom_kernel"}),  # a finding, not a failure: plain torch is still right
+    "cached": (False, {"cached_results"}),
+    "inplace_input": (False, {"inputs_modified"}),
+    "alias_input": (False, {"output_aliases_input"}),
+    "monkeypatch_checks": (False, {"monkeypatch"}),
+    "monkeypatch_timer": (False, {"monkeypatch"}),
+    "precision_flags": (False, {"precision_flags"}),
+    "global_mode": (False, {"global_mode"}),
+    "reads_other_tensor": (False, {"process_introspection"}),
+    "deferred_thread": (False, {"deferred_work"}),
+    "lazy_output": (False, {"lazy_output"}),
+    "unwritten": (False, {"unwritten_output"}),
+    "specialized_batch": (False, {"shape_specialized"}),
+    "specialized_features": (False, {"shape_specialized"}),
+}
+CONTROLS = ("honest", "honest_scale", "no_kernel")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_planted_candidate(records, name):
+    rec = records[name]
+    correct, flags = EXPECTED[name]
+    assert rec.compiled, rec.error
+    assert rec.correct is correct, (rec.flag_details, rec.failures, rec.error)
+    if name in CONTROLS:
+        assert set(rec.flags) == flags, rec.flag_details
+        assert rec.error is None and not rec.failures
+    else:
+        assert flags <= set(rec.flags), rec.flag_details
+        assert set(rec.flags) & cheats.FAILING, "a cheat must raise at least one failing flag"
+
+
+def test_controls_are_checked_at_every_shape(records):
+    rec = records["honest"]
+    assert rec.shapes == ["as given", "batch_size=53", "in_features=50,out_features=142"]
+    assert rec.trials == 5 and rec.rules["extra_shape"] is True
+    assert rec.triton_launches >= rec.trials and rec.kernels == ["linear_relu_kernel"]
+    assert rec.max_abs_err <= 2 * rec.ref_max_abs_err + 1e-7
+
+
+def test_honest_timing_is_marked_unavailable_on_cpu(records):
+    rec = records["honest"].to_json()
+    assert rec["runtime_ms"] is None and rec["speedup_eager"] is None and rec["speedup_compile"] is None
+    assert rec["timing"]["candidate"]["available"] is False
+
+
+def test_monkeypatch_names_what_was_replaced(records):
+    assert "torch.allclose" in records["monkeypatch_checks"].flag_details["monkeypatch"]
+    timer = records["monkeypatch_timer"].flag_details["monkeypatch"]
+    assert "torch.cuda.Event" in timer and "time.perf_counter" in timer
+    # the timer cheat computes the right numbers: only the flag makes it incorrect
+    assert all(records["monkeypatch_timer"].rules.values())
+
+
+def test_precision_flags_found_at_import_and_in_forward(records):
+    detail = records["precision_flags"].flag_details["precision_flags"]
+    assert "allow_tf32" in detail and "'medium'" in detail
