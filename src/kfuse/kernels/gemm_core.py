@@ -20,16 +20,24 @@ separate "lo scale" is needed (the products hi*lo are exact in fp32 either way),
 one tensor-core accumulator.  Scaled values are < 2^15, so the accumulator is bounded by K * 2^30: it cannot
 overflow whatever the input's range (1e-6 or 1e6 inputs work the same).
 
-Schemes (SCHEME constexpr of gemm_tile)
---------------------------------------
+Schemes (SCHEME constexpr of gemm_tile); H100 numbers from benchmarks/gemm/NOTES.md
+-------------------------------------------------------------------------------------
   "ieee"    plain fp32 FMA dot (input_precision="ieee").  Slow (no tensor cores); the reference scheme, and the one
             that runs under the CPU interpreter (TRITON_INTERPRET=1).
   "tf32x3"  Triton's built-in 3-pass tf32 split (fp32 operands, tensor cores at the tf32 rate, half fp16's).
-  "fp16x3"  the fp16 split above, all three products chained into ONE tensor-core fp32 accumulator.
-  "fp16x3p" the same, but each K block's three products go into a fresh tensor-core partial that is then added
-            into an fp32 register accumulator with a round-to-nearest FADD ("promotion"; guards against the
-            tensor core's truncating accumulation at the cost of a second accumulator's registers and a
-            wgmma wait per K block).
+            Accurate; 1.7 ms on problem 12.
+  "fp16x3p" RECOMMENDED.  The fp16 split above, one K loop with three dots per K block, each block's three products
+            summed in a FRESH tensor-core partial that is then added into the fp32 register accumulator with a
+            round-to-nearest FADD ("promotion").  Max error 2e-6 (cuBLAS fp32: 1.45e-5).  0.69-0.73 ms GEMM on
+            problem 12 (128x128x64 tiles: the partial + sum need two accumulators, 128x256 would spill).
+  "fp16x3"  FAST BUT NOT fp32-ACCURATE FOR LONG K: three single-dot K loops into ONE tensor-core accumulator
+            (0.61 ms on problem 12).  The H100 tensor core truncates toward zero when it adds into its fp32
+            accumulator; over K=8192 that gave 3.8e-5 max error (2.6x cuBLAS: fails the 2x rule), at K=4096 1.0e-5
+            (1.7x: passes, barely).  Kept for measurement and for short K.
+  "fp16x3c" fp16x3 with the hi*hi loop promoted every PROMOTE_K (nested loop): accurate, but Triton spills and
+            drains the pipeline at each promotion: 1.3-6 ms.  Kept for the record.
+  "fp16x3d" three dots per K block into one accumulator (no promotion): 1.1e-4 max error (each K block adds the
+            small terms into the big accumulator, 3x the truncations).  Kept for the record.
 
 x's split: SPLIT_A=True loads fp32 x tiles and splits them in registers inside the GEMM (needs only the per-row
 scales, from split_rows_kernel with WRITE_PARTS=False: one read of x); SPLIT_A=False takes x pre-split into
@@ -74,7 +82,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 # The split schemes scale every row so that its max |value| lands in [2^TARGET_EXP, 2^(TARGET_EXP+1)).
 TARGET_EXP = 14
-SPLIT_SCHEMES = ("fp16x3", "fp16x3d", "fp16x3p")
+SPLIT_SCHEMES = ("fp16x3", "fp16x3c", "fp16x3d", "fp16x3p")
 SCHEMES = ("ieee", "tf32x3") + SPLIT_SCHEMES
 
 
@@ -196,11 +204,45 @@ def _fp16_dot_loop(acc, a_ptrs, b_ptrs, a_s, K, stride_ak, stride_bk,
 
 
 @triton.jit
+def _fp16_dot_loop_promoted(acc, a_ptrs, b_ptrs, a_s, K, stride_ak, stride_bk,
+                            BLOCK_K: tl.constexpr, A_PART: tl.constexpr, EVEN_K: tl.constexpr,
+                            PROMOTE_K: tl.constexpr):
+    """Like _fp16_dot_loop, but the tensor cores accumulate each PROMOTE_K-long stretch of K into a fresh partial,
+    which is then added to acc with a round-to-nearest fp32 FADD.  Why: the H100's tensor-core accumulation
+    truncates every product to the accumulator's grid (measured: a single accumulator over K=8192 had 2.6x
+    cuBLAS's error); restarting from 0 every PROMOTE_K keeps the partial small, so its truncation is tiny.
+    The stretch loop is flattened into the K loop so the software pipeline does not drain at each promotion."""
+    offs_k = tl.arange(0, BLOCK_K)
+    for c0 in tl.range(0, K, PROMOTE_K, flatten=False):
+        part = tl.zeros_like(acc)
+        kc = tl.minimum(K - c0, PROMOTE_K)
+        for kb in range(0, tl.cdiv(kc, BLOCK_K)):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                k_left = kc - kb * BLOCK_K
+                a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            if A_PART == 1:
+                a = (a * a_s[:, None]).to(tl.float16)
+            elif A_PART == 2:
+                av = a * a_s[:, None]
+                a = (av - av.to(tl.float16).to(tl.float32)).to(tl.float16)
+            part = tl.dot(a, b, part)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        acc += part
+    return acc
+
+
+@triton.jit
 def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
               pid_m, pid_n, M, N, K,
               stride_am, stride_ak, stride_bn, stride_bk,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr):
+              SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr,
+              PROMOTE_K: tl.constexpr = 1024):
     """Return the fp32 (BLOCK_M, BLOCK_N) tile acc[i, j] = sum_k A[m_i, k] * B[n_j, k] (= (x @ W^T) tile) for
     rows m_i = pid_m*BLOCK_M + i, cols n_j = pid_n*BLOCK_N + j.  Rows/cols past M/N are computed from wrapped
     (valid) indices: the caller must mask its store with (offs_m < M) & (offs_n < N).
@@ -212,6 +254,7 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
           (row_scales), a_lo_ptr unused; SPLIT_A=False: a_ptr, a_lo_ptr = x_hi, x_lo fp16 (M, K) sharing strides
           (stride_am, stride_ak), a_scale_ptr = x_scale (split_x).
     EVEN_K: K % BLOCK_K == 0 (drops the K mask from the loads; set by the launcher, any K is handled otherwise).
+    PROMOTE_K ("fp16x3c" only; a multiple of BLOCK_K): K stretch summed in a fresh tensor-core partial.
     """
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -254,6 +297,23 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
                                      BLOCK_K, 0, EVEN_K)
                 acc = _fp16_dot_loop(acc, a_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
                                      BLOCK_K, 0, EVEN_K)
+        elif SCHEME == "fp16x3c":
+            # The same three loops; the two small (lo) terms go first straight into acc (their truncation is
+            # 2^-11 smaller), the big hi*hi term in PROMOTE_K stretches promoted with FADDs.
+            if SPLIT_A:
+                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
+                                     BLOCK_K, 2, EVEN_K)
+                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_lo_ptr + b_off, a_s, K, stride_ak, stride_bk,
+                                     BLOCK_K, 1, EVEN_K)
+                acc = _fp16_dot_loop_promoted(acc, a_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
+                                              BLOCK_K, 1, EVEN_K, PROMOTE_K)
+            else:
+                acc = _fp16_dot_loop(acc, a_lo_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
+                                     BLOCK_K, 0, EVEN_K)
+                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_lo_ptr + b_off, a_s, K, stride_ak, stride_bk,
+                                     BLOCK_K, 0, EVEN_K)
+                acc = _fp16_dot_loop_promoted(acc, a_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
+                                              BLOCK_K, 0, EVEN_K, PROMOTE_K)
         else:
             # "fp16x3d" / "fp16x3p": one K loop, three dots per K block.
             a_ptrs = a_ptr + a_off
@@ -322,11 +382,11 @@ def _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_sc
                              tile, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on,
                              mult, slope, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              GROUP_M: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr,
-                             EVEN_K: tl.constexpr):
+                             EVEN_K: tl.constexpr, PROMOTE_K: tl.constexpr):
     pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
                     pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
-                    BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K)
+                    BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K, PROMOTE_K)
     # epilogue on the fp32 accumulator, then a masked store
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -343,18 +403,20 @@ def gemm_bias_mul_leakyrelu_kernel(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr
                                    mult, slope,
                                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                    GROUP_M: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr,
-                                   EVEN_K: tl.constexpr, PERSISTENT: tl.constexpr, NUM_SMS: tl.constexpr):
+                                   EVEN_K: tl.constexpr, PERSISTENT: tl.constexpr, NUM_SMS: tl.constexpr,
+                                   PROMOTE_K: tl.constexpr):
     if PERSISTENT:  # one program per SM walks the tiles (grid = NUM_SMS)
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         for tile in range(tl.program_id(0), num_tiles, NUM_SMS):
             _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
                                      tile, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on,
-                                     mult, slope, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCHEME, SPLIT_A, EVEN_K)
+                                     mult, slope, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCHEME, SPLIT_A, EVEN_K,
+                                     PROMOTE_K)
     else:  # one program per tile
         _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
                                  tl.program_id(0), M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
                                  stride_om, stride_on, mult, slope, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCHEME,
-                                 SPLIT_A, EVEN_K)
+                                 SPLIT_A, EVEN_K, PROMOTE_K)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,6 +429,7 @@ class GemmConfig:
     num_stages: int
     split_a: bool = True  # split schemes: split x inside the GEMM (True) or by split_x beforehand (False)
     persistent: bool = False  # one program per SM looping over tiles
+    promote_k: int = 1024  # "fp16x3c": K stretch per fresh tensor-core partial (multiple of block_k)
 
     def short(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}_w{self.num_warps}_s{self.num_stages}"
@@ -374,35 +437,47 @@ class GemmConfig:
             s += "_presplit"
         if self.persistent:
             s += "_pers"
+        if self.promote_k != 1024:
+            s += f"_pk{self.promote_k}"
         return s
 
 
 def valid_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
-    """A small config space.  Split schemes: the tile loop holds fp16 hi+lo of A and B per stage
-    ((BM + BN) * BK * 4 bytes; fp32 x when split inside: the same) -- 228 KB of shared memory caps the stages.
-    One accumulator of 128x256 over 8 warps is 128 registers/thread; fp16x3p needs two (partial + fp32 sum),
-    so it is limited to 128x128 tiles."""
+    """A small config space per scheme (each entry compiled and timed by benchmarks/gemm/explore.py).
+    Shared memory per stage for the split schemes: (BM + BN) * BK * 4 bytes (hi + lo fp16 of A and B) -- the
+    H100's 227 KB cap the stages (128x128x64: 3 stages = 192 KB).  Registers: a 128x128 fp32 tile over 8 warps is
+    64 registers/thread per accumulator; fp16x3p holds two (partial + sum); 128x256 ones (128 each) would spill."""
     if scheme in ("ieee", "tf32x3"):
         return [GemmConfig(128, 128, 32, 8, 8, 3), GemmConfig(128, 64, 32, 8, 4, 4),
                 GemmConfig(64, 64, 32, 8, 4, 3), GemmConfig(128, 256, 32, 8, 8, 3)]
-    if scheme == "fp16x3p":
-        return [GemmConfig(128, 128, 32, 8, 8, 4), GemmConfig(128, 128, 64, 8, 8, 3),
-                GemmConfig(128, 128, 32, 8, 8, 4, split_a=False), GemmConfig(64, 128, 32, 8, 4, 4)]
-    return [GemmConfig(128, 256, 32, 8, 8, 3), GemmConfig(128, 256, 32, 8, 8, 4),
-            GemmConfig(128, 256, 64, 8, 8, 2), GemmConfig(128, 128, 64, 8, 8, 3),
-            GemmConfig(128, 128, 32, 8, 4, 4), GemmConfig(256, 128, 32, 8, 8, 3),
-            GemmConfig(128, 256, 32, 8, 8, 3, split_a=False), GemmConfig(128, 256, 32, 8, 8, 3, persistent=True)]
+    if scheme in ("fp16x3p", "fp16x3d"):
+        return [GemmConfig(128, 128, 64, 8, 8, 3, split_a=False), GemmConfig(128, 128, 64, 16, 8, 3, split_a=False),
+                GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, persistent=True),
+                GemmConfig(128, 128, 32, 8, 8, 5, split_a=False), GemmConfig(128, 128, 64, 8, 8, 3),
+                GemmConfig(64, 128, 64, 8, 4, 3, split_a=False)]
+    if scheme == "fp16x3c":
+        return [GemmConfig(128, 128, 64, 8, 8, 3, split_a=False), GemmConfig(128, 128, 64, 8, 8, 3, split_a=False,
+                                                                               promote_k=512)]
+    return [GemmConfig(128, 256, 64, 8, 8, 3, split_a=False), GemmConfig(128, 256, 32, 8, 8, 4, split_a=False),
+            GemmConfig(128, 256, 64, 16, 8, 3, split_a=False), GemmConfig(256, 128, 64, 8, 8, 3, split_a=False),
+            GemmConfig(128, 128, 64, 8, 8, 4, split_a=False),
+            GemmConfig(128, 256, 64, 8, 8, 3, split_a=False, persistent=True), GemmConfig(128, 256, 64, 8, 8, 3)]
+
+
+RECOMMENDED_SCHEME = "fp16x3p"
 
 
 def default_config(M: int, N: int, K: int, scheme: str) -> GemmConfig:
-    """Best measured config per shape class (see benchmarks/gemm/NOTES.md)."""
+    """Best measured config per shape class on the H100 (benchmarks/gemm/NOTES.md).  Large shapes measured:
+    1024x8192->8192 and 16384x4096->4096.  Small-M entries are untimed guesses (they only need to be correct)."""
+    small = M < 128 or N < 128
     if scheme in ("ieee", "tf32x3"):
-        return GemmConfig(128, 128, 32, 8, 8, 3) if M >= 128 else GemmConfig(64, 64, 32, 8, 4, 3)
-    if scheme == "fp16x3p":
-        return GemmConfig(128, 128, 32, 8, 8, 4) if M >= 128 else GemmConfig(64, 128, 32, 8, 4, 4)
-    if M < 128 or N < 128:
-        return GemmConfig(64, 128, 32, 8, 4, 4)
-    return GemmConfig(128, 256, 32, 8, 8, 3)
+        return GemmConfig(64, 64, 32, 8, 4, 3) if small else GemmConfig(128, 128, 32, 8, 8, 3)
+    if scheme in ("fp16x3p", "fp16x3d", "fp16x3c"):
+        return GemmConfig(64, 128, 64, 8, 4, 3, split_a=False) if small else GemmConfig(128, 128, 64, 8, 8, 3,
+                                                                                         split_a=False)
+    return GemmConfig(64, 128, 64, 8, 4, 3, split_a=False) if small else GemmConfig(128, 256, 64, 8, 8, 3,
+                                                                                     split_a=False)
 
 
 _NUM_SMS = {}
@@ -415,7 +490,7 @@ def _num_sms(device) -> int:
 
 
 def gemm_bias_mul_leakyrelu(x: torch.Tensor, w_parts, bias: torch.Tensor, mult: float, slope: float,
-                            scheme: str = "fp16x3", config: GemmConfig | None = None,
+                            scheme: str = RECOMMENDED_SCHEME, config: GemmConfig | None = None,
                             x_parts: tuple | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = LeakyReLU((x @ W^T + bias) * mult, slope), x (M, K) fp32.
     w_parts: the fp32 W (N, K) for "ieee"/"tf32x3"; split_weight(W) for the split schemes.
@@ -452,7 +527,7 @@ def gemm_bias_mul_leakyrelu(x: torch.Tensor, w_parts, bias: torch.Tensor, mult: 
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
         float(mult), float(slope),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        SCHEME=scheme, SPLIT_A=cfg.split_a, EVEN_K=(K % cfg.block_k == 0),
+        SCHEME=scheme, SPLIT_A=cfg.split_a, EVEN_K=(K % cfg.block_k == 0), PROMOTE_K=cfg.promote_k,
         PERSISTENT=cfg.persistent, NUM_SMS=nsm if cfg.persistent else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
