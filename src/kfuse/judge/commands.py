@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kfuse.errors import KfuseError
 from kfuse.judge.evaluate import EvalConfig, EvalRecord, evaluate
@@ -61,11 +62,11 @@ def print_record(r: EvalRecord) -> None:
     else:
         console.print(f"  timing unavailable: {r.timing.get('candidate', {}).get('reason') or 'not measured'}")
     for name, detail in r.flag_details.items():
-        console.print(f"  [yellow]flag[/] {name}: {detail}")
+        console.print(f"  [yellow]flag[/] {name}: {escape(detail)}")
     for line in r.failures[:5]:
-        console.print(f"  [red]fail[/] {line}")
+        console.print(f"  [red]fail[/] {escape(line)}")
     if r.error:
-        console.print(f"  [red]error[/] {r.error}", markup=False)
+        console.print(f"  [red]error[/] {escape(r.error)}")
 
 
 def eval_cmd(
