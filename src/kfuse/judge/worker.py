@@ -36,6 +36,7 @@ from kfuse.verify import DTYPES, cast_inputs, flatten
 _real_perf_counter = time.perf_counter
 _real_sleep = time.sleep
 _real_sync = torch.cuda.synchronize
+_KFUSE_DIR = str(Path(timing.__file__).parent)  # frames from the judge itself are not the candidate's
 LATE_WAIT_S = 0.2  # how long a deferred write (thread, side stream) gets before the second read
 THREAD_JOIN_S = 1.0
 
@@ -186,7 +187,7 @@ def _describe(err: BaseException) -> str:
     """The exception and the candidate-side frame it came from, in a few lines."""
     lines = str(err).strip().splitlines()
     head = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if "kfuse" not in f.filename]
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith(_KFUSE_DIR)]
     where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
     return head + where
 
