@@ -1,0 +1,315 @@
+"""Stage 2, capture: torch.fx symbolic tracing -> kfuse's Graph of canonical ops.
+
+Modules stay whole (nn.Linear, nn.GroupNorm, nn.BatchNorm1d are leaves of the trace), so a node knows the
+submodule whose parameters and training flag it reads at run time. Each call form maps to a canonical op
+through a spec function with the callee's signature: calling it with the traced arguments binds them the
+way Python would and returns `(op, operands, attrs)`. A call with no rule, or that its rule rejects, is
+kept as an `unknown` node and later emitted as the original torch call.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.fx.node import _get_qualified_name
+from torch.fx.passes.shape_prop import ShapeProp
+
+from kfuse.errors import ProblemError
+from kfuse.ir import Arg, Graph, Node, Param, Scalar
+
+Spec = Callable[..., tuple[str, tuple[Any, ...], dict[str, Any]]]
+
+
+class Reject(Exception):
+    """A spec saw a form it does not fuse (e.g. add with alpha != 1): keep the call as it is."""
+
+
+# ---- call forms -> canonical ops ---------------------------------------------------------------
+def _binary(op: str) -> Spec:
+    def spec(input: Any, other: Any, *, alpha: Any = 1, out: Any = None) -> tuple:
+        if alpha != 1 or out is not None:
+            raise Reject
+        return op, (input, other), {}
+    return spec
+
+
+def _rbinary(op: str) -> Spec:  # torch.rsub(x, y) = y - x
+    def spec(input: Any, other: Any, *, alpha: Any = 1) -> tuple:
+        if alpha != 1:
+            raise Reject
+        return op, (other, input), {}
+    return spec
+
+
+def _unary(op: str) -> Spec:
+    def spec(input: Any, inplace: bool = False) -> tuple:
+        return op, (input,), {}
+    return spec
+
+
+def _leaky_relu(input: Any, negative_slope: float = 0.01, inplace: bool = False) -> tuple:
+    return "leaky_relu", (input, negative_slope), {}
+
+
+def _gelu(input: Any, approximate: str = "none") -> tuple:
+    return ("gelu_tanh" if approximate == "tanh" else "gelu"), (input,), {}
+
+
+def _hardtanh(input: Any, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> tuple:
+    return "hardtanh", (input, min_val, max_val), {}
+
+
+def _clamp(input: Any, min: Any = None, max: Any = None) -> tuple:
+    if isinstance(min, torch.fx.Node) or isinstance(max, torch.fx.Node):
+        raise Reject
+    if min is not None and max is not None:
+        return "hardtanh", (input, min, max), {}
+    if min is not None:
+        return "clamp_min", (input, min), {}
+    if max is not None:
+        return "clamp_max", (input, max), {}
+    raise Reject
+
+
+def _softplus(input: Any, beta: float = 1.0, threshold: float = 20.0) -> tuple:
+    return "softplus", (input, beta, threshold), {}
+
+
+def _linear(input: Any, weight: Any, bias: Any = None) -> tuple:
+    return "linear", (input, weight, bias), {}
+
+
+def _matmul(input: Any, other: Any) -> tuple:
+    return "matmul", (input, other), {}
+
+
+def _group_norm(input: Any, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> tuple:
+    return "group_norm", (input, num_groups, weight, bias, eps), {}
+
+
+FUNCTIONS: dict[Any, Spec] = {
+    operator.add: _binary("add"), torch.add: _binary("add"),
+    operator.sub: _binary("sub"), torch.sub: _binary("sub"), torch.rsub: _rbinary("sub"),
+    operator.mul: _binary("mul"), torch.mul: _binary("mul"),
+    operator.truediv: _binary("div"), torch.div: _binary("div"),
+    operator.neg: _unary("neg"), torch.neg: _unary("neg"),
+    torch.relu: _unary("relu"), F.relu: _unary("relu"),
+    F.leaky_relu: _leaky_relu, F.gelu: _gelu,
+    torch.sigmoid: _unary("sigmoid"), F.sigmoid: _unary("sigmoid"),
+    torch.tanh: _unary("tanh"), F.tanh: _unary("tanh"),
+    F.silu: _unary("silu"), F.mish: _unary("mish"), F.hardswish: _unary("hardswish"),
+    F.hardsigmoid: _unary("hardsigmoid"), F.softplus: _softplus,
+    F.hardtanh: _hardtanh, torch.clamp: _clamp, torch.clip: _clamp,
+    torch.exp: _unary("exp"), torch.abs: _unary("abs"),
+    F.linear: _linear, torch.matmul: _matmul, operator.matmul: _matmul, torch.mm: _matmul,
+    F.group_norm: _group_norm,
+}
+
+METHODS: dict[str, Spec] = {
+    "add": _binary("add"), "sub": _binary("sub"), "mul": _binary("mul"), "div": _binary("div"),
+    "neg": _unary("neg"), "relu": _unary("relu"), "sigmoid": _unary("sigmoid"), "tanh": _unary("tanh"),
+    "clamp": _clamp, "clip": _clamp, "exp": _unary("exp"), "abs": _unary("abs"),
+    "matmul": _matmul, "mm": _matmul,
+}
+
+
+def _module_linear(path: str, m: nn.Linear, x: Any) -> tuple:
+    bias = Param(f"{path}.bias", tuple(m.bias.shape)) if m.bias is not None else None
+    return "linear", (x, Param(f"{path}.weight", tuple(m.weight.shape)), bias), {}
+
+
+def _module_scalar(op: str, *attrs: str) -> Callable[..., tuple]:
+    """A module whose op takes scalars stored on the module (read at run time from `self.<path>.<attr>`)."""
+    def rule(path: str, m: nn.Module, x: Any) -> tuple:
+        return op, (x, *[Scalar(float(getattr(m, a)), f"{path}.{a}") for a in attrs]), {}
+    return rule
+
+
+def _module_gelu(path: str, m: nn.GELU, x: Any) -> tuple:
+    return ("gelu_tanh" if m.approximate == "tanh" else "gelu"), (x,), {}
+
+
+def _module_softplus(path: str, m: nn.Softplus, x: Any) -> tuple:
+    return "softplus", (x, Scalar(float(m.beta), f"{path}.beta"), Scalar(float(m.threshold), f"{path}.threshold")), {}
+
+
+def _module_group_norm(path: str, m: nn.GroupNorm, x: Any) -> tuple:
+    w = Param(f"{path}.weight", tuple(m.weight.shape)) if m.affine else None
+    b = Param(f"{path}.bias", tuple(m.bias.shape)) if m.affine else None
+    return "group_norm", (x, Scalar(m.num_groups, f"{path}.num_groups"), w, b, Scalar(m.eps, f"{path}.eps")), {}
+
+
+def _module_batch_norm(path: str, m: nn.BatchNorm1d, x: Any) -> tuple:
+    # Parameters, buffers, momentum, eps and the training flag are all read from the module at run time.
+    return "batch_norm", (x,), {"affine": m.affine, "track_running_stats": m.track_running_stats}
+
+
+def _module_dropout(path: str, m: nn.Dropout, x: Any) -> tuple:
+    return "dropout", (x,), {}
+
+
+MODULES: dict[type, Callable[..., tuple]] = {
+    nn.Linear: _module_linear,
+    nn.ReLU: _module_scalar("relu"),
+    nn.LeakyReLU: _module_scalar("leaky_relu", "negative_slope"),
+    nn.GELU: _module_gelu,
+    nn.SiLU: _module_scalar("silu"), nn.Sigmoid: _module_scalar("sigmoid"), nn.Tanh: _module_scalar("tanh"),
+    nn.Mish: _module_scalar("mish"), nn.Hardswish: _module_scalar("hardswish"),
+    nn.Hardsigmoid: _module_scalar("hardsigmoid"),
+    nn.Hardtanh: _module_scalar("hardtanh", "min_val", "max_val"),
+    nn.Softplus: _module_softplus,
+    nn.Identity: _module_scalar("identity"),
+    nn.GroupNorm: _module_group_norm,
+    nn.BatchNorm1d: _module_batch_norm,
+    nn.Dropout: _module_dropout,
+}
+# ReLU6 is a Hardtanh subclass with fixed bounds; exact-type lookup keeps it apart from Hardtanh.
+MODULES[nn.ReLU6] = _module_scalar("hardtanh", "min_val", "max_val")
+
+
+# ---- the trace -----------------------------------------------------------------------------------
+def numeric_attributes(model: nn.Module) -> dict[float, str | None]:
+    """Plain number attributes of the root module (self.multiplier = 2.0) by value; None where two
+    attributes share a value, since then the literal's origin is ambiguous."""
+    found: dict[float, str | None] = {}
+    for name, value in vars(model).items():
+        if name.startswith("_") or name == "training" or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        found[value] = None if value in found else name
+    return found
+
+
+def trace(model: nn.Module) -> fx.GraphModule:
+    try:
+        return fx.symbolic_trace(model)
+    except Exception as err:  # noqa: BLE001 - data-dependent control flow, unsupported Python, ...
+        raise ProblemError(f"cannot capture Model.forward with torch.fx: {type(err).__name__}: {str(err).splitlines()[0]}") from None
+
+
+class _Converter:
+    def __init__(self, gm: fx.GraphModule, attrs: Mapping[float, str | None]) -> None:
+        self.gm = gm
+        self.attrs = attrs
+        self.names: dict[fx.Node, str] = {}
+        self.params: dict[fx.Node, Param] = {}
+
+    def arg(self, a: Any) -> Arg:
+        if isinstance(a, fx.Node):
+            if a in self.params:
+                return self.params[a]
+            return self.names[a]
+        if a is None:
+            return None
+        if isinstance(a, (int, float)) and not isinstance(a, bool):
+            return Scalar(a, self.attrs.get(a))
+        raise Reject
+
+    def code_arg(self, a: Any) -> str:
+        """How the torch fallback spells an argument: value names, self.<param>, literals."""
+        if isinstance(a, fx.Node):
+            return self.params[a].expr() if a in self.params else self.names[a]
+        if isinstance(a, (tuple, list)):
+            inner = ", ".join(self.code_arg(x) for x in a)
+            return f"({inner},)" if isinstance(a, tuple) and len(a) == 1 else (f"({inner})" if isinstance(a, tuple) else f"[{inner}]")
+        if isinstance(a, torch.dtype):
+            return str(a)
+        if isinstance(a, float) and (a != a or a in (float("inf"), float("-inf"))):
+            return f"float({str(a)!r})"
+        return repr(a)
+
+    def fx_code(self, node: fx.Node) -> str:
+        args = [self.code_arg(a) for a in node.args]
+        kwargs = [f"{k}={self.code_arg(v)}" for k, v in node.kwargs.items()]
+        if node.op == "call_module":
+            return f"self.{node.target}({', '.join(args + kwargs)})"
+        if node.op == "call_method":
+            return f"{args[0]}.{node.target}({', '.join(args[1:] + kwargs)})"
+        if getattr(node.target, "__module__", None) == "_operator":
+            sym = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "matmul": "@", "getitem": None}.get(node.target.__name__)
+            if sym and len(args) == 2:
+                return f"{args[0]} {sym} {args[1]}"
+            if node.target is operator.getitem:
+                return f"{args[0]}[{args[1]}]"
+            return f"operator.{node.target.__name__}({', '.join(args)})"
+        return f"{_get_qualified_name(node.target)}({', '.join(args + kwargs)})"
+
+    def canonical(self, node: fx.Node) -> tuple[str, tuple[Arg, ...], dict[str, Any], str | None, str]:
+        if node.op == "call_module":
+            mod = self.gm.get_submodule(node.target)
+            rule = MODULES.get(type(mod))
+            origin = f"nn.{type(mod).__name__} {node.target}"
+            if rule is None or node.kwargs or len(node.args) != 1:
+                raise Reject(origin)
+            op, args, attrs = rule(node.target, mod, node.args[0])
+            return op, tuple(a if isinstance(a, (Param, Scalar)) or a is None else self.arg(a) for a in args), attrs, node.target, origin
+        if node.op == "call_function":
+            spec, origin = FUNCTIONS.get(node.target), _get_qualified_name(node.target)
+        else:
+            spec, origin = METHODS.get(node.target), f"Tensor.{node.target}"
+        if spec is None:
+            raise Reject(origin)
+        try:
+            op, args, attrs = spec(*node.args, **node.kwargs)
+        except TypeError:
+            raise Reject(origin) from None
+        return op, tuple(self.arg(a) for a in args), attrs, None, origin
+
+
+def _shape(node: fx.Node) -> tuple[int, ...]:
+    meta = node.meta.get("tensor_meta")
+    return tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else ()
+
+
+def _resolve_attr(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def capture(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Graph:
+    """Trace `model` and record every value's shape by running a copy of it (the model itself is untouched:
+    a training-mode BatchNorm would otherwise update its running statistics)."""
+    gm = trace(copy.deepcopy(model))
+    with torch.no_grad():
+        ShapeProp(gm).propagate(*[t.clone() for t in inputs])
+    conv = _Converter(gm, numeric_attributes(model))
+    placeholders: list[str] = []
+    shapes: list[tuple[int, ...]] = []
+    nodes: list[Node] = []
+    outputs: tuple[str, ...] = ()
+    structure = "single"
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            conv.names[node] = node.name
+            placeholders.append(node.name)
+            shapes.append(_shape(node))
+        elif node.op == "get_attr":
+            value = _resolve_attr(gm, node.target)
+            if not isinstance(value, torch.Tensor):
+                raise ProblemError(f"Model.forward reads self.{node.target}, which is not a tensor kfuse can pass on")
+            conv.params[node] = Param(node.target, tuple(value.shape))
+        elif node.op == "output":
+            out = node.args[0]
+            if isinstance(out, (tuple, list)):
+                structure = "tuple" if isinstance(out, tuple) else "list"
+                outputs = tuple(conv.names[o] for o in out)
+            else:
+                outputs = (conv.names[out],)
+        else:
+            conv.names[node] = node.name
+            code = conv.fx_code(node)
+            try:
+                op, args, attrs, module, origin = conv.canonical(node)
+            except Reject as rej:
+                op, args, attrs, module = "unknown", tuple(conv.names[a] for a in node.all_input_nodes if a in conv.names), {}, None
+                origin = rej.args[0] if rej.args else code
+            nodes.append(Node(node.name, op, args, _shape(node), attrs, module, origin, code))
+    return Graph(tuple(placeholders), tuple(shapes), tuple(nodes), outputs, structure)

@@ -1,0 +1,91 @@
+"""The graph kfuse works on: a flat, topologically ordered list of canonical ops over named values.
+
+Capture turns torch.fx's graph into this; rewrite, partition and codegen read and transform it.
+Nothing here refers to fx, so the later stages are plain data transformations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Union
+
+
+@dataclass(frozen=True)
+class Param:
+    """A parameter or buffer of the model, by its dotted path ("gemm.weight"); read at run time."""
+
+    path: str
+    shape: tuple[int, ...]
+
+    def expr(self) -> str:
+        return f"self.{self.path}"
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A number. `attr` is the model attribute it comes from ("leaky_relu.negative_slope"), read at run
+    time so a ModelNew built with other constructor arguments stays right; None for true literals."""
+
+    value: float
+    attr: str | None = None
+
+    def expr(self) -> str:
+        if self.attr is not None:
+            return f"self.{self.attr}"
+        if self.value != self.value or self.value in (float("inf"), float("-inf")):
+            return f"float({str(self.value)!r})"
+        return repr(self.value)
+
+
+Arg = Union[str, Param, Scalar, None]  # str: the name of another value in the graph
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    op: str  # canonical op name, see ops.py
+    args: tuple[Arg, ...]
+    shape: tuple[int, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)  # static attributes (dim, keepdim, approximate)
+    module: str | None = None  # the submodule it came from, if any ("bn"); codegen reads its state
+    origin: str = ""  # what the user wrote, for reports: "nn.Linear gemm", "operator.mul"
+    fx_code: str = ""  # a Python expression reproducing the original call, for the torch fallback
+
+    def value_args(self) -> list[str]:
+        return [a for a in self.args if isinstance(a, str)]
+
+    def with_(self, **changes: Any) -> "Node":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Graph:
+    inputs: tuple[str, ...]
+    input_shapes: tuple[tuple[int, ...], ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[str, ...]
+    output_structure: str = "single"  # "single" | "tuple" | "list"
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def users(self, name: str) -> list[Node]:
+        return [n for n in self.nodes if name in n.value_args()]
+
+    def use_count(self, name: str) -> int:
+        return sum(n.value_args().count(name) for n in self.nodes) + self.outputs.count(name)
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        if name in self.inputs:
+            return self.input_shapes[self.inputs.index(name)]
+        return self.node(name).shape
+
+    def with_nodes(self, nodes: tuple[Node, ...] | list[Node], outputs: tuple[str, ...] | None = None) -> "Graph":
+        return replace(self, nodes=tuple(nodes), outputs=self.outputs if outputs is None else tuple(outputs))

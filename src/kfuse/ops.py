@@ -1,0 +1,68 @@
+"""Canonical ops, as data.
+
+Pointwise ops are rows of one table: the Triton expression that computes them on a tile (operands are
+`{0}`, `{1}`, ... and are always plain names in generated code, so no parentheses are needed around them)
+and the torch reference the tests compare against. Capture maps every spelling a user can write
+(`x * s`, `torch.mul`, `x.mul`, `nn.LeakyReLU`, `F.leaky_relu`) onto these names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class Pointwise:
+    name: str
+    arity: int  # operands, tensors or scalars, in order: leaky_relu is (x, negative_slope)
+    triton: str  # expression over {0}..{arity-1}
+    torch: str  # the same, as torch source: what a ModelNew runs where the op is not fused
+    ref: Callable[..., torch.Tensor]  # the same computation in torch, over the same operands
+
+    def torch_code(self, *operands: str) -> str:
+        return self.torch.format(*operands)
+
+
+def _p(name: str, arity: int, triton: str, ref: Callable[..., torch.Tensor], code: str) -> Pointwise:
+    return Pointwise(name, arity, triton, code, ref)
+
+
+# tanh, softplus and erf-GELU are spelled through sigmoid/exp/erf, which Triton has on the GPU and in the
+# interpreter alike; `_tanh` and `_softplus` are small jit helpers emitted into every ModelNew file.
+POINTWISE: dict[str, Pointwise] = {p.name: p for p in [
+    _p("add", 2, "{0} + {1}", torch.add, '({0} + {1})'),
+    _p("sub", 2, "{0} - {1}", torch.sub, '({0} - {1})'),
+    _p("mul", 2, "{0} * {1}", torch.mul, '({0} * {1})'),
+    _p("div", 2, "{0} / {1}", torch.div, '({0} / {1})'),
+    _p("neg", 1, "-{0}", torch.neg, '(-{0})'),
+    _p("relu", 1, "tl.maximum({0}, 0.0)", torch.relu, 'torch.relu({0})'),
+    _p("leaky_relu", 2, "tl.where({0} >= 0.0, {0}, {0} * {1})", lambda x, a: F.leaky_relu(x, float(a)), 'torch.nn.functional.leaky_relu({0}, {1})'),
+    _p("gelu", 1, "0.5 * {0} * (1.0 + tl.math.erf({0} * 0.7071067811865476))", F.gelu, 'torch.nn.functional.gelu({0})'),
+    _p("gelu_tanh", 1, "0.5 * {0} * (1.0 + _tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0})))",
+       lambda x: F.gelu(x, approximate="tanh"), "torch.nn.functional.gelu({0}, approximate='tanh')"),
+    _p("sigmoid", 1, "tl.sigmoid({0})", torch.sigmoid, 'torch.sigmoid({0})'),
+    _p("silu", 1, "{0} * tl.sigmoid({0})", F.silu, 'torch.nn.functional.silu({0})'),
+    _p("tanh", 1, "_tanh({0})", torch.tanh, 'torch.tanh({0})'),
+    _p("hardtanh", 3, "tl.minimum(tl.maximum({0}, {1}), {2})", lambda x, lo, hi: torch.clamp(x, float(lo), float(hi)), 'torch.clamp({0}, {1}, {2})'),
+    _p("clamp_min", 2, "tl.maximum({0}, {1})", lambda x, lo: torch.clamp(x, min=float(lo)), 'torch.clamp({0}, min={1})'),
+    _p("clamp_max", 2, "tl.minimum({0}, {1})", lambda x, hi: torch.clamp(x, max=float(hi)), 'torch.clamp({0}, max={1})'),
+    _p("softplus", 3, "_softplus({0}, {1}, {2})", lambda x, b, t: F.softplus(x, float(b), float(t)), 'torch.nn.functional.softplus({0}, {1}, {2})'),
+    _p("mish", 1, "{0} * _tanh(_softplus({0}, 1.0, 20.0))", F.mish, 'torch.nn.functional.mish({0})'),
+    _p("hardswish", 1, "{0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0", F.hardswish, 'torch.nn.functional.hardswish({0})'),
+    _p("hardsigmoid", 1, "tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0", F.hardsigmoid, 'torch.nn.functional.hardsigmoid({0})'),
+    _p("exp", 1, "tl.exp({0})", torch.exp, 'torch.exp({0})'),
+    _p("abs", 1, "tl.abs({0})", torch.abs, 'torch.abs({0})'),
+    _p("identity", 1, "{0}", lambda x: x, '{0}'),
+]}
+
+# Non-pointwise canonical ops that regions are built around.
+GEMM_OPS = ("linear", "matmul")
+NORM_OPS = ("group_norm", "batch_norm")
+
+
+def is_pointwise(op: str) -> bool:
+    return op in POINTWISE
