@@ -250,7 +250,7 @@ class _Converter:
             op, args, attrs = rule(node.target, mod, node.args[0])
             return op, tuple(a if isinstance(a, (Param, Scalar)) or a is None else self.arg(a) for a in args), attrs, node.target, origin
         if node.op == "call_function":
-            spec, origin = FUNCTIONS.get(node.target), _get_qualified_name(node.target)
+            spec, origin = FUNCTIONS.get(node.target), _get_qualified_name(node.target).replace("_operator.", "operator.")
         else:
             spec, origin = METHODS.get(node.target), f"Tensor.{node.target}"
         if spec is None:

@@ -24,7 +24,10 @@ def main() -> None:
 
 
 # --- commands from other modules register below (one import + one app.command line each) ---
+from kfuse.commands import optimize_cmd  # noqa: E402
 from kfuse.judge.commands import eval_cmd, eval_suite_cmd, report_cmd  # noqa: E402
+
+app.command("optimize")(optimize_cmd)
 
 app.command("eval")(eval_cmd)
 app.command("eval-suite")(eval_suite_cmd)

@@ -63,9 +63,14 @@ def module_closure(path: Path, roots: Sequence[str]) -> str:
     return "\n\n\n".join(dict.fromkeys(chunks)) + "\n"
 
 
-def runtime_source() -> str:
-    text = (KERNELS / "runtime.py").read_text()
-    return text.split(MARKER, 1)[1].lstrip("\n")
+def emitted_part(module: str) -> str:
+    """The part of kernels/<module>.py below its marker line: what a generated file carries verbatim."""
+    text = (KERNELS / f"{module}.py").read_text()
+    return text.split(MARKER, 1)[1].strip("\n")
+
+
+# Fixed kernels a region kind needs beside its generated ones (kernels/<module>.py, below the marker).
+KIND_MODULES = {"gemm_batchnorm": "batchnorm"}
 
 
 def _split_future(source: str) -> tuple[list[str], str]:
@@ -104,7 +109,7 @@ def emit(problem_source: str, problem_name: str, g: Graph, regions: Sequence[Reg
     ]
     if rewrites:
         header.append(f"# Exact rewrites applied: {', '.join(rewrites)}.")
-    runtime = runtime_source().replace('GEMM_SCHEME = "fp16x3p"', f'GEMM_SCHEME = "{scheme}"', 1)
+    runtime = emitted_part("runtime").replace('GEMM_SCHEME = "fp16x3p"', f'GEMM_SCHEME = "{scheme}"', 1)
     parts = [
         "\n".join(header),
         "import dataclasses\nimport os\n\nimport torch\n\nif not torch.cuda.is_available():\n"
@@ -114,8 +119,10 @@ def emit(problem_source: str, problem_name: str, g: Graph, regions: Sequence[Reg
         "# ---------------- fp32-accurate GEMM core (kfuse/kernels/gemm_core.py) ----------------\n"
         + module_closure(KERNELS / "gemm_core.py", CORE_ROOTS).rstrip("\n"),
         "# ---------------- run-time helpers (kfuse/kernels/runtime.py) ----------------\n" + runtime.rstrip("\n"),
-        "# ---------------- fused regions ----------------",
     ]
+    for module in dict.fromkeys(KIND_MODULES[r.kind] for r in regions if r.kind in KIND_MODULES):
+        parts.append(f"# ---------------- kfuse/kernels/{module}.py ----------------\n" + emitted_part(module))
+    parts.append("# ---------------- fused regions ----------------")
     for code in codes:
         parts += [k.rstrip("\n") for k in code.kernels]
         if code.launcher:

@@ -62,6 +62,8 @@ def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, schem
     """The six operand pointers and four strides gemm_tile takes, for x2 (M, K) and the weight
     ((N, K) nn.Linear layout, or (K, N) for `x @ W` when kn_layout)."""
     b = weight.t() if kn_layout else weight  # (N, K) view either way
+    if scheme == "ieee" and interpreting() and x2.dtype != torch.float32:
+        x2, b = x2.float(), b.float()  # the interpreter mishandles bf16 dots: compute in fp32
     if scheme not in SPLIT_SCHEMES:
         return (x2, x2, x2, b, b, b), (x2.stride(0), x2.stride(1), b.stride(0), b.stride(1))
     w_hi, w_lo, w_scale = cached_split(weight, kn_layout)

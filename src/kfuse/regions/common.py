@@ -38,30 +38,38 @@ def is_single(p: Param) -> bool:
 
 @dataclass
 class KernelArgs:
-    """Kernel parameters beyond the GEMM operands, each with the launcher expression that feeds it."""
+    """Kernel parameters beyond the GEMM operands, each with the launcher expression that feeds it.
 
+    `registry` (value -> name) may be shared by the kernels of one region, so that one launcher parameter
+    feeds every kernel that reads the same thing."""
+
+    registry: dict[str, tuple[str, bool]] = field(default_factory=dict)
     params: list[str] = field(default_factory=list)
     values: list[str] = field(default_factory=list)
     loads: list[str] = field(default_factory=list)  # kernel lines loading vectors, emitted before the epilogue
     loaded: set[str] = field(default_factory=set)
-    vectors: list[bool] = field(default_factory=list)  # which params are pointers
 
     def add(self, stem: str, value: str, vector: bool) -> str:
         """The kernel parameter fed by `value` (a launcher expression); named after what it reads."""
-        if value in self.values:  # the same scale or parameter used twice is passed once
-            return self.params[self.values.index(value)]
-        name = stem if stem not in self.params else f"{stem}_{len(self.params)}"
-        self.params.append(name)
-        self.values.append(value)
-        self.vectors.append(vector)
+        if value not in self.registry:
+            taken = {n for n, _ in self.registry.values()}
+            name = stem if stem not in taken else f"{stem}_{len(taken)}"
+            self.registry[value] = (name, vector)
+        name = self.registry[value][0]
+        if value not in self.values:
+            self.params.append(name)
+            self.values.append(value)
         return name
+
+    def vector(self, name: str) -> bool:
+        return next(v for n, v in self.registry.values() if n == name)
 
     def operand(self, a: Arg, env: dict[str, str]) -> str:
         """A pointwise op's operand in kernel code: a tile variable, a scalar argument or a loaded vector."""
         if isinstance(a, str):
             return env[a]
         if isinstance(a, Scalar):
-            stem = a.attr.replace(".", "_") if a.attr else f"c{len(self.params)}"
+            stem = a.attr.replace(".", "_") if a.attr else f"c{len(self.registry)}"
             return self.add(stem, f"float({a.expr()})", False)
         if isinstance(a, Param):
             name = self.add(a.path.replace(".", "_"), f"as_vector({a.expr()})", True)
@@ -75,7 +83,7 @@ class KernelArgs:
         raise ValueError(f"operand {a!r} cannot be used in a fused epilogue")
 
     def signature(self) -> str:
-        return "".join(f"{p}_ptr, " if v else f"{p}, " for p, v in zip(self.params, self.vectors))
+        return "".join(f"{p}_ptr, " if self.vector(p) else f"{p}, " for p in self.params)
 
     def call(self) -> str:
         return "".join(f"{v}, " for v in self.values)
@@ -94,6 +102,11 @@ def pointwise_lines(nodes: list[Node], env: dict[str, str], args: KernelArgs) ->
 
 def kernel_name(region: Region) -> str:
     return "_".join(dict.fromkeys(n.op for n in region.nodes))
+
+
+def store_lines(region: Region, env: dict[str, str]) -> list[str]:
+    """Store every value read outside the region into its output (out0, out1, ... in region.outputs order)."""
+    return [store_line(f"out{i}", env[v]) for i, v in enumerate(region.outputs)]
 
 
 def store_line(out: str, value: str) -> str:
@@ -137,29 +150,65 @@ def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: li
     return "\n".join(lines) + "\n"
 
 
-def gemm_setup(anchor: Node, g: Graph) -> tuple[str, list[str]]:
-    """The launcher's opening lines: flatten x to (M, K), pick scheme and config, build the GEMM operands.
-    Returns the weight expression the forward passes and the lines."""
-    weight: Param = anchor.args[1]
-    kn = anchor.op == "matmul"
-    n_dim = 1 if kn else 0
-    lines = [
-        "lead = x.shape[:-1]",
-        "x2 = x.reshape(-1, x.shape[-1])",
-        f"M, K, N = x2.shape[0], x2.shape[1], weight.shape[{n_dim}]",
-        "scheme = gemm_scheme(x2)",
-        "cfg = gemm_config(M, N, K, scheme, min_block_n)",
-        f"ops, strides = gemm_operands(x2, weight, {kn}, scheme, cfg)",
-        "grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)",
-    ]
-    return weight.expr(), lines
-
-
-LAUNCH_TAIL = ("M, N, K, *strides, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, "
-               "GROUP_M=cfg.group_m, SCHEME=scheme, SPLIT_A=cfg.split_a, EVEN_K=K % cfg.block_k == 0, "
-               "num_warps=cfg.num_warps, num_stages=cfg.num_stages")
+LAUNCH_TAIL = ("BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SCHEME=scheme, "
+               "SPLIT_A=cfg.split_a, EVEN_K=K % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages")
 
 
 def launcher(name: str, params: list[str], body: list[str], doc: str) -> str:
     head = f"def {name}({', '.join(params)}):"
     return "\n".join([head, f'    """{doc}"""'] + [f"    {ln}" for ln in body]) + "\n"
+
+
+def gemm_prologue(anchor: Node) -> list[str]:
+    """Launcher lines: x as (M, K), the scheme and tile config, the GEMM operands, the tile grid.
+    Expects `x`, `weight` and `min_block_n` (the epilogue's smallest column tile) to be defined."""
+    kn = anchor.op == "matmul"
+    return ["lead = x.shape[:-1]",
+            "x2 = x.reshape(-1, x.shape[-1])",
+            f"M, K, N = x2.shape[0], x2.shape[1], weight.shape[{1 if kn else 0}]",
+            "scheme = gemm_scheme(x2)",
+            "cfg = gemm_config(M, N, K, scheme, min_block_n)",
+            f"ops, strides = gemm_operands(x2, weight, {kn}, scheme, cfg)",
+            "grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)"]
+
+
+def gemm_region_code(region: Region, name: str, args: KernelArgs, body: list[str], doc: str, *,
+                     extra_sig: str = "", extra_kwargs: str = "", pre: tuple[str, ...] = ("min_block_n = 16",),
+                     extra_params: tuple[str, ...] = (), extra_values: tuple[str, ...] = ()) -> RegionCode:
+    """Kernel + launcher + forward line for a single-kernel GEMM region.
+
+    The launcher flattens x to (M, K), picks the scheme and tile config, prepares the GEMM operands (cached
+    weight split), allocates one contiguous (M, N) output per value read outside the region and launches.
+    `pre`: launcher lines run first (they must set `min_block_n`); `extra_params`/`extra_values`: launcher
+    parameters and the forward expressions feeding them; `extra_sig`/`extra_kwargs`: kernel constexprs."""
+    anchor = region.anchor
+    outs = [f"out{i}" for i in range(len(region.outputs))]
+    kernel = gemm_kernel(name, doc, outs, args, body, extra_sig)
+    lines = [*pre, *gemm_prologue(anchor)]
+    lines += [f"{o} = torch.empty((M, N), device=x.device, dtype=x.dtype)" for o in outs]
+    positional = "".join(f"{a}, " for a in [*outs, *args.params])
+    lines.append(f"{name}_kernel[grid](*ops, {positional}M, N, K, *strides, {extra_kwargs}{LAUNCH_TAIL})")
+    lines.append("return " + ", ".join(f"{o}.reshape(*lead, N)" for o in outs))
+    launch = launcher(f"fused_{name}", ["x", "weight", *extra_params, *args.params], lines, doc)
+    weight: Param = anchor.args[1]
+    call_args = [anchor.args[0], weight.expr(), *extra_values, *args.values]
+    return RegionCode((kernel,), launch, (f"{', '.join(region.outputs)} = fused_{name}({', '.join(call_args)})",))
+
+
+def pointwise_kernel(name: str, doc: str, ins: list[str], outs: list[str], args: KernelArgs, body: list[str]) -> str:
+    """A 2-d elementwise kernel over (M, N) row-major tensors: load `ins` tiles as v_<in>, run `body`."""
+    ptrs = "".join(f"{p}_ptr, " for p in [*ins, *outs])
+    lines = [
+        "@triton.jit",
+        f"def {name}_kernel({ptrs}{args.signature()}M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):",
+        f'    """{doc}"""',
+        "    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
+        "    mask_m = offs_m < M",
+        "    mask_n = offs_n < N",
+        "    mask = mask_m[:, None] & mask_n[None, :]",
+        "    tile = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]",
+    ]
+    lines += [f"    v_{i} = tl.load({i}_ptr + tile, mask=mask, other=0.0).to(tl.float32)" for i in ins]
+    lines += [f"    {ln}" for ln in args.loads + body]
+    return "\n".join(lines) + "\n"

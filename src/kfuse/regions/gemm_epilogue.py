@@ -10,37 +10,15 @@ from __future__ import annotations
 
 from kfuse.ir import Graph
 from kfuse.partition import Region
-from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_setup, kernel_name,
-                                  launcher, linear_bias, pointwise_lines, store_line, var)
-
-
-def epilogue_body(region: Region, env: dict[str, str], args: KernelArgs, outs: dict[str, str]) -> list[str]:
-    """Bias, the pointwise chain, and a store of every value read outside the region."""
-    body = linear_bias(region.anchor, env, args)
-    body += pointwise_lines(list(region.nodes[1:]), env, args)
-    body += [store_line(outs[name], var(name)) for name in region.outputs]
-    return body
+from kfuse.regions.common import (KernelArgs, RegionCode, gemm_region_code, kernel_name, linear_bias,
+                                  pointwise_lines, store_lines)
 
 
 def generate(region: Region, g: Graph) -> RegionCode:
-    name = kernel_name(region)
     env: dict[str, str] = {}
     args = KernelArgs()
-    outs = {v: f"out{i}" for i, v in enumerate(region.outputs)}
-    body = epilogue_body(region, env, args, outs)
-    replaced = ", ".join(n.origin for n in region.nodes)
-    kernel = gemm_kernel(name, f"Fused: {replaced}.", list(outs.values()), args, body)
-
-    weight, setup = gemm_setup(region.anchor, g)
-    extra = list(args.params)
-    lines = ["min_block_n = 16"] + setup
-    lines += [f"{o} = torch.empty((M, N), device=x.device, dtype=x.dtype)" for o in outs.values()]
-    out_args = "".join(f"{o}, " for o in outs.values())
-    lines.append(f"{name}_kernel[grid](*ops, {out_args}{''.join(a + ', ' for a in extra)}{LAUNCH_TAIL})")
-    lines.append("return " + ", ".join(f"{o}.reshape(*lead, N)" for o in outs.values()))
-    launch = launcher(f"fused_{name}", ["x", "weight", *extra], lines, f"Runs {name}_kernel: {replaced}.")
-
-    x = region.anchor.args[0]
-    call = f"fused_{name}({x}, {weight}, {args.call()}".rstrip(", ") + ")"
-    targets = ", ".join(region.outputs)
-    return RegionCode((kernel,), launch, (f"{targets} = {call}",))
+    body = linear_bias(region.anchor, env, args)
+    body += pointwise_lines(list(region.nodes[1:]), env, args)
+    body += store_lines(region, env)
+    doc = "Fused: " + ", ".join(n.origin for n in region.nodes) + "."
+    return gemm_region_code(region, kernel_name(region), args, body, doc)

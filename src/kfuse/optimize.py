@@ -1,0 +1,144 @@
+"""`kfuse optimize`: the pipeline as a short list of named passes.
+
+    load (kfuse.load)        the problem file, constants overridden by --set
+    capture                  torch.fx trace -> canonical ops, shapes from one run of a copy of the model
+    rewrite                  exact algebraic rewrites (rules as data)
+    partition                GEMM-anchored regions; everything else stays a torch call
+    strict                   --strict: any op left as a torch call is an error
+    emit                     the standalone ModelNew source (codegen per region kind)
+    verify                   the accuracy contract on fresh draws and one extra shape
+    time                     on a GPU: eager vs kfuse, CUDA events, L2 flushed
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import tempfile
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kfuse.capture import capture
+from kfuse.emit import emit
+from kfuse.errors import UnsupportedError
+from kfuse.ir import Graph
+from kfuse.load import Problem
+from kfuse.partition import Region, partition
+from kfuse.rewrite import rewrite
+from kfuse.verify import ContractReport, check_contract, run_in_process
+
+SCHEME_BY_DEVICE = {"cuda": "fp16x3p", "cpu": "ieee"}
+_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class Options:
+    device: str = "cpu"
+    precision: str = "fp32"
+    strict: bool = False
+    trials: int = 5
+    seed: int = 0
+    scheme: str | None = None  # GEMM scheme on the GPU; None: the default for the device
+
+
+@dataclass
+class Compiled:
+    """What the pipeline made of a problem, before verification."""
+
+    source: str
+    graph: Graph
+    regions: list[Region]
+    rewrites: list[str]
+
+    @property
+    def unfused(self) -> list[str]:
+        return [n.origin for r in self.regions if r.kind == "torch" for n in r.nodes]
+
+
+@dataclass
+class Result:
+    compiled: Compiled
+    contract: ContractReport
+    candidate_path: Path
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+def compile_problem(problem: Problem, opts: Options) -> Compiled:
+    model = problem.build().to(opts.device)
+    inputs = [t.to(opts.device) for t in problem.inputs()]
+    graph = capture(model, inputs)
+    graph, applied = rewrite(graph)
+    regions = partition(graph)
+    compiled = Compiled("", graph, regions, applied)
+    if opts.strict and compiled.unfused:
+        raise UnsupportedError(f"{problem.path}: --strict: not fused: {', '.join(compiled.unfused)}")
+    scheme = opts.scheme or SCHEME_BY_DEVICE.get(opts.device, "ieee")
+    compiled.source = emit(problem.source, problem.path.name, graph, regions, scheme, applied)
+    return compiled
+
+
+def load_module(path: Path) -> types.ModuleType:
+    """Import a generated file under a fresh name (Triton reads kernel source from the file)."""
+    spec = importlib.util.spec_from_file_location(f"kfuse_generated_{next(_counter)}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def time_models(problem: Problem, model_new_cls: type, device: str) -> dict[str, float]:
+    from kfuse.timing import time_cuda
+
+    torch.manual_seed(0)
+    eager = problem.build().to(device)
+    torch.manual_seed(0)
+    fused = problem.build(cls=model_new_cls).to(device)
+    fused.load_state_dict(eager.state_dict())
+    inputs = [t.to(device) for t in problem.inputs()]
+    out: dict[str, float] = {}
+    with torch.no_grad():
+        for name, model in (("eager", eager), ("kfuse", fused)):
+            out[name] = time_cuda(lambda m=model: m(*inputs)).median_ms
+    return out
+
+
+def optimize(problem: Problem, opts: Options, workdir: Path | None = None) -> Result:
+    compiled = compile_problem(problem, opts)
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="kfuse-"))
+    candidate = workdir / f"{problem.name}_candidate.py"
+    candidate.write_text(compiled.source)
+    module = load_module(candidate)
+    contract = check_contract(problem, run_in_process(module.ModelNew), device=opts.device,
+                              precision=opts.precision, trials=opts.trials, seed=opts.seed)
+    result = Result(compiled, contract, candidate)
+    if opts.device == "cuda" and contract.correct:
+        result.timings_ms = time_models(problem, module.ModelNew, opts.device)
+    return result
+
+
+def report(problem: Problem, opts: Options, result: Result, output: Path | None) -> dict[str, Any]:
+    """The JSON report (keys documented in README.md)."""
+    c, k = result.contract, result.compiled
+    rep: dict[str, Any] = {
+        "problem": problem.name,
+        "device": opts.device if opts.device != "cuda" else torch.cuda.get_device_name(),
+        "precision": opts.precision,
+        "correct": c.correct,
+        "rules": c.rules,
+        "max_abs_err": c.max_abs_err,
+        "ref_max_abs_err": c.ref_max_abs_err,
+        "trials": c.trials,
+        "regions": [{"kind": r.kind, "ops": [n.origin for n in r.nodes]} for r in k.regions],
+        "unfused_ops": k.unfused,
+        "rewrites": k.rewrites,
+        "output": str(output) if output is not None else None,
+        "overrides": dict(problem.overrides),
+        "extra_shape": c.extra_shape,
+        "failures": c.failures,
+    }
+    if result.timings_ms:
+        rep["timings_ms"] = result.timings_ms
+    return rep

@@ -1,0 +1,130 @@
+"""Region kind `gemm_batchnorm`: GEMM -> pointwise ops -> BatchNorm1d -> pointwise ops.
+
+Training mode (or no running statistics) needs each column's mean and variance over ALL rows, which no
+single tile sees. Three launches:
+  1. `<name>_stats_kernel`: the GEMM and the ops before the norm; stores y (the norm's input) and, per
+     (row tile, column), the tile's mean and M2 (centred sum of squares) — see kernels/batchnorm.py;
+  2. `batch_norm_finalize_kernel`: merges the tiles per column (Chan/Welford), writes mean and 1/std and
+     updates running_mean / running_var in place (num_batches_tracked is counted by the launcher);
+  3. `<name>_apply_kernel`: one pass over y: (y - mean) * rstd * weight + bias, then the ops after the norm.
+Bytes beyond the GEMM: y written once and read once (2 * M * N * 4), the output written once.
+Eval mode: the running statistics are per-column constants, so the norm is one more epilogue line and the
+whole region is one kernel (`<name>_eval_kernel`). The launcher picks the path from the module's state at
+call time, as torch does.
+"""
+
+from __future__ import annotations
+
+from kfuse.ir import Graph, Node, Param, Scalar
+from kfuse.partition import Region
+from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, kernel_name,
+                                  launcher, linear_bias, pointwise_kernel, pointwise_lines, store_line, var)
+
+STATS_LINES = (
+    "# per-column partial statistics of this row tile, centred on the tile's own mean",
+    "t_count = tl.minimum(M - pid_m * BLOCK_M, BLOCK_M).to(tl.float32)",
+    "t_mean = tl.sum(tl.where(mask, {y}, 0.0), axis=0) / t_count",
+    "t_dev = tl.where(mask, {y} - t_mean[None, :], 0.0)",
+    "tl.store(mean_part_ptr + pid_m * N + offs_n, t_mean, mask=mask_n)",
+    "tl.store(m2_part_ptr + pid_m * N + offs_n, tl.sum(t_dev * t_dev, axis=0), mask=mask_n)",
+)
+
+
+def _bn_params(bn: Node, n_cols: int) -> tuple[Param | None, Param | None, Scalar]:
+    path = bn.module
+    affine = bn.attrs.get("affine", True)
+    w = Param(f"{path}.weight", (n_cols,)) if affine else None
+    b = Param(f"{path}.bias", (n_cols,)) if affine else None
+    return w, b, Scalar(1e-5, f"{path}.eps")
+
+
+def _normalize(out: str, centred: str, scale: str, w: Param | None, b: Param | None, env: dict[str, str],
+               args: KernelArgs) -> list[str]:
+    lines = [f"{out} = {centred} * {scale}"]
+    if w is not None:
+        lines.append(f"{out} = {out} * {args.operand(w, env)} + {args.operand(b, env)}")
+    return lines
+
+
+def _stores(values: list[str], env: dict[str, str]) -> list[str]:
+    return [store_line(f"buf_{v}", env[v]) for v in values]
+
+
+def generate(region: Region, g: Graph) -> RegionCode:
+    name = kernel_name(region)
+    at = next(i for i, n in enumerate(region.nodes) if n.op == "batch_norm")
+    bn = region.nodes[at]
+    n_cols = region.anchor.shape[-1]
+    w, b, eps = _bn_params(bn, n_cols)
+    before, after = list(region.nodes[1:at]), list(region.nodes[at + 1:])
+    pre_names = {n.name for n in region.nodes[:at]}
+    pre_outs = [v for v in region.outputs if v in pre_names]
+    post_outs = [v for v in region.outputs if v not in pre_names]
+    y = bn.args[0]
+    registry: dict[str, tuple[str, bool]] = {}
+    replaced = ", ".join(n.origin for n in region.nodes)
+
+    # 1. GEMM + ops before the norm, y and the per-tile partials
+    a1, env1 = KernelArgs(registry), {}
+    body1 = linear_bias(region.anchor, env1, a1) + pointwise_lines(before, env1, a1)
+    stats_outs = list(dict.fromkeys([y, *pre_outs]))
+    body1 += _stores(stats_outs, env1) + [ln.format(y=env1[y]) for ln in STATS_LINES]
+    stats = gemm_kernel(f"{name}_stats", f"Training-mode pass 1 of: {replaced}.",
+                        [f"buf_{v}" for v in stats_outs] + ["mean_part", "m2_part"], a1, body1)
+
+    # 3. apply: normalize y with the batch statistics, then the ops after the norm
+    a3, env3 = KernelArgs(registry), {y: "v_y"}
+    body3 = _normalize(var(bn.name), "(v_y - mean)", "rstd", w, b, env3, a3)
+    a3.loads += ["mean = tl.load(mean_ptr + offs_n, mask=mask_n, other=0.0)[None, :]",
+                 "rstd = tl.load(rstd_ptr + offs_n, mask=mask_n, other=1.0)[None, :]"]
+    env3[bn.name] = var(bn.name)
+    body3 += pointwise_lines(after, env3, a3) + _stores(post_outs, env3)
+    apply = pointwise_kernel(f"{name}_apply", f"Training-mode pass 3 of: {replaced}.", ["y", "mean", "rstd"],
+                             [f"buf_{v}" for v in post_outs], a3, body3)
+
+    # eval: one kernel, the running statistics as per-column constants
+    path = bn.module
+    a2, env2 = KernelArgs(registry), {}
+    body2 = linear_bias(region.anchor, env2, a2) + pointwise_lines(before, env2, a2) + _stores(pre_outs, env2)
+    rm = a2.operand(Param(f"{path}.running_mean", (n_cols,)), env2)
+    rv = a2.operand(Param(f"{path}.running_var", (n_cols,)), env2)
+    body2 += _normalize(var(bn.name), f"({env2[y]} - {rm})", f"(1.0 / tl.sqrt({rv} + {a2.operand(eps, env2)}))",
+                        w, b, env2, a2)
+    env2[bn.name] = var(bn.name)
+    body2 += pointwise_lines(after, env2, a2) + _stores(post_outs, env2)
+    evalk = gemm_kernel(f"{name}_eval", f"Eval mode (running statistics): {replaced}.",
+                        [f"buf_{v}" for v in pre_outs + post_outs], a2, body2)
+
+    def launch(kernel: str, outs: list[str], args: KernelArgs, extra: str = "") -> str:
+        ptrs = "".join(f"buf_{v}, " for v in outs)
+        return f"{kernel}_kernel[grid](*ops, {ptrs}{extra}{''.join(p + ', ' for p in args.params)}M, N, K, *strides, {LAUNCH_TAIL})"
+
+    alloc = "{} = torch.empty((M, N), device=x.device, dtype=x.dtype)"
+    ret = "return " + ", ".join(f"buf_{v}.reshape(*lead, N)" for v in region.outputs)
+    params = [n for n, _ in registry.values()]
+    lines = ["min_block_n = 16", *gemm_prologue(region.anchor),
+             "if not (bn.training or bn.running_mean is None):  # eval: normalize with the running statistics",
+             *[f"    {alloc.format('buf_' + v)}" for v in pre_outs + post_outs],
+             f"    {launch(name + '_eval', pre_outs + post_outs, a2)}",
+             f"    {ret}",
+             "if M < 2:",
+             "    raise ValueError(f'Expected more than 1 value per channel when training, got input size {tuple(x.shape)}')",
+             "factor = batch_norm_momentum(bn)  # counts the batch, as torch does",
+             *[alloc.format("buf_" + v) for v in stats_outs],
+             "num_tiles = triton.cdiv(M, cfg.block_m)",
+             "mean_part = torch.empty((num_tiles, N), device=x.device, dtype=torch.float32)",
+             "m2_part = torch.empty_like(mean_part)",
+             launch(name + "_stats", stats_outs, a1, "mean_part, m2_part, "),
+             "mean, rstd = batch_norm_stats(mean_part, m2_part, M, cfg.block_m, bn, factor)",
+             *[alloc.format("buf_" + v) for v in post_outs],
+             "bm, bn_ = (32, 128) if interpreting() else (16, 256)",
+             f"{name}_apply_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn_))](buf_{y}, mean, rstd, "
+             + "".join(f"buf_{v}, " for v in post_outs) + "".join(p + ", " for p in a3.params)
+             + "M, N, BLOCK_M=bm, BLOCK_N=bn_, num_warps=4)",
+             ret]
+    launch_src = launcher(f"fused_{name}", ["x", "weight", "bn", *params], lines,
+                          f"Fused: {replaced}. Batch statistics in training mode, running statistics in eval.")
+    weight: Param = region.anchor.args[1]
+    call_args = [region.anchor.args[0], weight.expr(), f"self.{path}", *registry]
+    call = f"{', '.join(region.outputs)} = fused_{name}({', '.join(call_args)})"
+    return RegionCode((stats, apply, evalk), launch_src, (call,))
