@@ -5,7 +5,10 @@ Every user-facing failure is a KfuseError: one line on stderr and its exit code,
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
@@ -15,10 +18,24 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Fuse small PyTorch models into verified Triton kernels, benchmark them, judge candidates.")
 
 
+def register(name: str, fn: Callable[..., Any]) -> None:
+    """Add a command whose KfuseErrors become one line on stderr and their exit code."""
+
+    @functools.wraps(fn)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KfuseError as err:
+            typer.echo(f"kfuse: error: {err}", err=True)
+            raise typer.Exit(err.exit_code) from None
+
+    app.command(name)(command)
+
+
 def main() -> None:
     try:
         app()
-    except KfuseError as err:
+    except KfuseError as err:  # raised outside a command (e.g. while parsing)
         typer.echo(f"kfuse: error: {err}", err=True)
         sys.exit(err.exit_code)
 
@@ -27,8 +44,12 @@ def main() -> None:
 from kfuse.commands import optimize_cmd  # noqa: E402
 from kfuse.judge.commands import eval_cmd, eval_suite_cmd, report_cmd  # noqa: E402
 
-app.command("optimize")(optimize_cmd)
+register("optimize", optimize_cmd)
 
-app.command("eval")(eval_cmd)
-app.command("eval-suite")(eval_suite_cmd)
-app.command("report")(report_cmd)
+register("eval", eval_cmd)
+register("eval-suite", eval_suite_cmd)
+register("report", report_cmd)
+
+
+if __name__ == "__main__":
+    main()

@@ -58,7 +58,7 @@ def print_report(rep: dict, result: Result) -> None:
         console.print(f"rewrites: {', '.join(rep['rewrites'])}")
     rules = ", ".join(f"{k} {'ok' if v else ('not checked' if v is None else 'FAILED')}" for k, v in rep["rules"].items())
     console.print(f"contract ({rep['trials']} draws, extra shape {rep['extra_shape']}): {rules}")
-    console.print(f"max abs err vs float64 {rep['max_abs_err']:.3g} (eager fp32: {rep['ref_max_abs_err']:.3g})")
+    console.print(f"max abs err vs float64 {rep['max_abs_err']:.3g} (eager {rep['precision']}: {rep['ref_max_abs_err']:.3g})")
     for line in rep["failures"][:10]:
         console.print(f"  [red]{line}[/red]")
     if "timings_ms" in rep:

@@ -44,8 +44,8 @@ def batch_norm_finalize_kernel(mean_part_ptr, m2_part_ptr, mean_ptr, rstd_ptr, r
     tl.store(mean_ptr + cols, mean, mask=mask)
     tl.store(rstd_ptr + cols, 1.0 / tl.sqrt(var + eps), mask=mask)
     if UPDATE:
-        rm = tl.load(running_mean_ptr + cols, mask=mask, other=0.0)
-        rv = tl.load(running_var_ptr + cols, mask=mask, other=0.0)
+        rm = tl.load(running_mean_ptr + cols, mask=mask).to(tl.float32)
+        rv = tl.load(running_var_ptr + cols, mask=mask).to(tl.float32)
         tl.store(running_mean_ptr + cols, (1.0 - momentum) * rm + momentum * mean, mask=mask)
         tl.store(running_var_ptr + cols, (1.0 - momentum) * rv + momentum * (m2 / (M - 1)), mask=mask)
 

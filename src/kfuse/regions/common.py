@@ -69,10 +69,11 @@ class KernelArgs:
         if isinstance(a, str):
             return env[a]
         if isinstance(a, Scalar):
-            stem = a.attr.replace(".", "_") if a.attr else f"c{len(self.registry)}"
+            # s_ / p_ prefixes keep user names (a parameter called `b`, a scalar called `N`) off kfuse's own
+            stem = "s_" + (a.attr.replace(".", "_") if a.attr else f"c{len(self.registry)}")
             return self.add(stem, f"float({a.expr()})", False)
         if isinstance(a, Param):
-            name = self.add(a.path.replace(".", "_"), f"as_vector({a.expr()})", True)
+            name = self.add("p_" + a.path.replace(".", "_"), f"as_vector({a.expr()})", True)
             if name not in self.loaded:
                 self.loaded.add(name)
                 if is_single(a):

@@ -50,6 +50,25 @@ def _stores(values: list[str], env: dict[str, str]) -> list[str]:
     return [store_line(f"buf_{v}", env[v]) for v in values]
 
 
+def _eval_kernel(region: Region, name: str, bn: Node, before: list[Node], after: list[Node], pre_outs: list[str],
+                 post_outs: list[str], registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+    """Eval mode as one GEMM kernel: (y - running_mean) / sqrt(running_var + eps) * weight + bias."""
+    path, n_cols, y = bn.module, region.anchor.shape[-1], bn.args[0]
+    w, b, eps = _bn_params(bn, n_cols)
+    args, env = KernelArgs(registry), {}
+    body = linear_bias(region.anchor, env, args) + pointwise_lines(before, env, args) + _stores(pre_outs, env)
+    rm = args.operand(Param(f"{path}.running_mean", (n_cols,)), env)
+    rv = args.operand(Param(f"{path}.running_var", (n_cols,)), env)
+    body += _normalize(var(bn.name), f"({env[y]} - {rm})", f"(1.0 / tl.sqrt({rv} + {args.operand(eps, env)}))",
+                       w, b, env, args)
+    env[bn.name] = var(bn.name)
+    body += pointwise_lines(after, env, args) + _stores(post_outs, env)
+    replaced = ", ".join(n.origin for n in region.nodes)
+    kernel = gemm_kernel(f"{name}_eval", f"Eval mode (running statistics): {replaced}.",
+                         [f"buf_{v}" for v in pre_outs + post_outs], args, body)
+    return kernel, args
+
+
 def generate(region: Region, g: Graph) -> RegionCode:
     name = kernel_name(region)
     at = next(i for i, n in enumerate(region.nodes) if n.op == "batch_norm")
@@ -82,18 +101,10 @@ def generate(region: Region, g: Graph) -> RegionCode:
     apply = pointwise_kernel(f"{name}_apply", f"Training-mode pass 3 of: {replaced}.", ["y", "mean", "rstd"],
                              [f"buf_{v}" for v in post_outs], a3, body3)
 
-    # eval: one kernel, the running statistics as per-column constants
-    path = bn.module
-    a2, env2 = KernelArgs(registry), {}
-    body2 = linear_bias(region.anchor, env2, a2) + pointwise_lines(before, env2, a2) + _stores(pre_outs, env2)
-    rm = a2.operand(Param(f"{path}.running_mean", (n_cols,)), env2)
-    rv = a2.operand(Param(f"{path}.running_var", (n_cols,)), env2)
-    body2 += _normalize(var(bn.name), f"({env2[y]} - {rm})", f"(1.0 / tl.sqrt({rv} + {a2.operand(eps, env2)}))",
-                        w, b, env2, a2)
-    env2[bn.name] = var(bn.name)
-    body2 += pointwise_lines(after, env2, a2) + _stores(post_outs, env2)
-    evalk = gemm_kernel(f"{name}_eval", f"Eval mode (running statistics): {replaced}.",
-                        [f"buf_{v}" for v in pre_outs + post_outs], a2, body2)
+    # eval: one kernel, the running statistics as per-column constants (none without running statistics)
+    has_running = bn.attrs.get("track_running_stats", True)
+    evalk = _eval_kernel(region, name, bn, before, after, pre_outs, post_outs, registry) if has_running else None
+    a2 = evalk[1] if evalk else None
 
     def launch(kernel: str, outs: list[str], args: KernelArgs, extra: str = "") -> str:
         ptrs = "".join(f"buf_{v}, " for v in outs)
@@ -102,15 +113,17 @@ def generate(region: Region, g: Graph) -> RegionCode:
     alloc = "{} = torch.empty((M, N), device=x.device, dtype=x.dtype)"
     ret = "return " + ", ".join(f"buf_{v}.reshape(*lead, N)" for v in region.outputs)
     params = [n for n, _ in registry.values()]
-    lines = ["min_block_n = 16", *gemm_prologue(region.anchor),
-             "if not (bn.training or bn.running_mean is None):  # eval: normalize with the running statistics",
-             *[f"    {alloc.format('buf_' + v)}" for v in pre_outs + post_outs],
-             f"    {launch(name + '_eval', pre_outs + post_outs, a2)}",
-             f"    {ret}",
+    eval_lines = ["if not (bn.training or bn.running_mean is None):  # eval: normalize with the running statistics",
+                  *[f"    {alloc.format('buf_' + v)}" for v in pre_outs + post_outs],
+                  f"    {launch(name + '_eval', pre_outs + post_outs, a2)}",
+                  f"    {ret}"] if evalk else []
+    lines = ["min_block_n = 16", *gemm_prologue(region.anchor), *eval_lines,
              "if M < 2:",
              "    raise ValueError(f'Expected more than 1 value per channel when training, got input size {tuple(x.shape)}')",
              "factor = batch_norm_momentum(bn)  # counts the batch, as torch does",
-             *[alloc.format("buf_" + v) for v in stats_outs],
+             # y stays fp32 when only the apply pass reads it (exact for fp32 models, better for bf16 ones)
+             *[alloc.format("buf_" + v) if v in region.outputs else
+               f"buf_{v} = torch.empty((M, N), device=x.device, dtype=torch.float32)" for v in stats_outs],
              "num_tiles = triton.cdiv(M, cfg.block_m)",
              "mean_part = torch.empty((num_tiles, N), device=x.device, dtype=torch.float32)",
              "m2_part = torch.empty_like(mean_part)",
@@ -125,6 +138,6 @@ def generate(region: Region, g: Graph) -> RegionCode:
     launch_src = launcher(f"fused_{name}", ["x", "weight", "bn", *params], lines,
                           f"Fused: {replaced}. Batch statistics in training mode, running statistics in eval.")
     weight: Param = region.anchor.args[1]
-    call_args = [region.anchor.args[0], weight.expr(), f"self.{path}", *registry]
+    call_args = [region.anchor.args[0], weight.expr(), f"self.{bn.module}", *registry]
     call = f"{', '.join(region.outputs)} = fused_{name}({', '.join(call_args)})"
-    return RegionCode((stats, apply, evalk), launch_src, (call,))
+    return RegionCode((stats, apply) + ((evalk[0],) if evalk else ()), launch_src, (call,))

@@ -1,0 +1,99 @@
+"""Capture and region matching, device-free: no kernel runs here."""
+
+from __future__ import annotations
+
+import torch
+
+from conftest import SEEDS, SMALL, write_problem
+from kfuse.capture import capture
+from kfuse.ir import Param, Scalar
+from kfuse.load import load_problem
+from kfuse.partition import partition
+from kfuse.rewrite import rewrite
+
+
+def graph_of(path, overrides=None):
+    prob = load_problem(path, overrides)
+    model = prob.build()
+    g, applied = rewrite(capture(model, prob.inputs()))
+    return g, applied, model
+
+
+def regions_of(path, overrides=None):
+    g, applied, _ = graph_of(path, overrides)
+    return [(r.kind, r.ops()) for r in partition(g)], applied
+
+
+def test_seed_12_one_region_with_runtime_scalars():
+    g, _, _ = graph_of(SEEDS / "12_gemm_multiply_leakyrelu.py", SMALL["12_gemm_multiply_leakyrelu"])
+    gemm, mul, act = g.nodes
+    assert gemm.op == "linear" and gemm.args[1] == Param("gemm.weight", (129, 70))
+    # the multiplier is read from the model at run time, not baked in
+    assert mul.args[1] == Scalar(2.0, "multiplier")
+    assert act.args[1] == Scalar(0.1, "leaky_relu.negative_slope")
+    assert [(r.kind, r.ops()) for r in partition(g)] == [("gemm_epilogue", ["linear", "mul", "leaky_relu"])]
+
+
+def test_seed_62_groupnorm_region_and_rewrite():
+    regions, applied = regions_of(SEEDS / "62_matmul_groupnorm_leakyrelu_sum.py",
+                                  SMALL["62_matmul_groupnorm_leakyrelu_sum"])
+    assert regions == [("gemm_groupnorm", ["linear", "group_norm", "leaky_relu", "mul"])]
+    assert applied == ["x+x->2x"]
+
+
+def test_seed_39_batchnorm_region():
+    regions, _ = regions_of(SEEDS / "39_gemm_scale_batchnorm.py", SMALL["39_gemm_scale_batchnorm"])
+    assert regions == [("gemm_batchnorm", ["linear", "mul", "batch_norm"])]
+
+
+def test_capture_leaves_model_state_alone():
+    prob = load_problem(SEEDS / "39_gemm_scale_batchnorm.py", SMALL["39_gemm_scale_batchnorm"])
+    model = prob.build()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    capture(model, prob.inputs())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_spellings_map_to_one_op(tmp_path):
+    forward = """
+        y = self.lin(x)
+        y = torch.mul(y, 0.5)
+        y = y.mul(self.s)
+        y = F.leaky_relu(y, 0.2)
+        y = torch.clamp(y, min=-1.0, max=1.0)
+        return torch.sigmoid(y) * y
+    """
+    path = write_problem(tmp_path, "self.lin = nn.Linear(in_features, out_features)\nself.s = nn.Parameter(torch.randn(out_features))", forward)
+    g, _, _ = graph_of(path)
+    assert [n.op for n in g.nodes] == ["linear", "mul", "mul", "leaky_relu", "hardtanh", "sigmoid", "mul"]
+    assert [(r.kind, len(r.nodes)) for r in partition(g)] == [("gemm_epilogue", 7)]
+
+
+def test_unknown_op_falls_back_and_splits_region(tmp_path):
+    forward = """
+        y = self.lin(x)
+        z = torch.cumsum(y, dim=1)
+        return torch.relu(z)
+    """
+    path = write_problem(tmp_path, "self.lin = nn.Linear(in_features, out_features)", forward)
+    regions, _ = regions_of(path)
+    assert regions == [("gemm_epilogue", ["linear"]), ("torch", ["unknown"]), ("torch", ["relu"])]
+
+
+def test_value_read_outside_region_is_an_output(tmp_path):
+    forward = """
+        y = self.lin(x)
+        z = torch.relu(y)
+        return z, torch.cumsum(y, dim=1)
+    """
+    path = write_problem(tmp_path, "self.lin = nn.Linear(in_features, out_features)", forward)
+    g, _, _ = graph_of(path)
+    region = partition(g)[0]
+    assert region.ops() == ["linear", "relu"] and set(region.outputs) == {"lin", "relu"}
+
+
+def test_group_norm_with_non_power_of_two_groups_is_not_fused(tmp_path):
+    init = "self.lin = nn.Linear(in_features, out_features)\nself.gn = nn.GroupNorm(3, out_features)"
+    path = write_problem(tmp_path, init, "return self.gn(self.lin(x))", n=129)
+    regions, _ = regions_of(path)
+    assert regions == [("gemm_epilogue", ["linear"]), ("torch", ["group_norm"])]

@@ -1,0 +1,99 @@
+"""The loader: every bad input is one clear line naming the file, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import SEEDS, write_problem
+from kfuse.errors import ProblemError
+from kfuse.load import load_problem, parse_set
+
+GOOD = SEEDS / "12_gemm_multiply_leakyrelu.py"
+
+
+def run_kfuse(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kfuse.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**__import__("os").environ, "TRITON_INTERPRET": "1"}, timeout=600)
+
+
+def test_overrides_reach_derived_constants(tmp_path):
+    path = tmp_path / "p.py"
+    path.write_text(GOOD.read_text().replace("out_features = 8192", "out_features = in_features * 2"))
+    prob = load_problem(path, {"in_features": 10, "batch_size": 3})
+    assert prob.constants()["out_features"] == 20
+    assert prob.inputs()[0].shape == (3, 10)
+    assert prob.batch_constant() == "batch_size"
+
+
+def test_parse_set_numbers():
+    assert parse_set(["a=3", "b=0.5", "c=1e-3"]) == {"a": 3, "b": 0.5, "c": 1e-3}
+
+
+BAD_FILES = {
+    "syntax": ("def broken(:\n", "syntax error at line 1"),
+    "no_model": ("import torch\ndef get_inputs(): return []\ndef get_init_inputs(): return []\n", "Model missing"),
+    "no_get_inputs": ("import torch.nn as nn\nclass Model(nn.Module): pass\ndef get_init_inputs(): return []\n",
+                      "get_inputs missing"),
+    "raises_at_import": ("raise RuntimeError('boom')\n", "running the file raised RuntimeError: boom"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_files_are_problem_errors(tmp_path, case):
+    text, message = BAD_FILES[case]
+    path = tmp_path / f"{case}.py"
+    path.write_text(text)
+    with pytest.raises(ProblemError, match=message):
+        load_problem(path)
+
+
+def test_missing_and_not_python(tmp_path):
+    with pytest.raises(ProblemError, match="file not found"):
+        load_problem(tmp_path / "nope.py")
+    other = tmp_path / "model.txt"
+    other.write_text("x = 1\n")
+    with pytest.raises(ProblemError, match="not a Python file"):
+        load_problem(other)
+
+
+def test_constructor_raising(tmp_path):
+    path = write_problem(tmp_path, "raise ValueError('bad size')", "return x")
+    with pytest.raises(ProblemError, match=r"Model\(\*get_init_inputs\(\)\) raised ValueError: bad size"):
+        load_problem(path).build()
+
+
+def test_get_inputs_non_tensor(tmp_path):
+    path = write_problem(tmp_path, "self.l = nn.Linear(in_features, out_features)", "return self.l(x)",
+                         inputs="3, 'a'")
+    with pytest.raises(ProblemError, match="get_inputs\\(\\) must return tensors, got int, str"):
+        load_problem(path).inputs()
+
+
+def test_unknown_and_non_numeric_set():
+    with pytest.raises(ProblemError, match="--set nope: no module-level constant"):
+        load_problem(GOOD, {"nope": 1})
+    with pytest.raises(ProblemError, match="value is not a number"):
+        parse_set(["batch_size=many"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["optimize", "missing.py"], "missing.py: file not found"),
+    (["optimize", str(GOOD), "--set", "batch_size=abc"], "--set batch_size=abc: value is not a number"),
+    (["optimize", str(GOOD), "--set", "nope=3"], "--set nope: no module-level constant"),
+    (["optimize", str(GOOD), "--device", "tpu"], "--device tpu: expected cuda or cpu"),
+])
+def test_cli_bad_input_is_one_line_exit_2(args, message):
+    res = run_kfuse(*args)
+    assert res.returncode == 2, res.stderr
+    assert message in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_cli_constructor_error_one_line(tmp_path):
+    path = write_problem(tmp_path, "raise ValueError('bad size')", "return x")
+    res = run_kfuse("optimize", str(path), "--device", "cpu")
+    assert res.returncode == 2 and "raised ValueError: bad size" in res.stderr and "Traceback" not in res.stderr
