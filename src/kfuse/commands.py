@@ -97,6 +97,7 @@ def optimize_cmd(
     if result.contract.correct:
         output.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(result.candidate_path, output)
+        shutil.rmtree(result.candidate_path.parent, ignore_errors=True)  # kfuse's own scratch folder
         written = output
     rep = report(prob, opts, result, written)
     if not result.contract.correct:

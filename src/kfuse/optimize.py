@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import triton
 
+import kfuse
 from kfuse.capture import capture
 from kfuse.emit import emit
 from kfuse.errors import UnsupportedError
@@ -138,6 +140,7 @@ def report(problem: Problem, opts: Options, result: Result, output: Path | None)
         "overrides": dict(problem.overrides),
         "extra_shape": c.extra_shape,
         "failures": c.failures,
+        "versions": {"kfuse": kfuse.__version__, "torch": torch.__version__, "triton": triton.__version__},
     }
     if result.timings_ms:
         rep["timings_ms"] = result.timings_ms
