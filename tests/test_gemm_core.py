@@ -113,3 +113,12 @@ def test_gpu_compiled():
     r = subprocess.run([sys.executable, "-c", GPU_SCRIPT, KERNELS], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and "GPU OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+# Tiles above 128x128 run fp16x3p as two column halves (even/odd columns) sharing one tensor-core partial.
+@pytest.mark.parametrize("M,K,N", SIZES + [(130, 97, 300)])
+@pytest.mark.parametrize("split_a", [False, True])
+@pytest.mark.parametrize("cfg", [C(128, 256, 32, 8, 8, 4), C(256, 128, 64, 8, 8, 2)])
+def test_fp16x3p_halves(M, K, N, split_a, cfg):
+    import dataclasses
+    _check("fp16x3p", dataclasses.replace(cfg, split_a=split_a), M, K, N)

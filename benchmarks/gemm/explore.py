@@ -22,7 +22,7 @@ ap.add_argument("--cpu", action="store_true")
 ap.add_argument("--quick", action="store_true")
 ap.add_argument("--only", default="")
 ap.add_argument("--reps", type=int, default=30)
-ap.add_argument("--round", type=int, default=2, help="1: the first sweep; 2: accurate-scheme sweep (default)")
+ap.add_argument("--round", type=int, default=4, help="1: first sweep; 2: accurate-scheme sweep; 3: fp16x3p halves; 4: TMA; 5: 16 warps")
 ap.add_argument("--variants", default="", help="comma list of variant names to run (default: all)")
 args = ap.parse_args()
 if args.cpu:
@@ -115,6 +115,63 @@ def variants_p39_r2():
     return v
 
 
+def variants_p12_r3():
+    # fp16x3p with tiles above 128x128 = two column halves (gemm_core._fp16x3p_halves)
+    v = []
+    for cfg in [C(128, 128, 64, 8, 8, 3, split_a=False), C(128, 256, 32, 8, 8, 4, split_a=False),
+                C(128, 256, 32, 8, 8, 3, split_a=False), C(128, 256, 64, 8, 8, 2, split_a=False),
+                C(128, 256, 32, 16, 8, 4, split_a=False), C(128, 256, 32, 4, 8, 4, split_a=False),
+                C(128, 256, 32, 8, 8, 4, split_a=False, persistent=True), C(256, 128, 32, 8, 8, 4, split_a=False),
+                C(128, 256, 32, 8, 8, 4)]:
+        v.append(("fp16x3p", cfg))
+    return v
+
+
+def variants_p39_r3():
+    v = []
+    for cfg in [C(128, 128, 64, 8, 8, 3, split_a=False), C(128, 256, 32, 8, 8, 4, split_a=False),
+                C(128, 256, 64, 8, 8, 2, split_a=False), C(128, 256, 32, 16, 8, 4, split_a=False),
+                C(128, 256, 32, 8, 8, 4, split_a=False, persistent=True)]:
+        v.append(("fp16x3p", cfg))
+    return v
+
+
+def variants_p12_r4():
+    # fp16x3p with TMA tile loads (tensor descriptors), full 128x128 tiles and 128x256 halves
+    v = []
+    for cfg in [C(128, 128, 64, 8, 8, 3, split_a=False), C(128, 128, 64, 8, 8, 3, split_a=False, tma=True),
+                C(128, 128, 64, 16, 8, 3, split_a=False, tma=True), C(128, 128, 64, 4, 8, 3, split_a=False, tma=True),
+                C(128, 128, 64, 8, 8, 3, split_a=False, persistent=True, tma=True),
+                C(128, 128, 32, 8, 8, 6, split_a=False, tma=True),
+                C(128, 256, 64, 8, 8, 2, split_a=False, tma=True), C(128, 256, 32, 8, 8, 4, split_a=False, tma=True)]:
+        v.append(("fp16x3p", cfg))
+    return v
+
+
+def variants_p39_r4():
+    v = []
+    for cfg in [C(128, 128, 64, 8, 8, 3, split_a=False), C(128, 128, 64, 8, 8, 3, split_a=False, tma=True),
+                C(128, 128, 64, 16, 8, 3, split_a=False, tma=True),
+                C(128, 128, 64, 8, 8, 3, split_a=False, persistent=True, tma=True),
+                C(128, 256, 64, 8, 8, 2, split_a=False, tma=True)]:
+        v.append(("fp16x3p", cfg))
+    return v
+
+
+def variants_p12_r5():
+    # 16 warps (4 warpgroups, m64n64 wgmma each) to hide the per-dot wgmma waits
+    return [("fp16x3p", c) for c in [
+        C(128, 128, 64, 8, 8, 3, split_a=False), C(128, 128, 64, 8, 16, 3, split_a=False, tma=True),
+        C(128, 128, 64, 16, 16, 3, split_a=False, tma=True), C(128, 128, 64, 8, 16, 3, split_a=False),
+        C(256, 128, 32, 8, 16, 4, split_a=False)]]
+
+
+def variants_p39_r5():
+    return [("fp16x3p", c) for c in [
+        C(128, 128, 64, 8, 8, 3, split_a=False), C(128, 128, 64, 8, 16, 3, split_a=False, tma=True),
+        C(256, 128, 32, 8, 16, 4, split_a=False)]]
+
+
 def variants_p39():
     v = []
     for cfg in [C(128, 256, 64, 8, 8, 3, split_a=False), C(128, 256, 32, 8, 8, 4, split_a=False),
@@ -188,9 +245,11 @@ def gpu_main():
 
     problems = []
     if args.only in ("", "p12"):
-        problems.append(("p12", 1024, 8192, 8192, 2.0, 0.1, variants_p12() if args.round == 1 else variants_p12_r2()))
+        problems.append(("p12", 1024, 8192, 8192, 2.0, 0.1, {1: variants_p12, 2: variants_p12_r2,
+                                                               3: variants_p12_r3, 4: variants_p12_r4, 5: variants_p12_r5}[args.round]()))
     if args.only in ("", "p39"):
-        problems.append(("p39", 16384, 4096, 4096, 1.0, 1.0, variants_p39() if args.round == 1 else variants_p39_r2()))
+        problems.append(("p39", 16384, 4096, 4096, 1.0, 1.0, {1: variants_p39, 2: variants_p39_r2,
+                                                               3: variants_p39_r3, 4: variants_p39_r4, 5: variants_p39_r5}[args.round]()))
     want = set(args.variants.split(",")) if args.variants else None
     for pname, M, K, N, mult, slope, variants in problems:
         flop3 = 3 * 2 * M * N * K
@@ -232,7 +291,7 @@ def gpu_main():
                 if scheme in gc.SPLIT_SCHEMES and ok and not args.quick:
                     rob = {}
                     kinds = ([("rand", 1), ("rand", 2), ("rand*1e-6", 3), ("rand*1e6", 4), ("randn", 5)]
-                             if pname == "p12" else [("rand", 1), ("randn", 5)])
+                             if pname == "p12" or args.round >= 3 else [("rand", 1), ("randn", 5)])
                     for kind, seed in kinds:
                         key = (kind, seed)
                         if key not in inputs_extra:

@@ -28,8 +28,10 @@ Schemes (SCHEME constexpr of gemm_tile); H100 numbers from benchmarks/gemm/NOTES
             Accurate; 1.7 ms on problem 12.
   "fp16x3p" RECOMMENDED.  The fp16 split above, one K loop with three dots per K block, each block's three products
             summed in a FRESH tensor-core partial that is then added into the fp32 register accumulator with a
-            round-to-nearest FADD ("promotion").  Max error 2e-6 (cuBLAS fp32: 1.45e-5).  0.69-0.73 ms GEMM on
-            problem 12 (128x128x64 tiles: the partial + sum need two accumulators, 128x256 would spill).
+            round-to-nearest FADD ("promotion").  Max error 2e-6 (cuBLAS fp32: 1.45e-5).  0.68-0.73 ms GEMM on
+            problem 12 (128x128x64 tiles: the partial + sum need two accumulators).  Tiles above HALVES_ABOVE
+            (e.g. 128x256) run as two column halves sharing one partial (fits, but slower: Triton waits after
+            every dot); USE_TMA loads tiles with tensor descriptors (no faster).  See NOTES.md, session 2.
   "fp16x3"  FAST BUT NOT fp32-ACCURATE FOR LONG K: three single-dot K loops into ONE tensor-core accumulator
             (0.61 ms on problem 12).  The H100 tensor core truncates toward zero when it adds into its fp32
             accumulator; over K=8192 that gave 3.8e-5 max error (2.6x cuBLAS: fails the 2x rule), at K=4096 1.0e-5
@@ -237,12 +239,145 @@ def _fp16_dot_loop_promoted(acc, a_ptrs, b_ptrs, a_s, K, stride_ak, stride_bk,
 
 
 @triton.jit
+def _fp16x3p_halves(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, a_s, pid_m, pid_n, M, N, K,
+                    stride_am, stride_ak, stride_bn, stride_bk,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr, INTERLEAVE: tl.constexpr):
+    """fp16x3p for tiles too big for two full fp32 accumulators (e.g. 128x256 at 8 warps: 2 x 128 registers).
+    The tile's columns are split into two halves, each with its own fp32 running sum (BLOCK_N/2 wide), and ONE
+    fresh tensor-core partial (BLOCK_N/2 wide) is reused for both halves in turn: 3 half-size accumulators
+    (192 registers/thread at 128x256, 8 warps) instead of 4.  Each K block loads A (hi, lo) once and uses it for
+    both halves, so global/L2 traffic is that of the full tile.
+    INTERLEAVE: half 0 holds the even columns and half 1 the odd ones, so join + reshape back to (BM, BN) moves
+    no data between threads; else half 0 = first BLOCK_N/2 columns (join + permute)."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    offs_j = tl.arange(0, HALF)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Scalar 64-bit tile bases + int32 offsets relative to them (rows/cols past M/N clamped onto the last valid
+    # one, never stored): one register per loaded vector instead of a 64-bit pointer, and hi/lo share offsets.
+    m0 = pid_m * BLOCK_M
+    n_first = pid_n * BLOCK_N
+    rel_m = tl.minimum(m0 + tl.arange(0, BLOCK_M), M - 1) - m0
+    if INTERLEAVE:
+        rel_n0 = tl.minimum(n_first + 2 * offs_j, N - 1) - n_first
+        rel_n1 = tl.minimum(n_first + 2 * offs_j + 1, N - 1) - n_first
+    else:
+        rel_n0 = tl.minimum(n_first + offs_j, N - 1) - n_first
+        rel_n1 = tl.minimum(n_first + HALF + offs_j, N - 1) - n_first
+    a_off = rel_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b0_off = rel_n0[None, :] * stride_bn + offs_k[:, None] * stride_bk
+    b1_off = rel_n1[None, :] * stride_bn + offs_k[:, None] * stride_bk
+    a_base = a_ptr + m0.to(tl.int64) * stride_am
+    a_lo_base = a_lo_ptr + m0.to(tl.int64) * stride_am
+    b_base = b_ptr + n_first.to(tl.int64) * stride_bn
+    b_lo_base = b_lo_ptr + n_first.to(tl.int64) * stride_bn
+    acc0 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_base + a_off)
+            b0 = tl.load(b_base + b0_off)
+            b0_lo = tl.load(b_lo_base + b0_off)
+            b1 = tl.load(b_base + b1_off)
+            b1_lo = tl.load(b_lo_base + b1_off)
+        else:
+            k_left = K - kb * BLOCK_K
+            a = tl.load(a_base + a_off, mask=offs_k[None, :] < k_left, other=0.0)
+            b0 = tl.load(b_base + b0_off, mask=offs_k[:, None] < k_left, other=0.0)
+            b0_lo = tl.load(b_lo_base + b0_off, mask=offs_k[:, None] < k_left, other=0.0)
+            b1 = tl.load(b_base + b1_off, mask=offs_k[:, None] < k_left, other=0.0)
+            b1_lo = tl.load(b_lo_base + b1_off, mask=offs_k[:, None] < k_left, other=0.0)
+        if SPLIT_A:
+            av = a * a_s[:, None]  # exact (power of two)
+            a_hi = av.to(tl.float16)
+            a_lo = (av - a_hi.to(tl.float32)).to(tl.float16)
+        else:
+            a_hi = a
+            if EVEN_K:
+                a_lo = tl.load(a_lo_base + a_off)
+            else:
+                a_lo = tl.load(a_lo_base + a_off, mask=offs_k[None, :] < k_left, other=0.0)
+        part = tl.dot(a_lo, b0)
+        part = tl.dot(a_hi, b0_lo, part)
+        part = tl.dot(a_hi, b0, part)
+        acc0 = acc0 + part
+        part = tl.dot(a_lo, b1)
+        part = tl.dot(a_hi, b1_lo, part)
+        part = tl.dot(a_hi, b1, part)
+        acc1 = acc1 + part
+        a_base += BLOCK_K * stride_ak
+        a_lo_base += BLOCK_K * stride_ak
+        b_base += BLOCK_K * stride_bk
+        b_lo_base += BLOCK_K * stride_bk
+    if INTERLEAVE:
+        return tl.reshape(tl.join(acc0, acc1), (BLOCK_M, BLOCK_N))
+    else:
+        return tl.reshape(tl.permute(tl.join(acc0, acc1), (0, 2, 1)), (BLOCK_M, BLOCK_N))
+
+
+@triton.jit
+def _fp16x3p_tma(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, pid_m, pid_n, M, N, K, stride_am, stride_bn,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr):
+    """fp16x3p with TMA tile loads (device-side tensor descriptors; needs triton.set_allocator, see
+    ensure_tma_allocator) on pre-split operands (SPLIT_A=False), unit K stride, 16-byte aligned rows and bases.
+    Out-of-range rows/cols/K are zero-filled by the TMA unit (no masks, no address registers).
+    HALVES: two column halves (first/second BLOCK_N/2 columns) with one shared partial, as _fp16x3p_halves."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
+    a_lo_desc = tl.make_tensor_descriptor(a_lo_ptr, shape=[M, K], strides=[stride_am, 1],
+                                          block_shape=[BLOCK_M, BLOCK_K])
+    m0 = pid_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    if HALVES:
+        HALF: tl.constexpr = BLOCK_N // 2
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_bn, 1], block_shape=[HALF, BLOCK_K])
+        b_lo_desc = tl.make_tensor_descriptor(b_lo_ptr, shape=[N, K], strides=[stride_bn, 1],
+                                              block_shape=[HALF, BLOCK_K])
+        acc0 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+        acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BLOCK_K)):
+            k = kb * BLOCK_K
+            a_hi = a_desc.load([m0, k])
+            a_lo = a_lo_desc.load([m0, k])
+            b0 = b_desc.load([n0, k]).T
+            b0_lo = b_lo_desc.load([n0, k]).T
+            b1 = b_desc.load([n0 + HALF, k]).T
+            b1_lo = b_lo_desc.load([n0 + HALF, k]).T
+            part = tl.dot(a_lo, b0)
+            part = tl.dot(a_hi, b0_lo, part)
+            part = tl.dot(a_hi, b0, part)
+            acc0 = acc0 + part
+            part = tl.dot(a_lo, b1)
+            part = tl.dot(a_hi, b1_lo, part)
+            part = tl.dot(a_hi, b1, part)
+            acc1 = acc1 + part
+        acc = tl.reshape(tl.permute(tl.join(acc0, acc1), (0, 2, 1)), (BLOCK_M, BLOCK_N))
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_bn, 1],
+                                           block_shape=[BLOCK_N, BLOCK_K])
+        b_lo_desc = tl.make_tensor_descriptor(b_lo_ptr, shape=[N, K], strides=[stride_bn, 1],
+                                              block_shape=[BLOCK_N, BLOCK_K])
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BLOCK_K)):
+            k = kb * BLOCK_K
+            a_hi = a_desc.load([m0, k])
+            a_lo = a_lo_desc.load([m0, k])
+            b = b_desc.load([n0, k]).T
+            b_lo = b_lo_desc.load([n0, k]).T
+            part = tl.dot(a_lo, b)
+            part = tl.dot(a_hi, b_lo, part)
+            part = tl.dot(a_hi, b, part)
+            acc = acc + part
+    return acc
+
+
+@triton.jit
 def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
               pid_m, pid_n, M, N, K,
               stride_am, stride_ak, stride_bn, stride_bk,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr,
-              PROMOTE_K: tl.constexpr = 1024):
+              PROMOTE_K: tl.constexpr = 1024, HALVES_ABOVE: tl.constexpr = 16384, INTERLEAVE: tl.constexpr = True,
+              USE_TMA: tl.constexpr = False):
     """Return the fp32 (BLOCK_M, BLOCK_N) tile acc[i, j] = sum_k A[m_i, k] * B[n_j, k] (= (x @ W^T) tile) for
     rows m_i = pid_m*BLOCK_M + i, cols n_j = pid_n*BLOCK_N + j.  Rows/cols past M/N are computed from wrapped
     (valid) indices: the caller must mask its store with (offs_m < M) & (offs_n < N).
@@ -255,6 +390,10 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
           (stride_am, stride_ak), a_scale_ptr = x_scale (split_x).
     EVEN_K: K % BLOCK_K == 0 (drops the K mask from the loads; set by the launcher, any K is handled otherwise).
     PROMOTE_K ("fp16x3c" only; a multiple of BLOCK_K): K stretch summed in a fresh tensor-core partial.
+    HALVES_ABOVE / INTERLEAVE ("fp16x3p"): tiles with BLOCK_M*BLOCK_N > HALVES_ABOVE run as two column halves
+    (even/odd columns when INTERLEAVE) sharing one tensor-core partial (_fp16x3p_halves).
+    USE_TMA ("fp16x3p", SPLIT_A=False, unit K stride, 16-byte aligned rows): TMA tile loads via device-side tensor
+    descriptors; the launcher must have called ensure_tma_allocator().
     """
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -314,6 +453,13 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
                                      BLOCK_K, 0, EVEN_K)
                 acc = _fp16_dot_loop_promoted(acc, a_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
                                               BLOCK_K, 0, EVEN_K, PROMOTE_K)
+        elif SCHEME == "fp16x3p" and USE_TMA:
+            tl.static_assert(not SPLIT_A, "USE_TMA needs pre-split x (SPLIT_A=False)")
+            acc = _fp16x3p_tma(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, pid_m, pid_n, M, N, K, stride_am, stride_bn,
+                               BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_M * BLOCK_N > HALVES_ABOVE)
+        elif SCHEME == "fp16x3p" and BLOCK_M * BLOCK_N > HALVES_ABOVE:
+            acc = _fp16x3p_halves(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, a_s, pid_m, pid_n, M, N, K,
+                                  stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_A, EVEN_K, INTERLEAVE)
         else:
             # "fp16x3d" / "fp16x3p": one K loop, three dots per K block.
             a_ptrs = a_ptr + a_off
@@ -382,11 +528,11 @@ def _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_sc
                              tile, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on,
                              mult, slope, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              GROUP_M: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr,
-                             EVEN_K: tl.constexpr, PROMOTE_K: tl.constexpr):
+                             EVEN_K: tl.constexpr, PROMOTE_K: tl.constexpr, USE_TMA: tl.constexpr = False):
     pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
                     pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
-                    BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K, PROMOTE_K)
+                    BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K, PROMOTE_K, USE_TMA=USE_TMA)
     # epilogue on the fp32 accumulator, then a masked store
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -404,19 +550,19 @@ def gemm_bias_mul_leakyrelu_kernel(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr
                                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                    GROUP_M: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr,
                                    EVEN_K: tl.constexpr, PERSISTENT: tl.constexpr, NUM_SMS: tl.constexpr,
-                                   PROMOTE_K: tl.constexpr):
+                                   PROMOTE_K: tl.constexpr, USE_TMA: tl.constexpr = False):
     if PERSISTENT:  # one program per SM walks the tiles (grid = NUM_SMS)
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         for tile in range(tl.program_id(0), num_tiles, NUM_SMS):
             _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
                                      tile, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on,
                                      mult, slope, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCHEME, SPLIT_A, EVEN_K,
-                                     PROMOTE_K)
+                                     PROMOTE_K, USE_TMA)
     else:  # one program per tile
         _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
                                  tl.program_id(0), M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
                                  stride_om, stride_on, mult, slope, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCHEME,
-                                 SPLIT_A, EVEN_K, PROMOTE_K)
+                                 SPLIT_A, EVEN_K, PROMOTE_K, USE_TMA)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -430,6 +576,7 @@ class GemmConfig:
     split_a: bool = True  # split schemes: split x inside the GEMM (True) or by split_x beforehand (False)
     persistent: bool = False  # one program per SM looping over tiles
     promote_k: int = 1024  # "fp16x3c": K stretch per fresh tensor-core partial (multiple of block_k)
+    tma: bool = False  # "fp16x3p" with split_a=False: TMA tile loads (tensor descriptors; see ensure_tma_allocator)
 
     def short(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}_w{self.num_warps}_s{self.num_stages}"
@@ -439,6 +586,8 @@ class GemmConfig:
             s += "_pers"
         if self.promote_k != 1024:
             s += f"_pk{self.promote_k}"
+        if self.tma:
+            s += "_tma"
         return s
 
 
@@ -483,6 +632,28 @@ def default_config(M: int, N: int, K: int, scheme: str) -> GemmConfig:
 _NUM_SMS = {}
 
 
+def tma_ok(*ts) -> bool:
+    """TMA descriptors need unit last stride, 16-byte aligned bases and row strides (K % 8 == 0 for the split
+    parts) and a CUDA device of compute capability >= 9."""
+    for t in ts:
+        if t.device.type != "cuda" or t.stride(-1) != 1 or (t.stride(0) * t.element_size()) % 16 or \
+                t.data_ptr() % 16:
+            return False
+    return torch.cuda.get_device_capability(ts[0].device)[0] >= 9
+
+
+def ensure_tma_allocator() -> None:
+    """Device-side tensor descriptors (tl.make_tensor_descriptor) need a global-memory scratch allocator; set a
+    torch-backed one once (callers launching tma=True configs themselves must call this before launching)."""
+    global _TMA_ALLOC_SET
+    if not _TMA_ALLOC_SET:
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _TMA_ALLOC_SET = True
+
+
+_TMA_ALLOC_SET = False
+
+
 def _num_sms(device) -> int:
     if device not in _NUM_SMS:
         _NUM_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
@@ -519,6 +690,9 @@ def gemm_bias_mul_leakyrelu(x: torch.Tensor, w_parts, bias: torch.Tensor, mult: 
         a, a_lo, a_s = x, x, x
         b, b_lo, b_s = w, w, w
     assert b.stride() == b_lo.stride() and (cfg.split_a or a.stride() == a_lo.stride())
+    use_tma = bool(cfg.tma) and scheme == "fp16x3p" and not cfg.split_a and tma_ok(a, a_lo, b, b_lo)
+    if use_tma:
+        ensure_tma_allocator()
     num_tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     nsm = _num_sms(x.device)
     grid = (min(num_tiles, nsm),) if cfg.persistent else (num_tiles,)
@@ -528,7 +702,7 @@ def gemm_bias_mul_leakyrelu(x: torch.Tensor, w_parts, bias: torch.Tensor, mult: 
         float(mult), float(slope),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         SCHEME=scheme, SPLIT_A=cfg.split_a, EVEN_K=(K % cfg.block_k == 0), PROMOTE_K=cfg.promote_k,
-        PERSISTENT=cfg.persistent, NUM_SMS=nsm if cfg.persistent else 1,
+        PERSISTENT=cfg.persistent, NUM_SMS=nsm if cfg.persistent else 1, USE_TMA=use_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
