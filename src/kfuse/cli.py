@@ -43,8 +43,10 @@ def main() -> None:
 # --- commands from other modules register below (one import + one app.command line each) ---
 from kfuse.commands import optimize_cmd  # noqa: E402
 from kfuse.judge.commands import eval_cmd, eval_suite_cmd, report_cmd  # noqa: E402
+from kfuse.bench import bench_cmd  # noqa: E402
 
 register("optimize", optimize_cmd)
+register("bench", bench_cmd)
 
 register("eval", eval_cmd)
 register("eval-suite", eval_suite_cmd)

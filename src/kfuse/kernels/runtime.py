@@ -13,7 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.gemm_core import SPLIT_SCHEMES, GemmConfig, default_config, row_scales, split_weight, split_x
+import dataclasses
+
+from kfuse.kernels.gemm_core import (SPLIT_SCHEMES, GemmConfig, default_config, row_scales, split_weight, split_x,
+                                    valid_configs)
 
 # --- emitted below ---
 # The fp32-accurate tensor-core scheme used on a GPU ("fp16x3p": fp16 hi/lo split, three products per K block
@@ -41,6 +44,131 @@ def gemm_config(M: int, N: int, K: int, scheme: str, min_block_n: int = 16) -> G
         cfg = GemmConfig(cfg.block_m, min_block_n, cfg.block_k, cfg.group_m, cfg.num_warps, cfg.num_stages,
                          cfg.split_a, cfg.persistent)
     return cfg
+
+
+# Autotuning (DESIGN.md: config space per region kind, disk cache keyed by shape/dtype/source hash).
+# The first call of a GEMM kernel at a new (kernel, M, N, K, dtype, scheme, min_block_n) on a GPU times the
+# few configs of valid_configs() and keeps the fastest, in memory and in $KFUSE_CACHE_DIR/autotune.json
+# (default ~/.cache/kfuse), keyed also by the GPU's name and a hash of the kernel's source (with the jit
+# functions it calls). KFUSE_AUTOTUNE=0: no tuning, the default config; =force: ignore the disk cache.
+# Under the interpreter (CPU) there is no tuning. TUNE_LOG records each decision (bench reports it).
+TUNED = {}
+TUNE_LOG = []
+
+
+def _tune_mode() -> str:
+    return os.environ.get("KFUSE_AUTOTUNE", "1").lower()
+
+
+def autotune_cache_path() -> str:
+    root = os.environ.get("KFUSE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kfuse")
+    return os.path.join(root, "autotune.json")
+
+
+def _kernel_hash(kernel) -> str:
+    import hashlib
+    try:
+        text = str(kernel.cache_key)  # the kernel's source and the sources of the jit functions it calls
+    except Exception:  # noqa: BLE001
+        text = str(getattr(kernel, "src", "")) or repr(kernel)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _read_tune_cache() -> dict:
+    import json
+    try:
+        with open(autotune_cache_path()) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_tune_cache(key: str, entry: dict) -> None:
+    import json
+    path = autotune_cache_path()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        data = _read_tune_cache()
+        data[key] = entry
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old or the new file, never half
+    except OSError:
+        pass  # a read-only home only costs re-tuning next time
+
+
+def tune_candidates(M: int, N: int, K: int, scheme: str, min_block_n: int) -> list:
+    """The default config first, then the other valid ones this launcher can run (one program per tile)."""
+    out = [gemm_config(M, N, K, scheme, min_block_n)]
+    for c in valid_configs(M, N, K, scheme):
+        if c.block_n >= min_block_n and not c.persistent and c not in out:
+            out.append(c)
+    return out
+
+
+def _time_launch(launch, cfg, reps: int) -> float:
+    """Median ms of `reps` calls of launch(cfg), after one untimed call (compilation)."""
+    launch(cfg)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch(cfg)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def tuned_gemm(kernel, x2: torch.Tensor, N: int, scheme: str, min_block_n: int, launch) -> tuple:
+    """(cfg, launch(cfg)) with the tile config for this GEMM: tuned on a GPU the first time the key is seen.
+    `launch(cfg)` prepares the operands, allocates the outputs and launches `kernel`; it must only write
+    buffers it allocates (tuning calls it several times)."""
+    import time
+    M, K = x2.shape
+    default = gemm_config(M, N, K, scheme, min_block_n)
+    mode = _tune_mode()
+    if not x2.is_cuda or interpreting() or mode in ("0", "off", "false"):
+        return default, launch(default)
+    kname = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "kernel")
+    key = "|".join([torch.cuda.get_device_name(x2.device), kname, _kernel_hash(kernel), f"{M}x{N}x{K}",
+                    str(x2.dtype).replace("torch.", ""), scheme, f"bn>={min_block_n}"])
+    cfg = TUNED.get(key)
+    if cfg is not None:
+        return cfg, launch(cfg)
+    t0 = time.perf_counter()
+    candidates = tune_candidates(M, N, K, scheme, min_block_n)
+    entry = None if mode == "force" else _read_tune_cache().get(key)
+    if entry is not None:
+        try:
+            cfg = GemmConfig(**entry["config"])
+        except (TypeError, KeyError):
+            cfg = None
+        if cfg in candidates:
+            TUNED[key] = cfg
+            TUNE_LOG.append({"key": key, "config": cfg.short(), "seconds": time.perf_counter() - t0,
+                             "from_disk": True, "timings_ms": entry.get("timings_ms", {})})
+            return cfg, launch(cfg)
+    reps = 10
+    timings = {}
+    for c in candidates:
+        try:
+            timings[c] = _time_launch(launch, c, reps)
+        except Exception:  # noqa: BLE001 - a config the GPU cannot run (shared memory, registers) is skipped
+            torch.cuda.synchronize()
+    if not timings:
+        raise RuntimeError(f"kfuse autotune: no config ran for {key}")
+    cfg = min(timings, key=timings.get)
+    TUNED[key] = cfg
+    seconds = time.perf_counter() - t0
+    ms = {c.short(): round(t, 4) for c, t in timings.items()}
+    TUNE_LOG.append({"key": key, "config": cfg.short(), "seconds": seconds, "from_disk": False, "timings_ms": ms})
+    _write_tune_cache(key, {"config": dataclasses.asdict(cfg), "timings_ms": ms, "seconds": round(seconds, 3)})
+    return cfg, launch(cfg)
 
 
 def cached_split(weight: torch.Tensor, kn_layout: bool) -> tuple:

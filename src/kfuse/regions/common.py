@@ -160,17 +160,34 @@ def launcher(name: str, params: list[str], body: list[str], doc: str) -> str:
     return "\n".join([head, f'    """{doc}"""'] + [f"    {ln}" for ln in body]) + "\n"
 
 
-def gemm_prologue(anchor: Node) -> list[str]:
-    """Launcher lines: x as (M, K), the scheme and tile config, the GEMM operands, the tile grid.
-    Expects `x`, `weight` and `min_block_n` (the epilogue's smallest column tile) to be defined."""
-    kn = anchor.op == "matmul"
+def gemm_head(anchor: Node) -> list[str]:
+    """Launcher lines: x as (M, K), M, K, N and the scheme. Expects `x` and `weight` to be defined."""
     return ["lead = x.shape[:-1]",
             "x2 = x.reshape(-1, x.shape[-1])",
-            f"M, K, N = x2.shape[0], x2.shape[1], weight.shape[{1 if kn else 0}]",
-            "scheme = gemm_scheme(x2)",
-            "cfg = gemm_config(M, N, K, scheme, min_block_n)",
-            f"ops, strides = gemm_operands(x2, weight, {kn}, scheme, cfg)",
+            f"M, K, N = x2.shape[0], x2.shape[1], weight.shape[{1 if anchor.op == 'matmul' else 0}]",
+            "scheme = gemm_scheme(x2)"]
+
+
+def gemm_operand_lines(anchor: Node) -> list[str]:
+    """Launcher lines for a chosen `cfg`: the GEMM operands and the tile grid."""
+    return [f"ops, strides = gemm_operands(x2, weight, {anchor.op == 'matmul'}, scheme, cfg)",
             "grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)"]
+
+
+def gemm_prologue(anchor: Node) -> list[str]:
+    """Launcher lines: x as (M, K), the scheme and the default tile config (no tuning), the GEMM operands,
+    the tile grid. Expects `x`, `weight` and `min_block_n` (the epilogue's smallest column tile) to be defined."""
+    return [*gemm_head(anchor), "cfg = gemm_config(M, N, K, scheme, min_block_n)", *gemm_operand_lines(anchor)]
+
+
+def tuned_launch_lines(anchor: Node, kernel: str, body: list[str], results: list[str]) -> list[str]:
+    """Launcher lines (after gemm_head and `min_block_n`) running `body` (allocations and the launch of
+    `kernel`, which must write only what `body` allocates) inside `launch(cfg)` under the config `tuned_gemm`
+    picks (autotuned on a GPU the first time the shape is seen); binds `cfg` and the `results` names."""
+    names = ", ".join(results) + ","
+    inner = [*gemm_operand_lines(anchor), *body, f"return ({names})"]
+    return ["def launch(cfg):", *[f"    {ln}" for ln in inner],
+            f"cfg, ({names}) = tuned_gemm({kernel}_kernel, x2, N, scheme, min_block_n, launch)"]
 
 
 def gemm_region_code(region: Region, name: str, args: KernelArgs, body: list[str], doc: str, *,
@@ -185,10 +202,10 @@ def gemm_region_code(region: Region, name: str, args: KernelArgs, body: list[str
     anchor = region.anchor
     outs = [f"out{i}" for i in range(len(region.outputs))]
     kernel = gemm_kernel(name, doc, outs, args, body, extra_sig)
-    lines = [*pre, *gemm_prologue(anchor)]
-    lines += [f"{o} = torch.empty((M, N), device=x.device, dtype=x.dtype)" for o in outs]
     positional = "".join(f"{a}, " for a in [*outs, *args.params])
-    lines.append(f"{name}_kernel[grid](*ops, {positional}M, N, K, *strides, {extra_kwargs}{LAUNCH_TAIL})")
+    body = [f"{o} = torch.empty((M, N), device=x.device, dtype=x.dtype)" for o in outs]
+    body.append(f"{name}_kernel[grid](*ops, {positional}M, N, K, *strides, {extra_kwargs}{LAUNCH_TAIL})")
+    lines = [*pre, *gemm_head(anchor), *tuned_launch_lines(anchor, name, body, outs)]
     lines.append("return " + ", ".join(f"{o}.reshape(*lead, N)" for o in outs))
     launch = launcher(f"fused_{name}", ["x", "weight", *extra_params, *args.params], lines, doc)
     weight: Param = anchor.args[1]

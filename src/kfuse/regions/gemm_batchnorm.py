@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Param, Scalar
 from kfuse.partition import Region
-from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, kernel_name,
-                                  launcher, linear_bias, pointwise_kernel, pointwise_lines, store_line, var)
+from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_head, gemm_kernel, kernel_name,
+                                  launcher, linear_bias, pointwise_kernel, pointwise_lines, store_line,
+                                  tuned_launch_lines, var)
 
 STATS_LINES = (
     "# per-column partial statistics of this row tile, centred on the tile's own mean",
@@ -113,21 +114,27 @@ def generate(region: Region, g: Graph) -> RegionCode:
     alloc = "{} = torch.empty((M, N), device=x.device, dtype=x.dtype)"
     ret = "return " + ", ".join(f"buf_{v}.reshape(*lead, N)" for v in region.outputs)
     params = [n for n, _ in registry.values()]
-    eval_lines = ["if not (bn.training or bn.running_mean is None):  # eval: normalize with the running statistics",
-                  *[f"    {alloc.format('buf_' + v)}" for v in pre_outs + post_outs],
-                  f"    {launch(name + '_eval', pre_outs + post_outs, a2)}",
-                  f"    {ret}"] if evalk else []
-    lines = ["min_block_n = 16", *gemm_prologue(region.anchor), *eval_lines,
+    eval_lines = []
+    if evalk:
+        eval_outs = [f"buf_{v}" for v in pre_outs + post_outs]
+        eval_body = [alloc.format(o) for o in eval_outs] + [launch(name + '_eval', pre_outs + post_outs, a2)]
+        eval_lines = ["if not (bn.training or bn.running_mean is None):  # eval: normalize with the running statistics",
+                      *[f"    {ln}" for ln in tuned_launch_lines(region.anchor, name + "_eval", eval_body, eval_outs)],
+                      f"    {ret}"]
+    # y stays fp32 when only the apply pass reads it (exact for fp32 models, better for bf16 ones)
+    stats_body = [*[alloc.format("buf_" + v) if v in region.outputs else
+                    f"buf_{v} = torch.empty((M, N), device=x.device, dtype=torch.float32)" for v in stats_outs],
+                  "num_tiles = triton.cdiv(M, cfg.block_m)",
+                  "mean_part = torch.empty((num_tiles, N), device=x.device, dtype=torch.float32)",
+                  "m2_part = torch.empty_like(mean_part)",
+                  launch(name + "_stats", stats_outs, a1, "mean_part, m2_part, ")]
+    stats_results = [f"buf_{v}" for v in stats_outs] + ["mean_part", "m2_part"]
+    lines = ["min_block_n = 16", *gemm_head(region.anchor), *eval_lines,
              "if M < 2:",
              "    raise ValueError(f'Expected more than 1 value per channel when training, got input size {tuple(x.shape)}')",
              "factor = batch_norm_momentum(bn)  # counts the batch, as torch does",
-             # y stays fp32 when only the apply pass reads it (exact for fp32 models, better for bf16 ones)
-             *[alloc.format("buf_" + v) if v in region.outputs else
-               f"buf_{v} = torch.empty((M, N), device=x.device, dtype=torch.float32)" for v in stats_outs],
-             "num_tiles = triton.cdiv(M, cfg.block_m)",
-             "mean_part = torch.empty((num_tiles, N), device=x.device, dtype=torch.float32)",
-             "m2_part = torch.empty_like(mean_part)",
-             launch(name + "_stats", stats_outs, a1, "mean_part, m2_part, "),
+             # the stats kernel writes only its own buffers: tuning may run it more than once
+             *tuned_launch_lines(region.anchor, name + "_stats", stats_body, stats_results),
              "mean, rstd = batch_norm_stats(mean_part, m2_part, M, cfg.block_m, bn, factor)",
              *[alloc.format("buf_" + v) for v in post_outs],
              "bm, bn_ = (32, 128) if interpreting() else (16, 256)",

@@ -1,0 +1,116 @@
+"""`kfuse bench`: the no-GPU exit, the measuring flow (driven on the CPU with a wall-clock timer and no
+torch.compile), the JSON shape of benchmarks/*.json, the table and the PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ROOT, SEEDS, SMALL, requires_cuda
+from kfuse.bench import (MODELS, NO_GPU, BenchResult, bench_problem, command_line, report_json, table_rows,
+                         write_plot)
+from kfuse.load import load_problem
+from kfuse.timing import Timing, summarize
+
+REQUIRED = {"problem", "eager_ms", "compile_default_ms", "compile_max_autotune_ms", "kfuse_ms", "correct",
+            "max_abs_err"}
+
+
+def wall_timer(fn, *, warmup: int = 1, runs: int = 30) -> Timing:
+    """A CPU stand-in for time_cuda (few runs: the interpreter is slow)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return summarize(times)
+
+
+def fake_result(name: str, ms: dict[str, float], correct: bool = True) -> BenchResult:
+    timings = {m: Timing(v, v * 0.9, v * 1.2, v * 0.95, v * 1.05, 30) for m, v in ms.items()}
+    return BenchResult(name, {"batch_size": 1024}, timings, {"compile_default": 12.0, "compile_max_autotune": 40.0},
+                       3.5, 2.5, [{"key": "k", "config": "128x128x64", "seconds": 2.5}], correct, 3e-6, 1.5e-5,
+                       {"allclose": True})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_without_gpu_one_line_and_exit_2():
+    res = subprocess.run([sys.executable, "-m", "kfuse", "bench", str(SEEDS / "12_gemm_multiply_leakyrelu.py")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 2
+    assert res.stderr.strip() == NO_GPU
+    assert res.stdout == ""
+
+
+def test_json_shape_speedups_table_and_plot(tmp_path):
+    results = [fake_result("12_gemm_multiply_leakyrelu",
+                           {"eager": 2.7, "compile_default": 2.8, "compile_max_autotune": 2.8, "kfuse": 0.7}),
+               fake_result("39_gemm_scale_batchnorm", {"eager": 11.5, "kfuse": 2.9}, correct=False)]
+    rep = report_json(results, "kfuse bench problems/seeds/*.py", 30)
+    assert {"gpu", "torch", "triton", "command", "results"} <= set(rep)
+    assert rep["command"] == "kfuse bench problems/seeds/*.py"
+    r0, r1 = rep["results"]
+    assert REQUIRED <= set(r0) and list(r0)[:7] == ["problem", "eager_ms", "compile_default_ms",
+                                                    "compile_max_autotune_ms", "kfuse_ms", "correct", "max_abs_err"]
+    assert r0["problem"] == "12_gemm_multiply_leakyrelu" and r0["kfuse_ms"] == 0.7
+    assert r0["speedup_vs_compile_max_autotune"] == pytest.approx(4.0)
+    assert r0["timings"]["kfuse"]["p90_ms"] == pytest.approx(0.735) and r0["tune_s"] == 2.5
+    # a baseline that did not run is null, never NaN (strict JSON)
+    assert r1["compile_default_ms"] is None and r1["speedup_vs_compile_default"] is None
+    json.loads(json.dumps(rep, allow_nan=False))
+    rows = table_rows(results)
+    assert rows[0][0] == "12_gemm_multiply_leakyrelu" and "3.86x" in rows[0] and rows[1][8].startswith("NO")
+    png = write_plot(results, tmp_path / "b.png", "title")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_command_line_is_reproducible():
+    assert command_line(["/x/bin/kfuse", "bench", "a b.py", "--json", "o.json"]) == "kfuse bench 'a b.py' --json o.json"
+
+
+@pytest.mark.parametrize("name", ["12_gemm_multiply_leakyrelu", "39_gemm_scale_batchnorm"])
+def test_bench_problem_flow_on_cpu(tmp_path, name):
+    """The whole measuring flow in the interpreter: kfuse compiled, first call timed, contract checked, four
+    models timed on the same inputs (the 'compiler' here returns the model as is)."""
+    prob = load_problem(SEEDS / f"{name}.py", SMALL[name])
+    compiled_modes = []
+
+    def compiler(m, mode=None):
+        compiled_modes.append(mode)
+        return m
+
+    msgs: list[str] = []
+    r = bench_problem(prob, device="cpu", timer=wall_timer, compiler=compiler, progress=msgs.append,
+                      trials=1, workdir=tmp_path)
+    assert compiled_modes == [None, "max-autotune"]
+    assert set(r.timings) == set(MODELS) and all(t.available for t in r.timings.values())
+    assert r.correct and r.max_abs_err <= 2 * r.ref_max_abs_err + 1e-7
+    assert r.kfuse_first_call_s > 0 and r.tune_s == 0 and r.tuned == []  # no tuning in the interpreter
+    assert not math.isnan(r.speedup("compile_max_autotune"))
+    assert any("first call" in m for m in msgs) and any("contract met" in m for m in msgs)
+    assert r.constants["batch_size"] == 37
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_bench_cli_on_gpu(tmp_path):
+    from typer.testing import CliRunner
+
+    from kfuse.cli import app
+
+    name = "12_gemm_multiply_leakyrelu"
+    sets = [a for k, v in SMALL[name].items() for a in ("--set", f"{k}={v}")]
+    out, png = tmp_path / "b.json", tmp_path / "b.png"
+    res = CliRunner().invoke(app, ["bench", str(SEEDS / f"{name}.py"), "--json", str(out), "--plot", str(png), *sets])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(out.read_text())
+    assert REQUIRED <= set(rep["results"][0]) and rep["results"][0]["correct"] is True
+    assert png.exists()
