@@ -5,8 +5,9 @@ Layout of the file, top to bottom:
   2. imports (torch, triton, standard library) and, without a GPU, Triton's interpreter switched on;
   3. the original problem, unchanged (Model, constants, get_inputs, get_init_inputs);
   4. the GEMM core and run-time helpers (copied from kfuse/kernels/ with only what they use);
-  5. one kernel and one launcher per fused region;
-  6. `class ModelNew(Model)`: same constructor, same parameters and buffers, a fused forward.
+  5. one kernel and one launcher per fused region, and its torch.autograd.Function (kfuse/backward.py), with
+     the training helpers and the backward GEMM kernel (kfuse/kernels/backward.py) before them;
+  6. `class ModelNew(Model)`: same constructor, same parameters and buffers, a fused forward that also trains.
 Subclassing Model is what makes the state_dict round trip and same-seed construction exact.
 """
 
@@ -18,14 +19,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import kfuse
+from kfuse.backward import with_autograd
 from kfuse.ir import Graph
 from kfuse.partition import Region
 from kfuse.regions import generate
 from kfuse.regions.common import RegionCode
 
 KERNELS = Path(__file__).parent / "kernels"
-CORE_ROOTS = ("SPLIT_SCHEMES", "gemm_tile", "_tile_ids", "GemmConfig", "default_config", "valid_configs", "split_weight",
-              "split_x", "row_scales")
+CORE_ROOTS = ("SPLIT_SCHEMES", "gemm_tile", "_tile_ids", "GemmConfig", "default_config", "split_weight", "split_x", "row_scales")
 MARKER = "# --- emitted below ---"
 
 
@@ -96,7 +97,8 @@ def forward_source(g: Graph, codes: Sequence[RegionCode], params: Sequence[str])
 
 def emit(problem_source: str, problem_name: str, g: Graph, regions: Sequence[Region], scheme: str,
          rewrites: Sequence[str] = ()) -> str:
-    codes = [generate(r, g) for r in regions]
+    taken: set[str] = set()
+    codes = [with_autograd(r, g, generate(r, g), taken) for r in regions]
     future, original = _split_future(problem_source)
     fused = [r for r in regions if r.kind != "torch"]
     unfused = [n.origin for r in regions if r.kind == "torch" for n in r.nodes]
@@ -107,6 +109,7 @@ def emit(problem_source: str, problem_name: str, g: Graph, regions: Sequence[Reg
         "# ModelNew is the original Model with a forward built from fused Triton kernels:",
         *summary,
         f"# Left as torch calls: {', '.join(unfused) if unfused else 'none'}.",
+        "# Training: each fused region is a torch.autograd.Function (used only when a gradient is needed).",
     ]
     if rewrites:
         header.append(f"# Exact rewrites applied: {', '.join(rewrites)}.")
@@ -123,6 +126,9 @@ def emit(problem_source: str, problem_name: str, g: Graph, regions: Sequence[Reg
     ]
     for module in dict.fromkeys(KIND_MODULES[r.kind] for r in regions if r.kind in KIND_MODULES):
         parts.append(f"# ---------------- kfuse/kernels/{module}.py ----------------\n" + emitted_part(module))
+    if fused:
+        parts.append("# ---------------- training: autograd bases, backward GEMM (kfuse/kernels/backward.py) "
+                     "----------------\n" + emitted_part("backward"))
     parts.append("# ---------------- fused regions ----------------")
     for code in codes:
         parts += [k.rstrip("\n") for k in code.kernels]
