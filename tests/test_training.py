@@ -70,7 +70,10 @@ def check_contract(eager: dict, new: dict, f64: dict) -> dict[str, float]:
         if not n.is_floating_point():
             assert torch.equal(n, e), k
             continue
-        assert torch.allclose(n, e, atol=1e-4, rtol=1e-4), f"{k}: rule 2, max diff {max_err(n, e):.3g}"
+        # rule 2 where eager itself is within its band of float64; where it is not (a gradient that is pure
+        # rounding noise, e.g. through mean-over-features of a GroupNorm), eager is no reference: rule 3 decides
+        if torch.allclose(e.double(), f64[k].double(), atol=1e-4, rtol=1e-4):
+            assert torch.allclose(n, e, atol=1e-4, rtol=1e-4), f"{k}: rule 2, max diff {max_err(n, e):.3g}"
         bound = 2 * max_err(e, f64[k]) + 1e-7
         assert max_err(n, f64[k]) <= bound, f"{k}: rule 3, {max_err(n, f64[k]):.3g} > {bound:.3g}"
         errs[k] = max_err(n, f64[k])
@@ -93,7 +96,8 @@ def gradient_contract(prob: Problem, module, *, train: bool = True, draws: int =
 
 # ---- the problems in problems/ --------------------------------------------------------------------------
 def small_overrides(path: Path) -> dict[str, int]:
-    """Small sizes: the seeds' table; for other problem files, batch 37 and every size over 128 cut to 128."""
+    """Small sizes: the seeds' table; for other problem files, batch 37, at most 8 groups, other sizes over 128
+    cut to 128."""
     if path.stem in SMALL:
         return SMALL[path.stem]
     prob = load_problem(path)
@@ -102,6 +106,8 @@ def small_overrides(path: Path) -> dict[str, int]:
         if isinstance(v, int) and not isinstance(v, bool):
             if "batch" in k:
                 out[k] = 37
+            elif "group" in k:
+                out[k] = min(v, 8)  # groups of 16 channels at 128: no degenerate one-channel groups
             elif v > 128:
                 out[k] = 128
     return out
