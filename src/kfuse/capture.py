@@ -94,6 +94,72 @@ def _group_norm(input: Any, num_groups: int, weight: Any = None, bias: Any = Non
     return "group_norm", (input, num_groups, weight, bias, eps), {}
 
 
+def _dim(dim: Any) -> int:
+    if isinstance(dim, (tuple, list)) and len(dim) == 1:
+        dim = dim[0]
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise Reject  # a full reduction (dim=None) or several dims: not a row reduction
+    return dim
+
+
+def _reduce(op: str) -> Spec:
+    """sum / mean / amax / amin / logsumexp over one dim; `dtype=` and friends are kept as torch calls."""
+    def spec(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None, out: Any = None) -> tuple:
+        if dtype is not None or out is not None:
+            raise Reject
+        return op, (input,), {"dim": _dim(dim), "keepdim": bool(keepdim)}
+    return spec
+
+
+def _max_dim(op: str) -> Spec:
+    """torch.max(x, dim) / x.max(dim): (values, indices); only the values are used (checked by capture).
+    torch.max(x, y) with a tensor y is the elementwise maximum."""
+    def spec(input: Any, dim: Any = None, keepdim: bool = False, *, out: Any = None) -> tuple:
+        if isinstance(dim, torch.fx.Node) and out is None:
+            return ("clamp_min" if op == "amax" else "clamp_max"), (input, dim), {}  # torch.clamp takes tensors
+        if dim is None or out is not None or not isinstance(dim, int):
+            raise Reject  # torch.max(x) (a full reduction)
+        return op, (input,), {"dim": dim, "keepdim": bool(keepdim), "tuple": True}
+    return spec
+
+
+def _softmax(op: str) -> Spec:
+    def spec(input: Any, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -> tuple:
+        if dtype is not None or dim is None:
+            raise Reject
+        return op, (input,), {"dim": _dim(dim)}
+    return spec
+
+
+def _layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> tuple:
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    return "layer_norm", (input, weight, bias, eps), {"normalized_shape": shape}
+
+
+def _dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> tuple:
+    if not isinstance(p, (int, float)) or not isinstance(training, bool):
+        raise Reject
+    return "dropout", (input,), {"p": float(p), "training": training}
+
+
+def _view_method(*shape: Any) -> None:
+    """view/reshape with literal sizes only (the shape comes from the trace); sizes read from tensors are kept."""
+    flat = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    if not all(isinstance(d, int) for d in flat):
+        raise Reject
+
+
+def _view(input: Any, *shape: Any) -> tuple:
+    _view_method(*shape)
+    return "view", (input,), {}
+
+
+def _plain_view(input: Any, *args: Any, **kwargs: Any) -> tuple:
+    if not all(isinstance(a, int) for a in [*args, *kwargs.values()]):
+        raise Reject
+    return "view", (input,), {}
+
+
 FUNCTIONS: dict[Any, Spec] = {
     operator.add: _binary("add"), torch.add: _binary("add"),
     operator.sub: _binary("sub"), torch.sub: _binary("sub"), torch.rsub: _rbinary("sub"),
@@ -110,6 +176,13 @@ FUNCTIONS: dict[Any, Spec] = {
     torch.exp: _unary("exp"), torch.abs: _unary("abs"),
     F.linear: _linear, torch.matmul: _matmul, operator.matmul: _matmul, torch.mm: _matmul,
     F.group_norm: _group_norm,
+    torch.sum: _reduce("sum"), torch.mean: _reduce("mean"), torch.amax: _reduce("amax"), torch.amin: _reduce("amin"),
+    torch.logsumexp: _reduce("logsumexp"), torch.max: _max_dim("amax"), torch.min: _max_dim("amin"),
+    torch.softmax: _softmax("softmax"), F.softmax: _softmax("softmax"),
+    torch.log_softmax: _softmax("log_softmax"), F.log_softmax: _softmax("log_softmax"),
+    F.layer_norm: _layer_norm, F.dropout: _dropout,
+    torch.maximum: _binary("clamp_min"), torch.minimum: _binary("clamp_max"),
+    torch.unsqueeze: _plain_view, torch.squeeze: _plain_view, torch.flatten: _plain_view, torch.reshape: _view,
 }
 
 METHODS: dict[str, Spec] = {
@@ -117,6 +190,11 @@ METHODS: dict[str, Spec] = {
     "neg": _unary("neg"), "relu": _unary("relu"), "sigmoid": _unary("sigmoid"), "tanh": _unary("tanh"),
     "clamp": _clamp, "clip": _clamp, "exp": _unary("exp"), "abs": _unary("abs"),
     "matmul": _matmul, "mm": _matmul,
+    "sum": _reduce("sum"), "mean": _reduce("mean"), "amax": _reduce("amax"), "amin": _reduce("amin"),
+    "logsumexp": _reduce("logsumexp"), "max": _max_dim("amax"), "min": _max_dim("amin"),
+    "softmax": _softmax("softmax"), "log_softmax": _softmax("log_softmax"),
+    "clone": _unary("identity"), "contiguous": _unary("identity"), "detach": _plain_view,
+    "unsqueeze": _plain_view, "squeeze": _plain_view, "flatten": _plain_view, "view": _view, "reshape": _view,
 }
 
 
@@ -152,7 +230,35 @@ def _module_batch_norm(path: str, m: nn.BatchNorm1d, x: Any) -> tuple:
 
 
 def _module_dropout(path: str, m: nn.Dropout, x: Any) -> tuple:
-    return "dropout", (x,), {}
+    # p is kept for the p == 0 rewrite; the training flag is the module's, read when it runs
+    return "dropout", (x,), {"p": float(m.p)}
+
+
+def _module_softmax(op: str) -> Callable[..., tuple]:
+    def rule(path: str, m: nn.Module, x: Any) -> tuple:
+        if m.dim is None:
+            raise Reject
+        return op, (x,), {"dim": int(m.dim)}
+    return rule
+
+
+def _module_layer_norm(path: str, m: nn.LayerNorm, x: Any) -> tuple:
+    w = Param(f"{path}.weight", tuple(m.weight.shape)) if m.weight is not None else None
+    b = Param(f"{path}.bias", tuple(m.bias.shape)) if m.bias is not None else None
+    return "layer_norm", (x, w, b, Scalar(m.eps, f"{path}.eps")), {"normalized_shape": tuple(m.normalized_shape)}
+
+
+def _module_instance_norm(path: str, m: nn.InstanceNorm1d, x: Any) -> tuple:
+    # Running statistics (track_running_stats=True) make eval mode differ: kept as a torch call.
+    if m.track_running_stats:
+        raise Reject
+    w = Param(f"{path}.weight", tuple(m.weight.shape)) if m.affine else None
+    b = Param(f"{path}.bias", tuple(m.bias.shape)) if m.affine else None
+    return "instance_norm", (x, w, b, Scalar(m.eps, f"{path}.eps")), {}
+
+
+def _module_flatten(path: str, m: nn.Flatten, x: Any) -> tuple:
+    return "view", (x,), {}
 
 
 MODULES: dict[type, Callable[..., tuple]] = {
@@ -169,6 +275,8 @@ MODULES: dict[type, Callable[..., tuple]] = {
     nn.GroupNorm: _module_group_norm,
     nn.BatchNorm1d: _module_batch_norm,
     nn.Dropout: _module_dropout,
+    nn.Softmax: _module_softmax("softmax"), nn.LogSoftmax: _module_softmax("log_softmax"),
+    nn.LayerNorm: _module_layer_norm, nn.InstanceNorm1d: _module_instance_norm, nn.Flatten: _module_flatten,
 }
 # ReLU6 is a Hardtanh subclass with fixed bounds; exact-type lookup keeps it apart from Hardtanh.
 MODULES[nn.ReLU6] = _module_scalar("hardtanh", "min_val", "max_val")
@@ -199,6 +307,7 @@ class _Converter:
         self.attrs = attrs
         self.names: dict[fx.Node, str] = {}
         self.params: dict[fx.Node, Param] = {}
+        self.transposed: dict[fx.Node, Param] = {}  # W.T of a 2-d parameter W
 
     def arg(self, a: Any) -> Arg:
         if isinstance(a, fx.Node):
@@ -214,6 +323,8 @@ class _Converter:
     def code_arg(self, a: Any) -> str:
         """How the torch fallback spells an argument: value names, self.<param>, literals."""
         if isinstance(a, fx.Node):
+            if a in self.transposed:
+                return f"{self.transposed[a].expr()}.T"
             return self.params[a].expr() if a in self.params else self.names[a]
         if isinstance(a, (tuple, list)):
             inner = ", ".join(self.code_arg(x) for x in a)
@@ -259,6 +370,8 @@ class _Converter:
             op, args, attrs = spec(*node.args, **node.kwargs)
         except TypeError:
             raise Reject(origin) from None
+        if op == "matmul" and args[1] in self.transposed:  # x @ W.T
+            return "linear", (self.arg(args[0]), self.transposed[args[1]], None), attrs, None, origin
         return op, tuple(self.arg(a) for a in args), attrs, None, origin
 
 
@@ -274,6 +387,24 @@ def _resolve_attr(gm: fx.GraphModule, target: str) -> Any:
     return obj
 
 
+def _param_transpose(node: fx.Node, conv: "_Converter") -> bool:
+    """`W.T` or `W.t()` of a 2-d parameter, used only as a matmul's right operand."""
+    src = node.args[0] if node.args else None
+    is_t = (node.op == "call_function" and node.target is getattr and len(node.args) == 2 and node.args[1] == "T") or (
+        node.op == "call_method" and node.target == "t" and len(node.args) == 1)
+    if not is_t or src not in conv.params or len(conv.params[src].shape) != 2:
+        return False
+    return all(u.op in ("call_function", "call_method") and u.target in (torch.matmul, operator.matmul, torch.mm, "matmul", "mm")
+               and len(u.args) == 2 and u.args[1] is node for u in node.users)
+
+
+def _values_of(node: fx.Node) -> bool:
+    """Is this node `t[0]` or `t.values` (the values of a (values, indices) pair)?"""
+    return node.op == "call_function" and (
+        (node.target is operator.getitem and node.args[1] == 0)
+        or (node.target is getattr and node.args[1] == "values"))
+
+
 def capture(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Graph:
     """Trace `model` and record every value's shape by running a copy of it (the model itself is untouched:
     a training-mode BatchNorm would otherwise update its running statistics)."""
@@ -286,11 +417,14 @@ def capture(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Graph:
     nodes: list[Node] = []
     outputs: tuple[str, ...] = ()
     structure = "single"
+    tuple_values: set[fx.Node] = set()
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             conv.names[node] = node.name
             placeholders.append(node.name)
             shapes.append(_shape(node))
+        elif _param_transpose(node, conv):  # self.weight.T / self.weight.t(): x @ W.T is linear(x, W)
+            conv.transposed[node] = conv.params[node.args[0]]
         elif node.op == "get_attr":
             value = _resolve_attr(gm, node.target)
             if not isinstance(value, torch.Tensor):
@@ -306,10 +440,24 @@ def capture(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Graph:
         else:
             conv.names[node] = node.name
             code = conv.fx_code(node)
+            shape = _shape(node)
             try:
-                op, args, attrs, module, origin = conv.canonical(node)
+                if node in tuple_values:  # max(x, dim)[0] / .values: the values of a captured max/min
+                    op, args, attrs, module, origin = "view", (conv.names[node.args[0]],), {}, None, code
+                    code = conv.names[node.args[0]]
+                else:
+                    op, args, attrs, module, origin = conv.canonical(node)
+                if op == "view" and node.target != "detach" and isinstance(args[0], str) and shape == _shape(node.args[0]):
+                    op = "identity"  # a view to the same shape (detach stays a view: it stops gradients)
+                if attrs.get("tuple"):  # torch.max(x, dim): (values, indices); fused only when just values are read
+                    if not all(_values_of(u) for u in node.users):
+                        raise Reject(origin)
+                    tuple_values.update(node.users)
+                    attrs = {k: v for k, v in attrs.items() if k != "tuple"}
+                    shape = tuple(node.meta["tensor_meta"][0].shape)
+                    code = f"torch.{op}({args[0]}, dim={attrs['dim']}, keepdim={attrs['keepdim']})"
             except Reject as rej:
                 op, args, attrs, module = "unknown", tuple(conv.names[a] for a in node.all_input_nodes if a in conv.names), {}, None
                 origin = rej.args[0] if rej.args else code
-            nodes.append(Node(node.name, op, args, _shape(node), attrs, module, origin, code))
+            nodes.append(Node(node.name, op, args, shape, attrs, module, origin, code))
     return Graph(tuple(placeholders), tuple(shapes), tuple(nodes), outputs, structure)

@@ -7,6 +7,12 @@ while every value they read is the region's own, a scalar, or a per-column param
     no wider than GROUP_MAX (a column tile holds whole groups)  -> kind `gemm_groupnorm`
   - BatchNorm1d over the GEMM's output                         -> kind `gemm_batchnorm`
     (ops after it must read only values after it: they run in the apply pass)
+  - one reduction over the GEMM's features (sum, mean, max, min, logsumexp) or one norm over them
+    (softmax, log_softmax, LayerNorm, InstanceNorm over the features), then ops on the per-row result
+    and/or full-width ops reading it                          -> kind `gemm_rowreduce` (see row_roles)
+    View ops that only add or remove size-1 dims join as identities.
+The sum (or mean) of a whole GEMM output is rewritten to a GEMV first (rewrite.py): node `linear_rowsum`
+anchors a region of kind `gemv`, with the per-row ops after it.
 Every other node is a region of kind `torch` on its own: it stays a torch call in ModelNew and is listed
 in the report's `unfused_ops`.
 """
@@ -16,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kfuse.ir import Graph, Node, Param, Scalar
-from kfuse.ops import POINTWISE
+from kfuse.ops import POINTWISE, REDUCE_OPS, ROW_NORM_OPS, VIEW_OPS
 
 GROUP_MAX = 256  # widest group (channels) fused into one column tile
 
@@ -43,6 +49,9 @@ def is_gemm_anchor(n: Node, g: Graph) -> bool:
     if n.op == "matmul":
         x, w = n.args
         return isinstance(x, str) and len(g.shape_of(x)) >= 2 and isinstance(w, Param) and len(w.shape) == 2
+    if n.op == "linear_rowsum":
+        x = n.args[0]
+        return isinstance(x, str) and len(g.shape_of(x)) == 2
     return False
 
 
@@ -68,6 +77,8 @@ def _group_fits(n: Node, n_cols: int) -> bool:
 
 def _joins(n: Node, kind: str, anchor: Node, values: set[str]) -> str | None:
     """The region kind after `n` joins, or None if it cannot."""
+    if n.op in VIEW_OPS:  # size-1 dims added or removed: the same values (kept only if a reduction follows)
+        return kind if n.args[0] in values and _squeezed(n.shape) == _squeezed(anchor.shape) else None
     if n.shape != anchor.shape or not n.value_args():
         return None
     n_cols = anchor.shape[-1]
@@ -84,11 +95,103 @@ def _joins(n: Node, kind: str, anchor: Node, values: set[str]) -> str | None:
     return None
 
 
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
+def _over_features(n: Node, g: Graph, anchor: Node) -> bool:
+    """Does this reduction / row norm run over the GEMM's feature (last) dim of a full-width value?"""
+    x = n.args[0]
+    if not isinstance(x, str):
+        return False
+    shape = g.shape_of(x)
+    if _squeezed(shape) != _squeezed(anchor.shape) or not shape or shape[-1] != anchor.shape[-1]:
+        return False
+    if n.op in REDUCE_OPS or n.op in ("softmax", "log_softmax"):
+        dim = n.attrs.get("dim")
+        return isinstance(dim, int) and dim in (-1, len(shape) - 1)
+    if n.op == "layer_norm":
+        return tuple(n.attrs.get("normalized_shape", ())) == (anchor.shape[-1],) and all(
+            a is None or (isinstance(a, Param) and a.shape == (anchor.shape[-1],)) for a in n.args[1:3])
+    if n.op == "instance_norm":
+        # (M, 1, N): one channel, statistics over N; (M, N) unbatched (C=M, L=N): each row over N, no affine
+        if len(shape) == 3 and shape[1] == 1:
+            return all(a is None or (isinstance(a, Param) and _numel(a.shape) == 1) for a in n.args[1:3])
+        return len(shape) == 2 and n.args[1] is None and n.args[2] is None
+    return False
+
+
+def row_roles(nodes: list[Node], g: Graph) -> dict[str, str]:
+    """The phase of each member of a `gemm_rowreduce` region (anchor first, one reduction or row norm R):
+      pre    full-width values not depending on R: computed in the GEMM epilogue
+      reduce R itself when it is a reduction (a per-row value), made by the finalize kernel from partials
+      row    per-row values computed from R (finalize kernel)
+      post   full-width values depending on R, and R itself when it is a row norm (apply kernel)"""
+    roles: dict[str, str] = {}
+    for i, n in enumerate(nodes):
+        reads = {roles[a] for a in n.value_args() if a in roles}
+        if i == 0:
+            roles[n.name] = "pre"
+        elif n.op in REDUCE_OPS:
+            roles[n.name] = "reduce"
+        elif n.op in ROW_NORM_OPS:
+            roles[n.name] = "post"
+        elif reads <= {"reduce", "row"}:
+            roles[n.name] = "row"
+        elif reads == {"pre"}:
+            roles[n.name] = "pre"
+        else:
+            roles[n.name] = "post"
+    return roles
+
+
+def _joins_rowreduce(n: Node, g: Graph, anchor: Node, roles: dict[str, str], has_r: bool) -> bool:
+    """Can `n` join a `gemm_rowreduce` region whose members have `roles`?"""
+    vals = n.value_args()
+    if not vals or not all(v in roles for v in vals):
+        return False
+    n_cols = anchor.shape[-1]
+    rows = _numel(anchor.shape) // n_cols if n_cols else 0
+    reads = {roles[v] for v in vals}
+    per_row = reads <= {"reduce", "row"}
+    if n.op in REDUCE_OPS or n.op in ROW_NORM_OPS:
+        return not has_r and reads == {"pre"} and _over_features(n, g, anchor)
+    if per_row:  # per-row ops: read only per-row values, numbers and one-element parameters
+        if _numel(n.shape) != rows:
+            return False
+        ok_arg = lambda a: isinstance(a, (str, Scalar)) or (isinstance(a, Param) and _numel(a.shape) == 1)
+    else:
+        if _squeezed(n.shape) != _squeezed(anchor.shape) or n.shape[-1] != n_cols:
+            return False
+        ok_arg = lambda a: _column_operand(a, n_cols, set(roles))
+    if n.op in VIEW_OPS:
+        return True
+    return n.op in POINTWISE and len(n.args) == POINTWISE[n.op].arity and all(ok_arg(a) for a in n.args)
+
+
 def _grow(anchor: Node, g: Graph, taken: set[str]) -> tuple[str, list[Node]]:
+    if anchor.op == "linear_rowsum":
+        return _grow_gemv(anchor, g, taken)
     kind, members, values = "gemm_epilogue", [anchor], {anchor.name}
     after_bn: set[str] | None = None  # values an op after BatchNorm may read
     for n in g.nodes[g.nodes.index(anchor) + 1:]:
         if n.name in taken:
+            continue
+        if kind == "gemm_epilogue" and len(anchor.shape) == 2 and (n.op in REDUCE_OPS or n.op in ROW_NORM_OPS) \
+                and _joins_rowreduce(n, g, anchor, row_roles(members, g), False):
+            kind = "gemm_rowreduce"
+        if kind == "gemm_rowreduce":
+            roles = row_roles(members, g)
+            has_r = any(r == "reduce" for r in roles.values()) or any(m.op in ROW_NORM_OPS for m in members)
+            if _joins_rowreduce(n, g, anchor, roles, has_r):
+                members.append(n)
             continue
         readable = values if after_bn is None else after_bn
         new_kind = _joins(n, kind, anchor, readable)
@@ -101,7 +204,29 @@ def _grow(anchor: Node, g: Graph, taken: set[str]) -> tuple[str, list[Node]]:
         elif after_bn is not None:
             after_bn.add(n.name)
         kind = new_kind
+    if kind != "gemm_rowreduce":  # these kinds store (M, N) tiles: views to other shapes stay torch calls
+        kept: set[str] = set()
+        members = [m for m in members if (m is anchor or (m.shape == anchor.shape and all(
+            a in kept for a in m.value_args()))) and not kept.add(m.name)]
     return kind, members
+
+
+def _grow_gemv(anchor: Node, g: Graph, taken: set[str]) -> tuple[str, list[Node]]:
+    """A GEMV region: the rowsum node and the per-row ops (and views) after it."""
+    members = [anchor]
+    values = {anchor.name}
+    rows = _numel(anchor.shape)
+    for n in g.nodes[g.nodes.index(anchor) + 1:]:
+        if n.name in taken or not n.value_args() or not all(v in values for v in n.value_args()):
+            continue
+        if _numel(n.shape) != rows:
+            continue
+        ok = n.op in VIEW_OPS or (n.op in POINTWISE and len(n.args) == POINTWISE[n.op].arity and all(
+            isinstance(a, (str, Scalar)) or (isinstance(a, Param) and _numel(a.shape) == 1) for a in n.args))
+        if ok:
+            members.append(n)
+            values.add(n.name)
+    return "gemv", members
 
 
 def _outputs(members: list[Node], g: Graph) -> tuple[str, ...]:

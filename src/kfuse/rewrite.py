@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kfuse.ir import Graph, Node, Scalar
+from kfuse.ir import Graph, Node, Param, Scalar
+from kfuse.ops import POINTWISE, REDUCE_OPS
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class Rule:
     name: str
     doc: str
     match: Callable[[Node, Graph], bool]
-    replace: Callable[[Node, Graph], Node]
+    replace: Callable[[Node, Graph], Node | list[Node]]
 
 
 def _is_literal(a: object) -> bool:
@@ -30,28 +31,128 @@ def _self_add(n: Node, g: Graph) -> bool:
     return n.op == "add" and len(n.args) == 2 and isinstance(n.args[0], str) and n.args[0] == n.args[1]
 
 
-def _fold_scalar_mul(n: Node, g: Graph) -> bool:
-    """mul(mul(v, c1), c2) with literal constants, the inner product used only here."""
-    if n.op != "mul" or not isinstance(n.args[0], str) or not _is_literal(n.args[1]):
-        return False
-    if n.args[0] in g.inputs:
-        return False
-    inner = g.node(n.args[0])
-    return inner.op == "mul" and isinstance(inner.args[0], str) and _is_literal(inner.args[1]) and g.use_count(inner.name) == 1
+def _literal_operand(n: Node, ops: tuple[str, ...]) -> bool:
+    return n.op in ops and len(n.args) == 2 and isinstance(n.args[0], str) and _is_literal(n.args[1])
+
+
+def _scalar_chain(ops: tuple[str, ...]) -> Callable[[Node, Graph], bool]:
+    """op(op'(v, c1), c2) with literal constants, both ops in `ops`, the inner value used only here."""
+    def match(n: Node, g: Graph) -> bool:
+        if not _literal_operand(n, ops) or n.args[0] in g.inputs:
+            return False
+        inner = g.node(n.args[0])
+        return _literal_operand(inner, ops) and g.use_count(inner.name) == 1
+    return match
 
 
 def _fold_mul(n: Node, g: Graph) -> Node:
+    """(v * c1) * c2, (v / c1) * c2, (v * c1) / c2, (v / c1) / c2 -> v * c, c = the product of the factors."""
     inner = g.node(n.args[0])
-    return n.with_(args=(inner.args[0], Scalar(inner.args[1].value * n.args[1].value)), origin=f"{inner.origin} * {n.origin}")
+    c1 = inner.args[1].value if inner.op == "mul" else 1.0 / inner.args[1].value
+    c2 = n.args[1].value if n.op == "mul" else 1.0 / n.args[1].value
+    return n.with_(op="mul", args=(inner.args[0], Scalar(c1 * c2)), origin=f"{inner.origin} * {n.origin}")
+
+
+def _fold_add(n: Node, g: Graph) -> Node:
+    """(v + c1) + c2, (v - c1) + c2, ... -> v + c, c = the signed sum of the constants."""
+    inner = g.node(n.args[0])
+    c1 = inner.args[1].value if inner.op == "add" else -inner.args[1].value
+    c2 = n.args[1].value if n.op == "add" else -n.args[1].value
+    return n.with_(op="add", args=(inner.args[0], Scalar(c1 + c2)), origin=f"{inner.origin} + {n.origin}")
+
+
+def _over_size_one(n: Node, g: Graph) -> bool:
+    """A reduction or softmax over a dimension of size 1."""
+    if n.op not in REDUCE_OPS + ("softmax", "log_softmax") or not isinstance(n.args[0], str):
+        return False
+    shape = g.shape_of(n.args[0])
+    dim = n.attrs.get("dim")
+    return isinstance(dim, int) and -len(shape) <= dim < len(shape) and shape[dim] == 1
+
+
+def _reduce_identity(n: Node, g: Graph) -> Node:
+    """sum/mean/max/min/logsumexp of one element is that element: a view (squeezed unless keepdim)."""
+    x, dim = n.args[0], n.attrs["dim"]
+    if n.op in ("softmax", "log_softmax"):  # softmax of one element is 1, log_softmax 0: clamp to [c, c]
+        c = Scalar(1.0 if n.op == "softmax" else 0.0)
+        return n.with_(op="hardtanh", args=(x, c, c), attrs={},
+                       fx_code=POINTWISE["hardtanh"].torch_code(x, c.expr(), c.expr()))
+    code = x if n.attrs.get("keepdim") else f"{x}.squeeze({dim})"
+    return n.with_(op="view", attrs={}, fx_code=code)
+
+
+def _scaled_sum(n: Node, g: Graph) -> bool:
+    """sum/mean over a dim of (v * c) or (v / c), c a number, the product read only here."""
+    if n.op not in ("sum", "mean") or not isinstance(n.args[0], str) or n.args[0] in g.inputs:
+        return False
+    inner = g.node(n.args[0])
+    return (inner.op in ("mul", "div") and isinstance(inner.args[0], str) and isinstance(inner.args[1], Scalar)
+            and g.use_count(inner.name) == 1)
+
+
+def _sum_then_scale(n: Node, g: Graph) -> list[Node]:
+    """sum(v * c) = sum(v) * c (linearity): the sum moves next to what produced v (a GEMM: then a GEMV)."""
+    inner = g.node(n.args[0])
+    v, c = inner.args
+    dim, keep = n.attrs["dim"], n.attrs.get("keepdim", False)
+    total = n.with_(name=f"{n.name}_unscaled", args=(v,), fx_code=f"torch.{n.op}({v}, dim={dim}, keepdim={keep})")
+    scale = n.with_(op=inner.op, args=(total.name, c), attrs={}, module=None, origin=f"{n.origin} ({inner.origin} after it)",
+                    fx_code=POINTWISE[inner.op].torch_code(total.name, c.expr()))
+    return [total, scale]
+
+
+def _dropout_p0(n: Node, g: Graph) -> bool:
+    return n.op == "dropout" and n.attrs.get("p") == 0.0 and isinstance(n.args[0], str)
+
+
+def _gemm_sum(n: Node, g: Graph) -> bool:
+    """sum/mean over the features of a Linear (or x @ W) whose output nothing else reads."""
+    if n.op not in ("sum", "mean") or not isinstance(n.args[0], str) or n.args[0] in g.inputs:
+        return False
+    lin = g.node(n.args[0])
+    if lin.op not in ("linear", "matmul") or g.use_count(lin.name) != 1 or not isinstance(lin.args[0], str):
+        return False
+    w = lin.args[1]
+    bias = lin.args[2] if lin.op == "linear" and len(lin.args) > 2 else None
+    dim = n.attrs.get("dim")
+    return (isinstance(w, Param) and len(w.shape) == 2 and (bias is None or isinstance(bias, Param))
+            and isinstance(dim, int) and dim in (-1, len(lin.shape) - 1))
+
+
+def _gemv(n: Node, g: Graph) -> Node:
+    """sum_n (x W^T + b)[m, n] = x[m, :] . (sum_n W[n, :]) + sum_n b[n]: a GEMV against the summed weight rows."""
+    lin = g.node(n.args[0])
+    x, w = lin.args[0], lin.args[1]
+    kn = lin.op == "matmul"
+    bias = lin.args[2] if lin.op == "linear" and len(lin.args) > 2 else None
+    code = f"torch.matmul({x}, {w.expr()}.sum({1 if kn else 0}))"
+    if bias is not None:
+        code += f" + {bias.expr()}.sum()"
+    if n.op == "mean":
+        code = f"({code}) / {w.expr()}.shape[{1 if kn else 0}]"
+    if n.attrs.get("keepdim"):
+        code = f"({code}).unsqueeze(-1)"
+    attrs = {"keepdim": bool(n.attrs.get("keepdim")), "mean": n.op == "mean", "kn": kn}
+    return n.with_(op="linear_rowsum", args=(x, w, bias), attrs=attrs, origin=f"{lin.origin} -> {n.origin}",
+                   fx_code=code)
 
 
 RULES: list[Rule] = [
     Rule("x+x->2x", "x + x is 2 * x exactly (doubling is exact in binary floating point)",
          _self_add, lambda n, g: n.with_(op="mul", args=(n.args[0], Scalar(2.0)))),
-    Rule("fold-scalar-mul", "(x * c1) * c2 -> x * (c1 * c2) for literal constants",
-         _fold_scalar_mul, _fold_mul),
+    Rule("fold-scalar-mul", "(x * c1) * c2 -> x * (c1 * c2) for literal constants (also / c)",
+         _scalar_chain(("mul", "div")), _fold_mul),
+    Rule("fold-scalar-add", "(x + c1) - c2 -> x + (c1 - c2) for literal constants",
+         _scalar_chain(("add", "sub")), _fold_add),
+    Rule("reduce-size-1", "a reduction over a dimension of size 1 is the identity (softmax: 1, log_softmax: 0)",
+         _over_size_one, _reduce_identity),
+    Rule("dropout-p0", "Dropout with p = 0 is the identity in training and eval mode",
+         _dropout_p0, lambda n, g: n.with_(op="view", attrs={}, module=None, fx_code=n.args[0])),
+    Rule("scale-after-sum", "sum(x * c) -> sum(x) * c (also mean, and / c): linearity",
+         _scaled_sum, _sum_then_scale),
+    Rule("sum-of-gemm->gemv", "sum over the features of x @ W^T + b = x @ (sum of W's rows) + sum(b)",
+         _gemm_sum, _gemv),
 ]
-
 
 def _drop_dead(g: Graph) -> Graph:
     """Remove nodes nothing uses any more (left behind by folds), keeping unknown ops (they may have effects)."""
@@ -77,7 +178,13 @@ def rewrite(g: Graph, rules: list[Rule] = RULES) -> tuple[Graph, list[str]]:
             if rule is not None:
                 nodes = list(g.nodes)
                 # fx_code no longer matches: a torch fallback of this node is emitted from the op table
-                nodes[i] = rule.replace(node, g).with_(fx_code="")
+                new = rule.replace(node, g)
+                # a rule that spells its result in torch sets fx_code; otherwise the original call no longer
+                # matches and a torch fallback of this node is emitted from the op table. A rule may return
+                # several nodes: the last one keeps the replaced node's name.
+                new = new if isinstance(new, list) else [new]
+                new = [m.with_(fx_code="") if m.fx_code == node.fx_code else m for m in new]
+                nodes[i:i + 1] = new
                 g = _drop_dead(g.with_nodes(nodes))
                 applied.append(rule.name)
                 progress = True

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kfuse.ir import Arg, Graph, Node, Param, Scalar
-from kfuse.ops import POINTWISE
+from kfuse.ops import POINTWISE, VIEW_OPS
 from kfuse.partition import Region
 
 
@@ -94,7 +94,7 @@ def pointwise_lines(nodes: list[Node], env: dict[str, str], args: KernelArgs) ->
     """Kernel lines computing each pointwise node from the table, in order; binds env[name] -> variable."""
     lines = []
     for n in nodes:
-        spec = POINTWISE[n.op]
+        spec = POINTWISE["identity" if n.op in VIEW_OPS else n.op]  # a view keeps the tile's (M, N) layout
         operands = [args.operand(a, env) for a in n.args]
         lines.append(f"{var(n.name)} = {spec.triton.format(*operands)}  # {n.origin}")
         env[n.name] = var(n.name)

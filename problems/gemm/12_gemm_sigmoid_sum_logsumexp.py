@@ -1,0 +1,33 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    """
+    Linear, sigmoid, sum over features, logsumexp over the batch.
+    """
+
+    def __init__(self, in_features, out_features):
+        super(Model, self).__init__()
+        self.linear1 = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        x = self.linear1(x)
+        x = torch.sigmoid(x)
+        x = torch.sum(x, dim=1)
+        x = torch.logsumexp(x, dim=0)
+        return x
+
+
+batch_size = 1024
+in_features = 8192
+out_features = 8192
+
+
+def get_inputs():
+    return [torch.rand(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_features, out_features]

@@ -1,0 +1,32 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    """
+    Linear, mean over features, GELU, at odd sizes.
+    """
+
+    def __init__(self, in_features, out_features):
+        super(Model, self).__init__()
+        self.gemm = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        x = self.gemm(x)
+        x = x * 2.0 + 0.5
+        x = x.mean(dim=1)
+        return F.gelu(x)
+
+
+batch_size = 1000
+in_features = 1000
+out_features = 999
+
+
+def get_inputs():
+    return [torch.rand(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_features, out_features]

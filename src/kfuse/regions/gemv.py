@@ -1,0 +1,69 @@
+"""Region kind `gemv`: the sum (or mean) over the features of a GEMM, rewritten to a GEMV, plus the per-row
+ops after it.
+
+rewrite.py's `sum-of-gemm->gemv` turns sum_n (x W^T + b)[m, n] into x[m, :] . w_sum + b_sum with
+w_sum = sum of W's rows (K,) and b_sum = sum(b): exact in real arithmetic. The launcher forms w_sum and b_sum
+in float64 (one read of W, N * K * 4 bytes, the same bytes the GEMM would have read); the kernel reads x once
+(M * K * 4 bytes) and does 2 * M * K flops instead of the GEMM's 2 * M * N * K. Memory-bound, so it accumulates
+in float64 for free: the sum comes out correctly rounded, never less accurate than eager's GEMM + fp32 sum
+(which matters most where one row's sum is the whole output). The ops after the sum run on the (M,) result
+in fp32 in the same kernel.
+"""
+
+from __future__ import annotations
+
+from kfuse.ir import Graph, Param
+from kfuse.partition import Region
+from kfuse.regions.common import KernelArgs, RegionCode, kernel_name, launcher, pointwise_lines, var
+from kfuse.regions.gemm_rowreduce import as_pointwise, shape_expr
+
+
+def generate(region: Region, g: Graph) -> RegionCode:
+    nodes = list(region.nodes)
+    anchor = nodes[0]
+    x, weight, bias = anchor.args
+    kn, mean = anchor.attrs.get("kn", False), anchor.attrs.get("mean", False)
+    name = kernel_name(region)
+    args = KernelArgs()
+    env = {anchor.name: var(anchor.name)}
+    body = [f"{var(anchor.name)} = ((acc + bsum){' / N' if mean else ''}).to(tl.float32)  # {anchor.origin}"]
+    body += pointwise_lines(as_pointwise(nodes[1:]), env, args)
+    outs = [f"o_{v}" for v in region.outputs]
+    body += [f"tl.store(o_{v}_ptr + offs_m, {env[v]}, mask=mask_m)" for v in region.outputs]
+    replaced = ", ".join(n.origin for n in nodes)
+    kernel = "\n".join([
+        "@triton.jit",
+        f"def {name}_kernel(x_ptr, w_ptr, {''.join(o + '_ptr, ' for o in outs)}{args.signature()}M, N, K, "
+        "stride_xm, stride_xk, bsum_ptr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):",
+        f'    """Fused: {replaced}. Row m: x[m, :] . w_sum + b_sum, then the per-row ops."""',
+        "    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "    mask_m = offs_m < M",
+        "    acc = tl.zeros((BLOCK_M,), dtype=tl.float64)",
+        "    for k0 in range(0, K, BLOCK_K):",
+        "        offs_k = k0 + tl.arange(0, BLOCK_K)",
+        "        mask_k = offs_k < K",
+        "        xt = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :] * stride_xk,",
+        "                     mask=mask_m[:, None] & mask_k[None, :], other=0.0).to(tl.float64)",
+        "        wt = tl.load(w_ptr + offs_k, mask=mask_k, other=0.0)",
+        "        acc += tl.sum(xt * wt[None, :], axis=1)",
+        "    bsum = tl.load(bsum_ptr)",
+        *[f"    {ln}" for ln in args.loads + body]]) + "\n"
+    # a 1-element float64 tensor: a Python float argument would reach the kernel as fp32
+    b_sum = ("torch.zeros(1, device=x.device, dtype=torch.float64)" if bias is None
+             else "bias.sum(dtype=torch.float64).reshape(1)")
+    lines = ["x2 = x.reshape(-1, x.shape[-1])",
+             "M, K = x2.shape",
+             f"N = weight.shape[{1 if kn else 0}]",
+             f"w_sum = weight.sum({1 if kn else 0}, dtype=torch.float64).contiguous()",
+             f"bsum = {b_sum}",
+             *[f"{o} = torch.empty((M,), device=x.device, dtype=x.dtype)" for o in outs],
+             "bm, bk = (32, 128) if interpreting() else (64, 128)",
+             f"{name}_kernel[(triton.cdiv(M, bm),)](x2, w_sum, {''.join(o + ', ' for o in outs)}"
+             f"{''.join(p + ', ' for p in args.params)}M, N, K, x2.stride(0), x2.stride(1), bsum, "
+             "BLOCK_M=bm, BLOCK_K=bk, num_warps=4)",
+             "return " + ", ".join(f"o_{v}.reshape({shape_expr(n, False)})" for v in region.outputs
+                                   for n in nodes if n.name == v)]
+    launch = launcher(f"fused_{name}", ["x", "weight", "bias", *args.params], lines, f"Fused: {replaced}.")
+    w: Param = weight
+    call_args = [x, w.expr(), bias.expr() if isinstance(bias, Param) else "None", *args.values]
+    return RegionCode((kernel,), launch, (f"{', '.join(region.outputs)} = fused_{name}({', '.join(call_args)})",))
