@@ -59,9 +59,16 @@ CASES = [
      [("gemm_epilogue", ["linear", "clamp_max", "sub"])], []),
     ("clone_detach_residual", "", "z = y.clone().detach()\nreturn y * 0.5 + z",
      [("gemm_epilogue", ["linear", "identity", "view", "mul", "add"])], []),
+    # 1-d pooling over the features, windows inside a column tile (N = 129: the last window is dropped)
+    ("maxpool", "self.pool = nn.MaxPool1d(2)", "return self.pool(y.unsqueeze(1)).squeeze(1)",
+     [("gemm_pool", ["linear", "view", "max_pool1d", "view"])], []),
+    ("avgpool_gelu_scale", "self.pool = nn.AvgPool1d(kernel_size=4)", "return F.gelu(self.pool(y.unsqueeze(1)).squeeze(1)) * 2.0",
+     [("gemm_pool", ["linear", "view", "avg_pool1d", "view", "gelu", "mul"])], []),
+    ("maxpool_functional_3d", "", "return torch.relu(F.max_pool1d(torch.sigmoid(y).unsqueeze(1), 8))",
+     [("gemm_pool", ["linear", "sigmoid", "view", "max_pool1d", "relu"])], []),
     # fallbacks: correct, and listed
-    ("maxpool_fallback", "self.pool = nn.MaxPool1d(2)", "return self.pool(y.unsqueeze(1)).squeeze(1)", None,
-     ["nn.MaxPool1d pool"]),
+    ("overlapping_pool_fallback", "self.pool = nn.AvgPool1d(3, stride=1)", "return self.pool(y.unsqueeze(1)).squeeze(1)",
+     None, ["nn.AvgPool1d pool"]),
     ("dropout_training_fallback", "self.drop = nn.Dropout(0.0001)", "return torch.relu(self.drop(y))", None,
      ["nn.Dropout drop", "torch.relu"]),
     ("second_reduction_fallback", "", "return torch.logsumexp(y, dim=1), y.sum(dim=1)",
@@ -124,7 +131,7 @@ def test_batch_of_one(tmp_path):
 
 
 def test_strict_names_the_unfused_op(tmp_path):
-    init = f"{LINEAR}\nself.pool = nn.AvgPool1d(4)"
+    init = f"{LINEAR}\nself.pool = nn.AvgPool1d(3)"  # a window that is not a power of two
     path = write_problem(tmp_path, init, "return self.pool(self.lin(x).unsqueeze(1)).squeeze(1)")
     with pytest.raises(UnsupportedError, match="nn.AvgPool1d pool"):
         compile_problem(load_problem(path), Options(device="cpu", strict=True))

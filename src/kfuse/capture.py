@@ -257,6 +257,42 @@ def _module_instance_norm(path: str, m: nn.InstanceNorm1d, x: Any) -> tuple:
     return "instance_norm", (x, w, b, Scalar(m.eps, f"{path}.eps")), {}
 
 
+def _pool(op: str, k: Any, stride: Any, padding: Any, ceil_mode: Any, extra_ok: bool, k_attr: str | None) -> tuple:
+    """1-d pooling in non-overlapping windows (stride = kernel, no padding, floor): fused; anything else kept."""
+    k1 = k[0] if isinstance(k, (tuple, list)) and len(k) == 1 else k
+    s1 = stride[0] if isinstance(stride, (tuple, list)) and len(stride) == 1 else stride
+    p1 = padding[0] if isinstance(padding, (tuple, list)) and len(padding) == 1 else padding
+    if not isinstance(k1, int) or s1 not in (None, k1) or p1 != 0 or ceil_mode or not extra_ok:
+        raise Reject
+    if k_attr is None:  # a call's literal: capture turns it into a Scalar
+        return op, (k1,), {}
+    return op, (Scalar(k1, k_attr if isinstance(k, int) else None),), {}
+
+
+def _module_max_pool(path: str, m: nn.MaxPool1d, x: Any) -> tuple:
+    op, args, attrs = _pool("max_pool1d", m.kernel_size, m.stride, m.padding, m.ceil_mode,
+                            m.dilation in (1, (1,)) and not m.return_indices, f"{path}.kernel_size")
+    return op, (x, *args), attrs
+
+
+def _module_avg_pool(path: str, m: nn.AvgPool1d, x: Any) -> tuple:
+    op, args, attrs = _pool("avg_pool1d", m.kernel_size, m.stride, m.padding, m.ceil_mode, True, f"{path}.kernel_size")
+    return op, (x, *args), attrs
+
+
+def _f_max_pool(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                ceil_mode: bool = False, return_indices: bool = False) -> tuple:
+    op, args, attrs = _pool("max_pool1d", kernel_size, stride, padding, ceil_mode,
+                            dilation in (1, (1,)) and not return_indices, None)
+    return op, (input, *args), attrs
+
+
+def _f_avg_pool(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+                count_include_pad: bool = True) -> tuple:
+    op, args, attrs = _pool("avg_pool1d", kernel_size, stride, padding, ceil_mode, True, None)
+    return op, (input, *args), attrs
+
+
 def _module_flatten(path: str, m: nn.Flatten, x: Any) -> tuple:
     return "view", (x,), {}
 
@@ -276,8 +312,11 @@ MODULES: dict[type, Callable[..., tuple]] = {
     nn.BatchNorm1d: _module_batch_norm,
     nn.Dropout: _module_dropout,
     nn.Softmax: _module_softmax("softmax"), nn.LogSoftmax: _module_softmax("log_softmax"),
+    nn.MaxPool1d: _module_max_pool, nn.AvgPool1d: _module_avg_pool,
     nn.LayerNorm: _module_layer_norm, nn.InstanceNorm1d: _module_instance_norm, nn.Flatten: _module_flatten,
 }
+FUNCTIONS[F.max_pool1d] = _f_max_pool
+FUNCTIONS[F.avg_pool1d] = _f_avg_pool
 # ReLU6 is a Hardtanh subclass with fixed bounds; exact-type lookup keeps it apart from Hardtanh.
 MODULES[nn.ReLU6] = _module_scalar("hardtanh", "min_val", "max_val")
 
@@ -358,7 +397,10 @@ class _Converter:
             origin = f"nn.{type(mod).__name__} {node.target}"
             if rule is None or node.kwargs or len(node.args) != 1:
                 raise Reject(origin)
-            op, args, attrs = rule(node.target, mod, node.args[0])
+            try:
+                op, args, attrs = rule(node.target, mod, node.args[0])
+            except Reject:
+                raise Reject(origin) from None  # reported by what the user wrote: "nn.AvgPool1d pool"
             return op, tuple(a if isinstance(a, (Param, Scalar)) or a is None else self.arg(a) for a in args), attrs, node.target, origin
         if node.op == "call_function":
             spec, origin = FUNCTIONS.get(node.target), _get_qualified_name(node.target).replace("_operator.", "operator.")

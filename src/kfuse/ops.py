@@ -32,7 +32,8 @@ def _p(name: str, arity: int, triton: str, ref: Callable[..., torch.Tensor], cod
 
 
 # tanh, softplus and erf-GELU are spelled through sigmoid/exp/erf, which Triton has on the GPU and in the
-# interpreter alike; `_tanh` and `_softplus` are small jit helpers emitted into every ModelNew file.
+# interpreter alike; `_tanh` is a small jit helper emitted into every ModelNew file. Softplus and Mish are
+# spelled inline in forms that stay accurate for very negative inputs (no log(1 + tiny)).
 POINTWISE: dict[str, Pointwise] = {p.name: p for p in [
     _p("add", 2, "{0} + {1}", torch.add, '({0} + {1})'),
     _p("sub", 2, "{0} - {1}", torch.sub, '({0} - {1})'),
@@ -50,7 +51,9 @@ POINTWISE: dict[str, Pointwise] = {p.name: p for p in [
     _p("hardtanh", 3, "tl.minimum(tl.maximum({0}, {1}), {2})", lambda x, lo, hi: torch.clamp(x, float(lo), float(hi)), 'torch.clamp({0}, {1}, {2})'),
     _p("clamp_min", 2, "tl.maximum({0}, {1})", lambda x, lo: torch.clamp(x, min=float(lo)), 'torch.clamp({0}, min={1})'),
     _p("clamp_max", 2, "tl.minimum({0}, {1})", lambda x, hi: torch.clamp(x, max=float(hi)), 'torch.clamp({0}, max={1})'),
-    _p("softplus", 3, "_softplus({0}, {1}, {2})", lambda x, b, t: F.softplus(x, float(b), float(t)), 'torch.nn.functional.softplus({0}, {1}, {2})'),
+    # softplus = log1p(e^(beta x)) / beta, x past the threshold; log1p(u) as log(1 + u) * u / ((1 + u) - 1)
+    # (Goldberg): exact to a few ulps where log(1 + u) alone loses u's low bits (x very negative)
+    _p("softplus", 3, "tl.where({0} * {1} > {2}, {0}, tl.where(1.0 + tl.exp(tl.minimum({0} * {1}, {2})) == 1.0, tl.exp(tl.minimum({0} * {1}, {2})), tl.log(1.0 + tl.exp(tl.minimum({0} * {1}, {2}))) * tl.exp(tl.minimum({0} * {1}, {2})) / (1.0 + tl.exp(tl.minimum({0} * {1}, {2})) - 1.0)) / {1})", lambda x, b, t: F.softplus(x, float(b), float(t)), 'torch.nn.functional.softplus({0}, {1}, {2})'),
     # mish = x * tanh(log(1 + e^x)) = x * n / (n + 2), n = e^x (e^x + 2): no log(1 + tiny) or 2 sigmoid - 1
     # cancellation for negative x; x past softplus's threshold (20) is x, as torch
     _p("mish", 1, "tl.where({0} > 20.0, {0}, {0} * (tl.exp(tl.minimum({0}, 20.0)) * (tl.exp(tl.minimum({0}, 20.0)) + 2.0))"
@@ -68,6 +71,7 @@ NORM_OPS = ("group_norm", "batch_norm")
 # Reductions over one dim (attrs dim, keepdim) and the norms over a whole row (regions/gemm_rowreduce.py).
 REDUCE_OPS = ("sum", "mean", "amax", "amin", "logsumexp")
 ROW_NORM_OPS = ("softmax", "log_softmax", "layer_norm", "instance_norm")
+POOL_OPS = ("max_pool1d", "avg_pool1d")  # windows of k features of an (M, 1, N) view (regions/gemm_pool.py)
 VIEW_OPS = ("view",)  # unsqueeze / squeeze / flatten / view / reshape: the shape is the node's
 
 

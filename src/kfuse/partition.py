@@ -7,6 +7,8 @@ while every value they read is the region's own, a scalar, or a per-column param
     no wider than GROUP_MAX (a column tile holds whole groups)  -> kind `gemm_groupnorm`
   - BatchNorm1d over the GEMM's output                         -> kind `gemm_batchnorm`
     (ops after it must read only values after it: they run in the apply pass)
+  - MaxPool1d / AvgPool1d over the features of x.unsqueeze(1), non-overlapping windows of a power-of-two
+    k <= POOL_MAX, then ops with numbers on the pooled values      -> kind `gemm_pool`
   - one reduction over the GEMM's features (sum, mean, max, min, logsumexp) or one norm over them
     (softmax, log_softmax, LayerNorm, InstanceNorm over the features), then ops on the per-row result
     and/or full-width ops reading it                          -> kind `gemm_rowreduce` (see row_roles)
@@ -22,9 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kfuse.ir import Graph, Node, Param, Scalar
-from kfuse.ops import POINTWISE, REDUCE_OPS, ROW_NORM_OPS, VIEW_OPS
+from kfuse.ops import POINTWISE, POOL_OPS, REDUCE_OPS, ROW_NORM_OPS, VIEW_OPS
 
 GROUP_MAX = 256  # widest group (channels) fused into one column tile
+POOL_MAX = 64  # widest pooling window fused into one column tile
 
 
 @dataclass(frozen=True)
@@ -176,10 +179,34 @@ def _joins_rowreduce(n: Node, g: Graph, anchor: Node, roles: dict[str, str], has
     return n.op in POINTWISE and len(n.args) == POINTWISE[n.op].arity and all(ok_arg(a) for a in n.args)
 
 
+def _pool_fits(n: Node, g: Graph, anchor: Node, values: set[str]) -> bool:
+    """A pool over the features of an (M, 1, N) view of the region, windows a power of two <= POOL_MAX."""
+    x, k = n.args[0], n.args[1]
+    if not isinstance(x, str) or x not in values or not isinstance(k, Scalar):
+        return False
+    k = int(k.value)
+    rows, n_cols = anchor.shape
+    return (g.shape_of(x) == (rows, 1, n_cols) and n.shape == (rows, 1, n_cols // k) and 0 < k <= POOL_MAX
+            and k & (k - 1) == 0 and n_cols // k > 0)
+
+
+def _joins_after_pool(n: Node, pooled: set[str], width: int, rows: int) -> bool:
+    """Ops on the pooled values: views, and pointwise ops with numbers and one-element parameters."""
+    vals = n.value_args()
+    if not vals or not all(v in pooled for v in vals) or _squeezed(n.shape) != _squeezed((rows, width)):
+        return False
+    if n.op in VIEW_OPS:
+        return True
+    return n.op in POINTWISE and len(n.args) == POINTWISE[n.op].arity and all(
+        isinstance(a, (str, Scalar)) or (isinstance(a, Param) and _numel(a.shape) == 1) for a in n.args)
+
+
 def _grow(anchor: Node, g: Graph, taken: set[str]) -> tuple[str, list[Node]]:
     if anchor.op == "linear_rowsum":
         return _grow_gemv(anchor, g, taken)
     kind, members, values = "gemm_epilogue", [anchor], {anchor.name}
+    pooled: set[str] = set()  # values after a pool, each (M, pool_width) up to size-1 dims
+    pool_width = 0
     after_bn: set[str] | None = None  # values an op after BatchNorm may read
     for n in g.nodes[g.nodes.index(anchor) + 1:]:
         if n.name in taken:
@@ -187,6 +214,16 @@ def _grow(anchor: Node, g: Graph, taken: set[str]) -> tuple[str, list[Node]]:
         if kind == "gemm_epilogue" and len(anchor.shape) == 2 and (n.op in REDUCE_OPS or n.op in ROW_NORM_OPS) \
                 and _joins_rowreduce(n, g, anchor, row_roles(members, g), False):
             kind = "gemm_rowreduce"
+        if kind == "gemm_epilogue" and len(anchor.shape) == 2 and n.op in POOL_OPS and _pool_fits(n, g, anchor, values):
+            kind, pool_width = "gemm_pool", n.shape[-1]
+            members.append(n)
+            pooled.add(n.name)
+            continue
+        if kind == "gemm_pool":
+            if _joins_after_pool(n, pooled, pool_width, anchor.shape[0]):
+                members.append(n)
+                pooled.add(n.name)
+            continue
         if kind == "gemm_rowreduce":
             roles = row_roles(members, g)
             has_r = any(r == "reduce" for r in roles.values()) or any(m.op in ROW_NORM_OPS for m in members)
@@ -204,7 +241,7 @@ def _grow(anchor: Node, g: Graph, taken: set[str]) -> tuple[str, list[Node]]:
         elif after_bn is not None:
             after_bn.add(n.name)
         kind = new_kind
-    if kind != "gemm_rowreduce":  # these kinds store (M, N) tiles: views to other shapes stay torch calls
+    if kind not in ("gemm_rowreduce", "gemm_pool"):  # (M, N) tiles only: views to other shapes stay torch calls
         kept: set[str] = set()
         members = [m for m in members if (m is anchor or (m.shape == anchor.shape and all(
             a in kept for a in m.value_args()))) and not kept.add(m.name)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kfuse.ir import Graph
 from kfuse.partition import Region
-from kfuse.regions import gemm_batchnorm, gemm_epilogue, gemm_groupnorm, gemm_rowreduce, gemv, torch_fallback
+from kfuse.regions import gemm_batchnorm, gemm_epilogue, gemm_groupnorm, gemm_pool, gemm_rowreduce, gemv, torch_fallback
 from kfuse.regions.common import RegionCode
 
 GENERATORS = {
@@ -12,6 +12,7 @@ GENERATORS = {
     "gemm_groupnorm": gemm_groupnorm.generate,
     "gemm_batchnorm": gemm_batchnorm.generate,
     "gemm_rowreduce": gemm_rowreduce.generate,
+    "gemm_pool": gemm_pool.generate,
     "gemv": gemv.generate,
     "torch": torch_fallback.generate,
 }

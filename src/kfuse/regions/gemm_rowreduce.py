@@ -143,7 +143,8 @@ def generate(region: Region, g: Graph) -> RegionCode:
     fbody = [ln for ln in MERGE_LINES[stat]]
     row_stores: list[str] = []  # launcher names of the (M,) tensors the finalize kernel writes
     if red.op in REDUCE_OPS:
-        fbody.append(f"{var(red.name)} = {RESULT[red.op]}  # {red.origin}")
+        # the per-row ops run in float64 (M values: free next to the GEMM) and round once, when stored
+        fbody.append(f"{var(red.name)} = ({RESULT[red.op]}).to(tl.float64)  # {red.origin}")
         env2[red.name] = var(red.name)
         fbody += pointwise_lines(as_pointwise(row), env2, a2)
         row_vals = [v for v in [red.name, *[n.name for n in row]] if v in outputs or v in apply_row]

@@ -7,7 +7,7 @@ in float64 (one read of W, N * K * 4 bytes, the same bytes the GEMM would have r
 (M * K * 4 bytes) and does 2 * M * K flops instead of the GEMM's 2 * M * N * K. Memory-bound, so it accumulates
 in float64 for free: the sum comes out correctly rounded, never less accurate than eager's GEMM + fp32 sum
 (which matters most where one row's sum is the whole output). The ops after the sum run on the (M,) result
-in fp32 in the same kernel.
+in float64 in the same kernel, rounded to the output's dtype once, when stored.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def generate(region: Region, g: Graph) -> RegionCode:
     name = kernel_name(region)
     args = KernelArgs()
     env = {anchor.name: var(anchor.name)}
-    body = [f"{var(anchor.name)} = ((acc + bsum){' / N' if mean else ''}).to(tl.float32)  # {anchor.origin}"]
+    # the per-row ops run in float64 too (M values: free) and round once, at the store
+    body = [f"{var(anchor.name)} = (acc + bsum){' / N' if mean else ''}  # {anchor.origin}"]
     body += pointwise_lines(as_pointwise(nodes[1:]), env, args)
     outs = [f"o_{v}" for v in region.outputs]
     body += [f"tl.store(o_{v}_ptr + offs_m, {env[v]}, mask=mask_m)" for v in region.outputs]

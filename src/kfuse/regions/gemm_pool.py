@@ -1,0 +1,81 @@
+"""Region kind `gemm_pool`: GEMM -> ops -> MaxPool1d / AvgPool1d over the features -> ops, one kernel.
+
+`pool(y.unsqueeze(1)).squeeze(1)` with non-overlapping windows of k features (stride k, no padding, floor)
+is a reduction inside the column tile when k is a power of two: the tile (BLOCK_M, BLOCK_N) holds whole
+windows (BLOCK_N is a power of two >= k), so reshape it to (BLOCK_M, BLOCK_N / k, k) and take the max or the
+mean over the last axis, as GroupNorm does with its groups. The pooled tile covers output columns
+pid_n * BLOCK_N / k + [0, BLOCK_N / k); windows torch drops (the last N % k features) are masked out.
+Bytes: the GEMM's, with the output k times narrower: M * N / k * 4 written instead of M * N * 4 + a pass.
+The ops after the pool run on the pooled tile (numbers and one-element parameters only).
+"""
+
+from __future__ import annotations
+
+from kfuse.ir import Graph, Param
+from kfuse.ops import POOL_OPS
+from kfuse.partition import Region
+from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, kernel_name,
+                                  launcher, linear_bias, pointwise_lines, store_line, var)
+from kfuse.regions.gemm_rowreduce import shape_expr
+
+
+def generate(region: Region, g: Graph) -> RegionCode:
+    nodes = list(region.nodes)
+    anchor = nodes[0]
+    at = next(i for i, n in enumerate(nodes) if n.op in POOL_OPS)
+    pool = nodes[at]
+    pre, post = nodes[1:at], nodes[at + 1:]
+    outputs = list(region.outputs)
+    pre_outs = [v for v in outputs if any(n.name == v for n in nodes[:at])]
+    post_outs = [v for v in outputs if v not in pre_outs]
+    name = kernel_name(region)
+    args = KernelArgs()
+    env: dict[str, str] = {}
+    body = linear_bias(anchor, env, args)
+    body += pointwise_lines(pre, env, args)
+    body += [store_line(f"o_{v}", env[v]) for v in pre_outs]
+    y, out = env[pool.args[0]], var(pool.name)
+    if pool.op == "max_pool1d":
+        body += [f"# {pool.origin}: the max of each window of POOL consecutive features",
+                 f"pw = tl.reshape(tl.where(mask_n[None, :], {y}, float('-inf')), (BLOCK_M, BLOCK_N // POOL, POOL))",
+                 f"{out} = tl.max(pw, axis=2)"]
+    else:
+        body += [f"# {pool.origin}: the mean of each window of POOL consecutive features",
+                 f"pw = tl.reshape(tl.where(mask_n[None, :], {y}, 0.0), (BLOCK_M, BLOCK_N // POOL, POOL))",
+                 f"{out} = tl.sum(pw, axis=2) / POOL"]
+    env[pool.name] = out
+    body += ["offs_p = pid_n * (BLOCK_N // POOL) + tl.arange(0, BLOCK_N // POOL)",
+             "mask_p = mask_m[:, None] & (offs_p < N_OUT)[None, :]"]
+    body += pointwise_lines(post, env, args)
+    body += [f"tl.store(o_{v}_ptr + offs_m[:, None].to(tl.int64) * N_OUT + offs_p[None, :], {env[v]}, mask=mask_p)"
+             for v in post_outs]
+    replaced = ", ".join(n.origin for n in nodes)
+    outs = [f"o_{v}" for v in pre_outs + post_outs]
+    doc = f"Fused: {replaced}. Column tiles hold whole pooling windows of POOL features."
+    kernel = gemm_kernel(name, doc, outs, args, body, extra_sig="N_OUT, POOL: tl.constexpr, ")
+    by_name = {n.name: n for n in nodes}
+
+    def post_shape(v: str) -> str:
+        dims = ["M"] + [str(d) for d in by_name[v].shape[1:]]
+        if len(dims) > 1:
+            dims[-1] = "N_OUT"
+        return ", ".join(dims)
+
+    # The window is read from the module (or the call's literal) at run time, as GroupNorm's groups are.
+    lines = ["pool = int(kernel)",
+             "if pool <= 0 or pool & (pool - 1) or pool > 64:",
+             "    raise ValueError(f'fused pooling needs a power-of-two window <= 64, got {pool}')",
+             "min_block_n = max(16, pool)",
+             *gemm_prologue(anchor),
+             "N_OUT = N // pool"]
+    lines += [f"o_{v} = torch.empty((M, N), device=x.device, dtype=x.dtype)" for v in pre_outs]
+    lines += [f"o_{v} = torch.empty((M, N_OUT), device=x.device, dtype=x.dtype)" for v in post_outs]
+    lines.append(f"{name}_kernel[grid](*ops, {''.join(o + ', ' for o in outs)}{''.join(p + ', ' for p in args.params)}"
+                 f"M, N, K, *strides, N_OUT, POOL=pool, {LAUNCH_TAIL})")
+    rets = [f"o_{v}.reshape({shape_expr(by_name[v], True)})" for v in pre_outs]
+    rets += [f"o_{v}.reshape({post_shape(v)})" for v in post_outs]
+    lines.append("return " + ", ".join(rets))
+    launch = launcher(f"fused_{name}", ["x", "weight", "kernel", *args.params], lines, doc)
+    weight: Param = anchor.args[1]
+    call_args = [anchor.args[0], weight.expr(), pool.args[1].expr(), *args.values]
+    return RegionCode((kernel,), launch, (f"{', '.join(outputs)} = fused_{name}({', '.join(call_args)})",))
