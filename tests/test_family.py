@@ -66,6 +66,15 @@ CASES = [
      [("gemm_pool", ["linear", "view", "avg_pool1d", "view", "gelu", "mul"])], []),
     ("maxpool_functional_3d", "", "return torch.relu(F.max_pool1d(torch.sigmoid(y).unsqueeze(1), 8))",
      [("gemm_pool", ["linear", "sigmoid", "view", "max_pool1d", "relu"])], []),
+    # a reduction over the pooled features: two-phase; N = 129 with windows of 4 leaves the last column tile
+    # without a whole window (an empty partial)
+    ("maxpool_sum_scale", "self.pool = nn.MaxPool1d(2)", "return torch.sum(self.pool(y.unsqueeze(1)).squeeze(1), dim=1) * 0.5",
+     [("gemm_pool", ["linear", "view", "max_pool1d", "view", "sum", "mul"])], []),
+    ("avgpool_gelu_max", "self.pool = nn.AvgPool1d(4)",
+     "z = F.gelu(self.pool(y.unsqueeze(1)).squeeze(1)) * 2.0\nreturn torch.max(z, dim=1).values",
+     [("gemm_pool", ["linear", "view", "avg_pool1d", "view", "gelu", "mul", "amax", "view"])], []),
+    ("avgpool_logsumexp", "", "return torch.logsumexp(F.avg_pool1d(y.unsqueeze(1), 4), dim=-1, keepdim=True) - 1.0",
+     [("gemm_pool", ["linear", "view", "avg_pool1d", "logsumexp", "sub"])], []),
     # fallbacks: correct, and listed
     ("overlapping_pool_fallback", "self.pool = nn.AvgPool1d(3, stride=1)", "return self.pool(y.unsqueeze(1)).squeeze(1)",
      None, ["nn.AvgPool1d pool"]),

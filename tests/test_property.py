@@ -1,8 +1,8 @@
 """Property: for a random chain (a Linear, then 1 to 5 ops of the family), `kfuse optimize`'s ModelNew meets the
 accuracy contract against eager on the CPU, whatever kfuse fuses and whatever it leaves as torch calls.
 
-Chains are built from three tables by the shape of the current value: full width (M, N), per row with the
-dim kept (M, 1), per row flattened (M,). Sizes are tiny and odd (N = 72 spans two column tiles of the
+Chains are built from tables by the shape of the current value: full width (M, N), pooled (M, N / k), per
+row with the dim kept (M, 1), per row flattened (M,). Sizes are tiny and odd (N = 72 spans two column tiles of the
 interpreter's 64), and hypothesis is derandomized so CI sees the same chains every run."""
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ NORMS = [  # full width -> full width, statistics over rows or groups
     ("layernorm", "self.ln{i} = nn.LayerNorm(out_features)", "self.ln{i}({y})"),
     ("groupnorm", "self.gn{i} = nn.GroupNorm(4, out_features)", "self.gn{i}({y})"),
     ("batchnorm", "self.bn{i} = nn.BatchNorm1d(out_features)", "self.bn{i}({y})"),
+]
+POOLS = [  # full width -> pooled width (N // k): non-overlapping 1-d pooling over the features
+    ("maxpool", "self.mp{i} = nn.MaxPool1d(2)", "self.mp{i}({y}.unsqueeze(1)).squeeze(1)"),
+    ("avgpool", "", "F.avg_pool1d({y}.unsqueeze(1), 4).squeeze(1)"),
 ]
 REDUCTIONS = [  # full width -> per row; {k}: keepdim
     ("sum", "torch.sum({y}, dim=1, keepdim={k})"), ("mean", "{y}.mean(dim=-1, keepdim={k})"),
@@ -89,7 +93,9 @@ def chains(draw):
     init, body, names = [], [], []
     for i in range(draw(st.integers(1, 5))):
         if state == "full":
-            kind = draw(st.sampled_from(["pointwise", "pointwise", "norm", "reduce"]))
+            kind = draw(st.sampled_from(["pointwise", "pointwise", "norm", "reduce", "pool"]))
+        elif state == "pooled":
+            kind = draw(st.sampled_from(["pointwise", "pointwise", "reduce"]))
         else:
             kind = draw(st.sampled_from(["pointwise", "pointwise"] + (["size_one"] if state == "row_keep" else [])))
         if kind == "reduce":
@@ -100,10 +106,11 @@ def chains(draw):
             state = "row_keep" if keep else "row_flat"
         else:
             table = {"pointwise": POINTWISE + (FULL_ONLY if state == "full" else []), "norm": NORMS,
-                     "size_one": SIZE_ONE}[kind]
+                     "size_one": SIZE_ONE, "pool": POOLS}[kind]
             name, extra, expr = draw(st.sampled_from(table))
             line = expr.format(y="y", z="z", i=i)
             normed = normed or kind == "norm"
+            state = "pooled" if kind == "pool" else state
         names.append(name)
         if extra:
             init.append(extra.format(i=i))

@@ -34,6 +34,12 @@ def _p(name: str, arity: int, triton: str, ref: Callable[..., torch.Tensor], cod
 # tanh, softplus and erf-GELU are spelled through sigmoid/exp/erf, which Triton has on the GPU and in the
 # interpreter alike; `_tanh` is a small jit helper emitted into every ModelNew file. Softplus and Mish are
 # spelled inline in forms that stay accurate for very negative inputs (no log(1 + tiny)).
+# tanh(x) = sign(x) * -expm1(-2|x|) / (2 + expm1(-2|x|)), expm1(u) = (e^u - 1) * u / log(e^u) (Kahan): a few
+# ulps for every x, where 1 - e^(-2|x|) or 2 sigmoid(2x) - 1 lose the low bits of small x. |x| > 15 is +-1.
+_U = "(-2.0 * tl.minimum(tl.abs({0}), 15.0))"
+_EM1 = f"tl.where(tl.exp({_U}) == 1.0, {_U}, (tl.exp({_U}) - 1.0) * {_U} / tl.log(tl.exp({_U})))"
+TANH = "tl.where({0} < 0.0, 1.0, -1.0) * " + f"{_EM1} / (2.0 + {_EM1})"
+
 POINTWISE: dict[str, Pointwise] = {p.name: p for p in [
     _p("add", 2, "{0} + {1}", torch.add, '({0} + {1})'),
     _p("sub", 2, "{0} - {1}", torch.sub, '({0} - {1})'),
@@ -47,7 +53,7 @@ POINTWISE: dict[str, Pointwise] = {p.name: p for p in [
        lambda x: F.gelu(x, approximate="tanh"), "torch.nn.functional.gelu({0}, approximate='tanh')"),
     _p("sigmoid", 1, "tl.sigmoid({0})", torch.sigmoid, 'torch.sigmoid({0})'),
     _p("silu", 1, "{0} * tl.sigmoid({0})", F.silu, 'torch.nn.functional.silu({0})'),
-    _p("tanh", 1, "_tanh({0})", torch.tanh, 'torch.tanh({0})'),
+    _p("tanh", 1, TANH, torch.tanh, 'torch.tanh({0})'),
     _p("hardtanh", 3, "tl.minimum(tl.maximum({0}, {1}), {2})", lambda x, lo, hi: torch.clamp(x, float(lo), float(hi)), 'torch.clamp({0}, {1}, {2})'),
     _p("clamp_min", 2, "tl.maximum({0}, {1})", lambda x, lo: torch.clamp(x, min=float(lo)), 'torch.clamp({0}, min={1})'),
     _p("clamp_max", 2, "tl.minimum({0}, {1})", lambda x, hi: torch.clamp(x, max=float(hi)), 'torch.clamp({0}, max={1})'),

@@ -8,7 +8,8 @@ while every value they read is the region's own, a scalar, or a per-column param
   - BatchNorm1d over the GEMM's output                         -> kind `gemm_batchnorm`
     (ops after it must read only values after it: they run in the apply pass)
   - MaxPool1d / AvgPool1d over the features of x.unsqueeze(1), non-overlapping windows of a power-of-two
-    k <= POOL_MAX, then ops with numbers on the pooled values      -> kind `gemm_pool`
+    k <= POOL_MAX, then ops with numbers on the pooled values, and at most one reduction over the
+    pooled features with per-row ops after it                  -> kind `gemm_pool`
   - one reduction over the GEMM's features (sum, mean, max, min, logsumexp) or one norm over them
     (softmax, log_softmax, LayerNorm, InstanceNorm over the features), then ops on the per-row result
     and/or full-width ops reading it                          -> kind `gemm_rowreduce` (see row_roles)
@@ -207,6 +208,7 @@ def _grow(anchor: Node, g: Graph, taken: set[str]) -> tuple[str, list[Node]]:
     kind, members, values = "gemm_epilogue", [anchor], {anchor.name}
     pooled: set[str] = set()  # values after a pool, each (M, pool_width) up to size-1 dims
     pool_width = 0
+    pool_rows: set[str] | None = None  # values after a reduction of the pooled features
     after_bn: set[str] | None = None  # values an op after BatchNorm may read
     for n in g.nodes[g.nodes.index(anchor) + 1:]:
         if n.name in taken:
@@ -220,7 +222,16 @@ def _grow(anchor: Node, g: Graph, taken: set[str]) -> tuple[str, list[Node]]:
             pooled.add(n.name)
             continue
         if kind == "gemm_pool":
-            if _joins_after_pool(n, pooled, pool_width, anchor.shape[0]):
+            rows = anchor.shape[0]
+            if pool_rows is not None:  # after the reduction of the pooled row: per-row ops
+                if _joins_after_pool(n, pool_rows, 1, rows):
+                    members.append(n)
+                    pool_rows.add(n.name)
+            elif n.op in REDUCE_OPS and n.args[0] in pooled and _squeezed(g.shape_of(n.args[0])) == _squeezed(
+                    (rows, pool_width)) and n.attrs.get("dim") in (-1, len(g.shape_of(n.args[0])) - 1):
+                members.append(n)  # one reduction over the pooled features: per-tile partials, a finalize
+                pool_rows = {n.name}
+            elif _joins_after_pool(n, pooled, pool_width, anchor.shape[0]):
                 members.append(n)
                 pooled.add(n.name)
             continue

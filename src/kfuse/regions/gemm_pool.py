@@ -6,17 +6,19 @@ windows (BLOCK_N is a power of two >= k), so reshape it to (BLOCK_M, BLOCK_N / k
 mean over the last axis, as GroupNorm does with its groups. The pooled tile covers output columns
 pid_n * BLOCK_N / k + [0, BLOCK_N / k); windows torch drops (the last N % k features) are masked out.
 Bytes: the GEMM's, with the output k times narrower: M * N / k * 4 written instead of M * N * 4 + a pass.
-The ops after the pool run on the pooled tile (numbers and one-element parameters only).
+The ops after the pool run on the pooled tile (numbers and one-element parameters only). A reduction over
+the pooled features (maxpool -> sum, avgpool -> gelu -> max) is two-phase as in gemm_rowreduce: per-tile
+partials of the pooled tile, then `<name>_finalize_kernel` merges them per row and runs the per-row ops.
 """
 
 from __future__ import annotations
 
 from kfuse.ir import Graph, Param
-from kfuse.ops import POOL_OPS
+from kfuse.ops import POOL_OPS, REDUCE_OPS
 from kfuse.partition import Region
 from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, kernel_name,
                                   launcher, linear_bias, pointwise_lines, store_line, var)
-from kfuse.regions.gemm_rowreduce import shape_expr
+from kfuse.regions.gemm_rowreduce import PARTIAL_LINES, STAT, TWO_PARTIALS, finalize_kernel, shape_expr
 
 
 def generate(region: Region, g: Graph) -> RegionCode:
@@ -24,10 +26,12 @@ def generate(region: Region, g: Graph) -> RegionCode:
     anchor = nodes[0]
     at = next(i for i, n in enumerate(nodes) if n.op in POOL_OPS)
     pool = nodes[at]
-    pre, post = nodes[1:at], nodes[at + 1:]
+    red_at = next((i for i, n in enumerate(nodes) if i > at and n.op in REDUCE_OPS), len(nodes))
+    pre, post, row = nodes[1:at], nodes[at + 1:red_at], nodes[red_at + 1:]
+    red = nodes[red_at] if red_at < len(nodes) else None
     outputs = list(region.outputs)
     pre_outs = [v for v in outputs if any(n.name == v for n in nodes[:at])]
-    post_outs = [v for v in outputs if v not in pre_outs]
+    post_outs = [v for v in outputs if any(n.name == v for n in nodes[at:red_at])]
     name = kernel_name(region)
     args = KernelArgs()
     env: dict[str, str] = {}
@@ -51,8 +55,21 @@ def generate(region: Region, g: Graph) -> RegionCode:
              for v in post_outs]
     replaced = ", ".join(n.origin for n in nodes)
     outs = [f"o_{v}" for v in pre_outs + post_outs]
+    kernels: list[str] = []
+    if red is not None:  # per-tile partials of the pooled row, merged per row by the finalize kernel
+        stat = STAT[red.op]
+        body.append(f"# partials of {red.origin} over this tile's pooled features, per row")
+        body += [ln.format(y=env[red.args[0]]).replace("mask", "mask_p") for ln in PARTIAL_LINES[stat]]
+        body += ["T = tl.cdiv(N, BLOCK_N)",
+                 "tl.store(pa_ptr + offs_m.to(tl.int64) * T + pid_n, part_a, mask=mask_m)"]
+        if stat in TWO_PARTIALS:
+            body.append("tl.store(pb_ptr + offs_m.to(tl.int64) * T + pid_n, part_b, mask=mask_m)")
+        outs += ["pa", "pb"]
+        finalize, row_stores, a2 = finalize_kernel(name, red, row, outputs, [], args.registry)
+        kernels.append(finalize)
     doc = f"Fused: {replaced}. Column tiles hold whole pooling windows of POOL features."
     kernel = gemm_kernel(name, doc, outs, args, body, extra_sig="N_OUT, POOL: tl.constexpr, ")
+    kernels.insert(0, kernel)
     by_name = {n.name: n for n in nodes}
 
     def post_shape(v: str) -> str:
@@ -70,12 +87,24 @@ def generate(region: Region, g: Graph) -> RegionCode:
              "N_OUT = N // pool"]
     lines += [f"o_{v} = torch.empty((M, N), device=x.device, dtype=x.dtype)" for v in pre_outs]
     lines += [f"o_{v} = torch.empty((M, N_OUT), device=x.device, dtype=x.dtype)" for v in post_outs]
+    if red is not None:
+        lines += ["T = triton.cdiv(N, cfg.block_n)",
+                  "pa = torch.empty((M, T), device=x.device, dtype=torch.float32)",
+                  "pb = torch.empty_like(pa)" if STAT[red.op] in TWO_PARTIALS else "pb = pa"]
     lines.append(f"{name}_kernel[grid](*ops, {''.join(o + ', ' for o in outs)}{''.join(p + ', ' for p in args.params)}"
                  f"M, N, K, *strides, N_OUT, POOL=pool, {LAUNCH_TAIL})")
+    if red is not None:  # the partials cover N_OUT pooled features
+        lines += [f"{p} = torch.empty((M,), device=x.device, dtype={'x.dtype' if p.startswith('o_') else 'torch.float32'})"
+                  for p in row_stores]
+        lines.append(f"{name}_finalize_kernel[(triton.cdiv(M, 64),)](pa, pb, {''.join(p + ', ' for p in row_stores)}"
+                     f"{''.join(p + ', ' for p in a2.params)}M, N_OUT, T, cfg.block_n // pool, BLOCK_M=64)")
     rets = [f"o_{v}.reshape({shape_expr(by_name[v], True)})" for v in pre_outs]
-    rets += [f"o_{v}.reshape({post_shape(v)})" for v in post_outs]
+    rets += [f"o_{v}.reshape({post_shape(v)})" if v in post_outs else f"o_{v}.reshape({shape_expr(by_name[v], False)})"
+             for v in outputs if v not in pre_outs]
     lines.append("return " + ", ".join(rets))
-    launch = launcher(f"fused_{name}", ["x", "weight", "kernel", *args.params], lines, doc)
+    # every kernel's parameters (the finalize kernel's per-row ops may read numbers the GEMM kernel does not)
+    params, values = [n for n, _ in args.registry.values()], list(args.registry)
+    launch = launcher(f"fused_{name}", ["x", "weight", "kernel", *params], lines, doc)
     weight: Param = anchor.args[1]
-    call_args = [anchor.args[0], weight.expr(), pool.args[1].expr(), *args.values]
-    return RegionCode((kernel,), launch, (f"{', '.join(outputs)} = fused_{name}({', '.join(call_args)})",))
+    call_args = [anchor.args[0], weight.expr(), pool.args[1].expr(), *values]
+    return RegionCode(tuple(kernels), launch, (f"{', '.join(outputs)} = fused_{name}({', '.join(call_args)})",))

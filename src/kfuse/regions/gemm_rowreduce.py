@@ -95,6 +95,53 @@ def shape_expr(n: Node, full: bool) -> str:
     return ", ".join(dims)
 
 
+def finalize_kernel(name: str, red: Node, row: list[Node], outputs: list[str], apply_row: list[str],
+                    registry: dict[str, tuple[str, bool]]) -> tuple[str, list[str], KernelArgs]:
+    """Phase 2: `<name>_finalize_kernel` merging the (M, T) partials of `red` per row, then the per-row ops
+    `row`; stores the row values in `outputs` (o_<v>) and in `apply_row` (k_<v>, fp32), or a row norm's
+    statistics (st_a, st_b). Returns the source, the launcher names of the (M,) tensors it writes (in its
+    parameter order, after pa, pb) and its KernelArgs. N is the width the partials cover."""
+    stat = STAT[red.op]
+    a2 = KernelArgs(registry=registry)
+    env2: dict[str, str] = {}
+    fbody = [ln for ln in MERGE_LINES[stat]]
+    row_stores: list[str] = []  # launcher names of the (M,) tensors the finalize kernel writes
+    if red.op in REDUCE_OPS:
+        # the per-row ops run in float64 (M values: free next to the GEMM) and round once, when stored
+        fbody.append(f"{var(red.name)} = ({RESULT[red.op]}).to(tl.float64)  # {red.origin}")
+        env2[red.name] = var(red.name)
+        fbody += pointwise_lines(as_pointwise(row), env2, a2)
+        row_vals = [v for v in [red.name, *[n.name for n in row]] if v in outputs or v in apply_row]
+        for v in row_vals:
+            if v in outputs:
+                row_stores.append(f"o_{v}")
+                fbody.append(f"tl.store(o_{v}_ptr + offs_m, {env2[v]}, mask=mask_m)")
+            if v in apply_row:
+                row_stores.append(f"k_{v}")
+                fbody.append(f"tl.store(k_{v}_ptr + offs_m, {env2[v]}, mask=mask_m)")
+    elif stat == "lse":
+        row_stores.append("st_a")
+        fbody.append("tl.store(st_a_ptr + offs_m, lse, mask=mask_m)")
+    else:  # moments -> mean and 1 / sqrt(biased variance + eps)
+        eps = a2.operand(red.args[3], env2)
+        fbody += [f"rstd = 1.0 / tl.sqrt(m2 / N + {eps})",
+                  "tl.store(st_a_ptr + offs_m, mean, mask=mask_m)",
+                  "tl.store(st_b_ptr + offs_m, rstd, mask=mask_m)"]
+        row_stores += ["st_a", "st_b"]
+    fsig = "".join(f"{p}_ptr, " for p in ["pa", "pb", *row_stores])
+    finalize = "\n".join([
+        "@triton.jit",
+        f"def {name}_finalize_kernel({fsig}{a2.signature()}M, N, T, TILE_N, BLOCK_M: tl.constexpr):",
+        f'    """Phase 2 of {name}: merge the column tiles\' partials of each row ({red.origin}), then the '
+        'per-row ops."""',
+        "    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "    mask_m = offs_m < M",
+        "    base = offs_m.to(tl.int64) * T",
+        *[f"    {ln}" for ln in a2.loads + fbody]]) + "\n"
+
+    return finalize, row_stores, a2
+
+
 def generate(region: Region, g: Graph) -> RegionCode:
     nodes = list(region.nodes)
     anchor = nodes[0]
@@ -138,42 +185,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
                        k1_outs, a1, body)
 
     # 2. finalize: merge partials per row, the per-row ops, per-row stores
-    a2 = KernelArgs(registry=registry)
-    env2: dict[str, str] = {}
-    fbody = [ln for ln in MERGE_LINES[stat]]
-    row_stores: list[str] = []  # launcher names of the (M,) tensors the finalize kernel writes
-    if red.op in REDUCE_OPS:
-        # the per-row ops run in float64 (M values: free next to the GEMM) and round once, when stored
-        fbody.append(f"{var(red.name)} = ({RESULT[red.op]}).to(tl.float64)  # {red.origin}")
-        env2[red.name] = var(red.name)
-        fbody += pointwise_lines(as_pointwise(row), env2, a2)
-        row_vals = [v for v in [red.name, *[n.name for n in row]] if v in outputs or v in apply_row]
-        for v in row_vals:
-            if v in outputs:
-                row_stores.append(f"o_{v}")
-                fbody.append(f"tl.store(o_{v}_ptr + offs_m, {env2[v]}, mask=mask_m)")
-            if v in apply_row:
-                row_stores.append(f"k_{v}")
-                fbody.append(f"tl.store(k_{v}_ptr + offs_m, {env2[v]}, mask=mask_m)")
-    elif stat == "lse":
-        row_stores.append("st_a")
-        fbody.append("tl.store(st_a_ptr + offs_m, lse, mask=mask_m)")
-    else:  # moments -> mean and 1 / sqrt(biased variance + eps)
-        eps = a2.operand(red.args[3], env2)
-        fbody += [f"rstd = 1.0 / tl.sqrt(m2 / N + {eps})",
-                  "tl.store(st_a_ptr + offs_m, mean, mask=mask_m)",
-                  "tl.store(st_b_ptr + offs_m, rstd, mask=mask_m)"]
-        row_stores += ["st_a", "st_b"]
-    fsig = "".join(f"{p}_ptr, " for p in ["pa", "pb", *row_stores])
-    finalize = "\n".join([
-        "@triton.jit",
-        f"def {name}_finalize_kernel({fsig}{a2.signature()}M, N, T, TILE_N, BLOCK_M: tl.constexpr):",
-        f'    """Phase 2 of {name}: merge the column tiles\' partials of each row ({red.origin}), then the '
-        'per-row ops."""',
-        "    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
-        "    mask_m = offs_m < M",
-        "    base = offs_m.to(tl.int64) * T",
-        *[f"    {ln}" for ln in a2.loads + fbody]]) + "\n"
+    finalize, row_stores, a2 = finalize_kernel(name, red, row, outputs, apply_row, registry)
 
     kernels = [gemm, finalize]
     # 3. apply: the full-width ops that read a per-row result
