@@ -18,7 +18,7 @@ from kfuse.ops import POOL_OPS, REDUCE_OPS
 from kfuse.partition import Region
 from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, kernel_name,
                                   launcher, linear_bias, pointwise_lines, store_line, var)
-from kfuse.regions.gemm_rowreduce import PARTIAL_LINES, STAT, TWO_PARTIALS, finalize_kernel, shape_expr
+from kfuse.regions.gemm_rowreduce import PARTIAL_DTYPE, PARTIAL_LINES, STAT, TWO_PARTIALS, finalize_kernel, shape_expr
 
 
 def generate(region: Region, g: Graph) -> RegionCode:
@@ -89,7 +89,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     lines += [f"o_{v} = torch.empty((M, N_OUT), device=x.device, dtype=x.dtype)" for v in post_outs]
     if red is not None:
         lines += ["T = triton.cdiv(N, cfg.block_n)",
-                  "pa = torch.empty((M, T), device=x.device, dtype=torch.float32)",
+                  f"pa = torch.empty((M, T), device=x.device, dtype={PARTIAL_DTYPE[STAT[red.op]]})",
                   "pb = torch.empty_like(pa)" if STAT[red.op] in TWO_PARTIALS else "pb = pa"]
     lines.append(f"{name}_kernel[grid](*ops, {''.join(o + ', ' for o in outs)}{''.join(p + ', ' for p in args.params)}"
                  f"M, N, K, *strides, N_OUT, POOL=pool, {LAUNCH_TAIL})")

@@ -32,9 +32,12 @@ from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kern
 STAT = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min", "logsumexp": "lse", "softmax": "lse",
         "log_softmax": "lse", "layer_norm": "moments", "instance_norm": "moments"}
 TWO_PARTIALS = ("lse", "moments")
+PARTIAL_DTYPE = {"sum": "torch.float64", "max": "torch.float32", "min": "torch.float32", "lse": "torch.float32",
+                 "moments": "torch.float32"}
 
 PARTIAL_LINES = {
-    "sum": ["part_a = tl.sum(tl.where(mask, {y}, 0.0), axis=1)"],
+    # sums in float64 (into a float64 buffer): no summation rounding at all, only the elements' own
+    "sum": ["part_a = tl.sum(tl.where(mask, {y}, 0.0).to(tl.float64), axis=1)"],
     "max": ["part_a = tl.max(tl.where(mask, {y}, float('-inf')), axis=1)"],
     "min": ["part_a = tl.min(tl.where(mask, {y}, float('inf')), axis=1)"],
     "lse": ["part_a = tl.max(tl.where(mask, {y}, float('-inf')), axis=1)",
@@ -47,7 +50,7 @@ PARTIAL_LINES = {
 
 # Finalize: merge the T partials of each row. Loads use `t` (the tile) and `base` (the row's first partial).
 MERGE_LINES = {
-    "sum": ["acc = tl.zeros((BLOCK_M,), dtype=tl.float32)",
+    "sum": ["acc = tl.zeros((BLOCK_M,), dtype=tl.float64)",
             "for t in range(0, T):",
             "    acc += tl.load(pa_ptr + base + t, mask=mask_m, other=0.0)"],
     "max": ["acc = tl.full((BLOCK_M,), float('-inf'), tl.float32)",
@@ -228,7 +231,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     alloc_row = "{} = torch.empty((M,), device=x.device, dtype={})"
     lines = ["min_block_n = 16", *gemm_prologue(anchor),
              "T = triton.cdiv(N, cfg.block_n)",
-             "pa = torch.empty((M, T), device=x.device, dtype=torch.float32)",
+             f"pa = torch.empty((M, T), device=x.device, dtype={PARTIAL_DTYPE[stat]})",
              "pb = torch.empty_like(pa)" if stat in TWO_PARTIALS else "pb = pa"]
     lines += [alloc_full.format(f"o_{v}", "x.dtype") for v in pre_outs]
     lines += [alloc_full.format(f"k_{v}", "torch.float32") for v in keeps]
