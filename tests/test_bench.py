@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, SEEDS, SMALL, requires_cuda
+from kfuse_testing import ROOT, SEEDS, SMALL, requires_cuda
 from kfuse.bench import (MODELS, NO_GPU, BenchResult, bench_problem, command_line, report_json, table_rows,
                          write_plot)
 from kfuse.load import load_problem

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from conftest import SEEDS, SMALL, write_problem
+from kfuse_testing import SEEDS, SMALL, write_problem
 from kfuse.capture import capture
 from kfuse.ir import Param, Scalar
 from kfuse.load import load_problem

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import SEEDS, SMALL
+from kfuse_testing import SEEDS, SMALL
 from kfuse.load import load_problem
 from kfuse.optimize import Options, load_module, optimize
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import write_problem
+from kfuse_testing import write_problem
 from kfuse.load import load_problem
 from kfuse.ops import POINTWISE
 from kfuse.optimize import Options, optimize

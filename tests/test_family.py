@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import write_problem
+from kfuse_testing import write_problem
 from kfuse.errors import UnsupportedError
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, optimize

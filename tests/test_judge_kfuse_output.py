@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import SEEDS, SMALL
+from kfuse_testing import SEEDS, SMALL
 from kfuse.judge.evaluate import EvalConfig, evaluate
 from kfuse.load import load_problem
 from kfuse.optimize import Options, optimize

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SEEDS, write_problem
+from kfuse_testing import SEEDS, write_problem
 from kfuse.errors import ProblemError
 from kfuse.load import load_problem, parse_set
 

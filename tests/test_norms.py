@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 
-from conftest import write_problem
+from kfuse_testing import write_problem
 from kfuse.load import load_problem
 from kfuse.optimize import Options, load_module, optimize
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from kfuse_testing import ROOT
 from kfuse.load import load_problem
 from kfuse.optimize import Options, optimize
 

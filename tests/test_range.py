@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import write_problem
+from kfuse_testing import write_problem
 from kfuse.kernels import gemm_core as gc
 from kfuse.load import load_problem
 from kfuse.optimize import Options, optimize

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SEEDS, SMALL, requires_cuda
+from kfuse_testing import SEEDS, SMALL, requires_cuda
 from kfuse.cli import app
 
 REPORT_KEYS = {"problem", "device", "precision", "correct", "rules", "max_abs_err", "ref_max_abs_err", "trials",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, SEEDS, SMALL, write_problem
+from kfuse_testing import ROOT, SEEDS, SMALL, write_problem
 from kfuse.errors import KfuseError
 from kfuse.load import Problem, load_problem
 from kfuse.optimize import Options, compile_problem, load_module

@@ -8,7 +8,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import SEEDS, SMALL
+from kfuse_testing import SEEDS, SMALL
 from kfuse import ops
 from kfuse.cli import app
 from kfuse.load import load_problem

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import SEEDS, SMALL
+from kfuse_testing import SEEDS, SMALL
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module
 
