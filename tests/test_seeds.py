@@ -45,3 +45,20 @@ def test_seed_full_size_on_gpu(tmp_path, name):
     assert res.exit_code == 0, res.output
     rep = json.loads(report.read_text())
     assert rep["correct"] and rep["timings_ms"]["kfuse"] < rep["timings_ms"]["eager"]
+
+
+def test_kfuse_command_on_cpu_without_interpreter_env(tmp_path):
+    """The installed command, as a user runs it: no TRITON_INTERPRET in the environment, `--device cpu`."""
+    import os
+    import subprocess
+    import sys
+
+    name = "12_gemm_multiply_leakyrelu"
+    sets = [a for k, v in SMALL[name].items() for a in ("--set", f"{k}={v}")]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "new.py"
+    proc = subprocess.run([sys.executable, "-m", "kfuse.cli", "optimize", str(SEEDS / f"{name}.py"), "--device", "cpu",
+                           "--trials", "1", "-o", str(out), *sets], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.exists() and "Traceback" not in proc.stderr

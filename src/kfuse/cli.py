@@ -6,13 +6,28 @@ Every user-facing failure is a KfuseError: one line on stderr and its exit code,
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import typer
 
-from kfuse.errors import KfuseError
+
+
+def _wants_interpreter(argv: list[str]) -> bool:
+    """True for `--device cpu`, or where no GPU is present: Triton reads TRITON_INTERPRET once, when imported."""
+    if "--device=cpu" in argv or any(a == "--device" and b == "cpu" for a, b in zip(argv, argv[1:])):
+        return True
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+if _wants_interpreter(sys.argv[1:]):
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first `import triton` (commands below)
+
+from kfuse.errors import KfuseError  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Fuse small PyTorch models into verified Triton kernels, benchmark them, judge candidates.")
