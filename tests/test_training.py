@@ -1,9 +1,8 @@
 """Training with ModelNew (docs/training.md): gradients through every fused region, BatchNorm statistics over
 SGD steps, train()/eval() switching, in-place parameter changes. CPU interpreter, small odd sizes.
 
-Gradient contract, per tensor (each input's and each parameter's gradient for a random upstream gradient):
-  rule 2: torch.allclose(grad, eager_fp32_grad, atol=1e-4, rtol=1e-4);
-  rule 3: max|grad - grad_f64| <= 2 * max|eager_grad - grad_f64| + 1e-7.
+The gradient contract (rules 2 and 3 per gradient, output and buffer) is kfuse.gradients, which `kfuse bench
+--train` uses too.
 """
 
 from __future__ import annotations
@@ -16,6 +15,8 @@ import torch
 
 from kfuse_testing import ROOT, SEEDS, SMALL, write_problem
 from kfuse.errors import KfuseError
+from kfuse.gradients import compare_runs, max_err, run_backward
+from kfuse.gradients import gradient_contract as kfuse_gradient_contract
 from kfuse.load import Problem, load_problem
 from kfuse.optimize import Options, compile_problem, load_module
 from kfuse.regions import GENERATORS
@@ -39,59 +40,17 @@ def pair(prob: Problem, module, seed: int = 0):
     return ref, new, copy.deepcopy(ref).double()
 
 
-def run_backward(model: torch.nn.Module, inputs: list[torch.Tensor], dtype: torch.dtype, seed: int) -> dict:
-    """Outputs, every input's and parameter's gradient, and the buffers after one forward + backward."""
-    xs = [t.to(dtype).clone().requires_grad_(True) if t.is_floating_point() else t for t in inputs]
-    torch.manual_seed(seed)  # Dropout draws the same masks in every model
-    out = model(*xs)
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    gen = torch.Generator().manual_seed(seed + 7)
-    ups = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(dtype) for o in outs]
-    torch.autograd.backward(outs, ups)
-    res = {f"out{i}": o.detach() for i, o in enumerate(outs)}
-    res |= {f"input{i}.grad": x.grad for i, x in enumerate(xs) if x.grad is not None}
-    res |= {f"{k}.grad": p.grad for k, p in model.named_parameters()}
-    res |= {k: b for k, b in model.named_buffers()}
-    return res
-
-
-def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-
-
 def check_contract(eager: dict, new: dict, f64: dict) -> dict[str, float]:
-    """Rules 2 and 3 for every gradient, output and buffer; returns the gradients' max errors vs float64."""
-    assert eager.keys() == new.keys(), (eager.keys() ^ new.keys())
-    errs = {}
-    for k in eager:
-        e, n = eager[k], new[k]
-        assert n is not None and e is not None, f"{k}: no gradient"
-        assert n.shape == e.shape and n.dtype == e.dtype, k
-        if not n.is_floating_point():
-            assert torch.equal(n, e), k
-            continue
-        # rule 2 where eager itself is within its band of float64; where it is not (a gradient that is pure
-        # rounding noise, e.g. through mean-over-features of a GroupNorm), eager is no reference: rule 3 decides
-        if torch.allclose(e.double(), f64[k].double(), atol=1e-4, rtol=1e-4):
-            assert torch.allclose(n, e, atol=1e-4, rtol=1e-4), f"{k}: rule 2, max diff {max_err(n, e):.3g}"
-        bound = 2 * max_err(e, f64[k]) + 1e-7
-        assert max_err(n, f64[k]) <= bound, f"{k}: rule 3, {max_err(n, f64[k]):.3g} > {bound:.3g}"
-        errs[k] = max_err(n, f64[k])
-    return errs
+    """Rules 2 and 3 for every gradient, output and buffer (kfuse.gradients); returns the errors vs float64."""
+    verdict = compare_runs(eager, new, f64)
+    assert verdict.correct, "; ".join(verdict.failures)
+    return verdict.errors
 
 
 def gradient_contract(prob: Problem, module, *, train: bool = True, draws: int = 2) -> dict[str, float]:
-    worst: dict[str, float] = {}
-    for d in range(draws):
-        ref, new, f64 = pair(prob, module, seed=d)
-        for m in (ref, new, f64):
-            m.train(train)
-        torch.manual_seed(1000 + d)
-        inputs = prob.inputs()
-        errs = check_contract(run_backward(ref, inputs, torch.float32, d), run_backward(new, inputs, torch.float32, d),
-                              run_backward(f64, inputs, torch.float64, d))
-        worst = {k: max(v, worst.get(k, 0.0)) for k, v in errs.items()}
-    return worst
+    verdict = kfuse_gradient_contract(prob, module.ModelNew, train=train, draws=draws)
+    assert verdict.correct, "; ".join(verdict.failures)
+    return verdict.errors
 
 
 # ---- the problems in problems/ --------------------------------------------------------------------------
@@ -331,3 +290,21 @@ def test_gemm_nt_any_strides(m, n, k):
     at, bt = torch.randn(k, m, generator=g), torch.randn(k, n, generator=g)  # transposed views
     torch.testing.assert_close(gemm_nt(at.t(), bt.t()), at.t() @ bt, atol=1e-4, rtol=1e-4)
     assert gemm_nt(a[:0], b).shape == (0, n)
+
+
+def test_gradient_contract_can_fail(tmp_path):
+    """The checker itself: a gradient off by 1e-3, a missing gradient and a NaN are each reported."""
+    prob = region_problem(tmp_path, "epilogue_mul_leaky")
+    _, module = compile_to(prob, tmp_path)
+    ref, new, f64 = pair(prob, module)
+    x = prob.inputs()
+    runs = [run_backward(m, x, dt, 0) for m, dt in ((ref, torch.float32), (new, torch.float32), (f64, torch.float64))]
+    assert compare_runs(*runs).correct
+    off = dict(runs[1], **{"lin.weight.grad": runs[1]["lin.weight.grad"] + 1e-3})
+    v = compare_runs(runs[0], off, runs[2])
+    assert not v.correct and not v.rules["grad_allclose"] and not v.rules["grad_float64_bound"]
+    nan = runs[1]["lin.bias.grad"].clone()
+    nan[3] = float("nan")
+    assert not compare_runs(runs[0], dict(runs[1], **{"lin.bias.grad": nan}), runs[2]).correct
+    missing = {k: v for k, v in runs[1].items() if k != "lin.bias.grad"}
+    assert "lin.bias.grad: no gradient (kfuse)" in compare_runs(runs[0], missing, runs[2]).failures
