@@ -99,6 +99,60 @@ def test_bench_problem_flow_on_cpu(tmp_path, name):
     assert r.constants["batch_size"] == 37
 
 
+@pytest.mark.parametrize("name", ["39_gemm_scale_batchnorm"])
+def test_bench_train_flow_on_cpu(tmp_path, name):
+    """--train: every model timed on forward + backward steps; the gradient contract joins the forward one."""
+    prob = load_problem(SEEDS / f"{name}.py", SMALL[name])
+    steps = {"n": 0}
+
+    def timer(fn, **kw):
+        fn()
+        steps["n"] += 1
+        return wall_timer(fn, **kw)
+
+    msgs: list[str] = []
+    r = bench_problem(prob, device="cpu", timer=timer, compiler=lambda m, mode=None: m, progress=msgs.append,
+                      trials=1, workdir=tmp_path, train=True)
+    assert steps["n"] == len(MODELS) and r.correct, r.failures
+    assert {"grad_allclose", "grad_float64_bound", "allclose"} <= set(r.rules)
+    assert any("gradient contract met" in m for m in msgs)
+    assert 0 < r.max_abs_err <= 2 * r.ref_max_abs_err + 1e-7 or r.max_abs_err <= 1e-7
+    rep = report_json([r], "kfuse bench --train x.py", 30, train=True)
+    assert rep["mode"] == "train" and "training step" in rep["method"]
+
+
+def test_train_step_leaves_gradients_and_fresh_grads_each_call():
+    """A training step sets gradients from scratch each call (no accumulation across timed runs)."""
+    from kfuse.bench import step_fn, upstream_grads
+
+    model = torch.nn.Linear(5, 3)
+    x = [torch.randn(4, 5)]
+    ups = upstream_grads(model, x)
+    step = step_fn(model, x, ups)
+    step()
+    g1 = model.weight.grad.clone()
+    step()
+    torch.testing.assert_close(model.weight.grad, g1)
+    torch.testing.assert_close(g1, ups[0].t() @ x[0])
+    assert step_fn(model, x, None)().grad_fn is None  # forward mode: no graph
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_bench_train_cli_on_gpu(tmp_path):
+    from typer.testing import CliRunner
+
+    from kfuse.cli import app
+
+    name = "39_gemm_scale_batchnorm"
+    sets = [a for k, v in SMALL[name].items() for a in ("--set", f"{k}={v}")]
+    out = tmp_path / "t.json"
+    res = CliRunner().invoke(app, ["bench", "--train", str(SEEDS / f"{name}.py"), "--json", str(out), *sets])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(out.read_text())
+    assert rep["mode"] == "train" and rep["results"][0]["correct"] is True
+
+
 @requires_cuda
 @pytest.mark.gpu
 def test_bench_cli_on_gpu(tmp_path):

@@ -11,6 +11,12 @@ Every model is built under the same seed with the eager model's state loaded, an
 mode: BatchNorm uses batch statistics and updates its running statistics at each call, the same for all four).
 Eager runs with TF32 off (torch.backends.cuda.matmul.allow_tf32 = False): the fp32 reference.
 
+`--train` times a training step instead: parameters' gradients set to None, forward, backward for a fixed random
+upstream gradient (the optimizer step is left out: it is the same torch code for all four). Its check is the
+forward contract plus the gradient contract of kfuse.gradients (every parameter's and input's gradient, the
+outputs and the buffers, rules 2 and 3), and `max_abs_err` is then the worst error of a gradient, output or
+buffer against float64.
+
 The functions here are pure where they can be (results are dataclasses; JSON, table and plot are made from them);
 `bench_problem` takes its timer and compiler as arguments so that tests can drive it without a GPU.
 """
@@ -57,6 +63,7 @@ class BenchResult:
     ref_max_abs_err: float
     rules: dict[str, Any]
     errors: dict[str, str] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)  # the gradient contract's findings (--train)
 
     def ms(self, model: str) -> float:
         t = self.timings.get(model)
@@ -96,10 +103,12 @@ def result_json(r: BenchResult) -> dict[str, Any]:
     out["constants"] = r.constants
     if r.errors:
         out["errors"] = r.errors
+    if r.failures:
+        out["contract_failures"] = r.failures
     return out
 
 
-def report_json(results: Sequence[BenchResult], command: str, runs: int) -> dict[str, Any]:
+def report_json(results: Sequence[BenchResult], command: str, runs: int, train: bool = False) -> dict[str, Any]:
     import triton
 
     import kfuse
@@ -112,8 +121,11 @@ def report_json(results: Sequence[BenchResult], command: str, runs: int) -> dict
         "command": command,
         "kfuse": kfuse.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "mode": "train" if train else "forward",
         "method": f"median of >= {runs} CUDA-event-timed calls after warm-up, 256 MB L2 flush before each; "
-                  "eager with allow_tf32=False; models in the mode the problem constructs them (training)",
+                  "eager with allow_tf32=False; models in the mode the problem constructs them (training)"
+                  + ("; each call is a training step: grads set to None, forward, backward for a fixed upstream "
+                     "gradient, no optimizer step" if train else ""),
         "results": [result_json(r) for r in results],
     }
 
@@ -226,12 +238,42 @@ def load_kfuse(problem: Problem, device: str, workdir: Path) -> Any:
     return load_module(path)
 
 
+def upstream_grads(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """A fixed random gradient for each output of `model` (one forward to learn their shapes)."""
+    from kfuse.verify import flatten
+
+    with torch.no_grad():
+        outs = flatten(model(*inputs))
+    gen = torch.Generator().manual_seed(7)
+    return [torch.randn(o.shape, generator=gen).to(o.device, o.dtype) for o in outs]
+
+
+def step_fn(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
+            ups: Sequence[torch.Tensor] | None) -> Callable[[], Any]:
+    """One timed call: a forward under no_grad (`ups` None), or a training step: grads to None, forward,
+    backward for the upstream gradients `ups`."""
+    from kfuse.verify import flatten
+
+    if ups is None:
+        def forward() -> Any:
+            with torch.no_grad():
+                return model(*inputs)
+        return forward
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        torch.autograd.backward(flatten(model(*inputs)), ups)
+    return step
+
+
 def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUNS, warmup: int = 5,
                   trials: int = 5, timer: Callable[..., Timing] = time_cuda,
                   compiler: Callable[..., Any] | None = None, progress: Progress = lambda msg: None,
-                  workdir: Path | None = None, baselines: Sequence[str] = MODELS) -> BenchResult:
+                  workdir: Path | None = None, baselines: Sequence[str] = MODELS, train: bool = False) -> BenchResult:
     """Measure one problem (see the module docstring). `compiler` defaults to torch.compile; `timer` to
-    timing.time_cuda; `baselines` may leave models out (they are then reported as missing)."""
+    timing.time_cuda; `baselines` may leave models out (they are then reported as missing); `train` times
+    training steps and adds the gradient contract."""
+    from kfuse.gradients import GradVerdict, gradient_contract
     from kfuse.verify import check_contract, run_in_process
 
     compiler = compiler or torch.compile
@@ -257,8 +299,8 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
     compile_s: dict[str, float] = {}
     log0 = len(getattr(module, "TUNE_LOG", []))
     progress(f"{name}: kfuse: first call (Triton compilation + autotuning)")
-    with torch.no_grad():
-        first = _first_call(lambda: fused(*inputs), device)
+    ups = upstream_grads(eager, inputs) if train else None
+    first = _first_call(step_fn(fused, inputs, ups), device)
     tuned = [dict(e) for e in getattr(module, "TUNE_LOG", [])[log0:]]
     tune_s = sum(e.get("seconds", 0.0) for e in tuned)
     progress(f"{name}: kfuse: first call {first:.1f} s (tuning {tune_s:.1f} s); checking the accuracy contract "
@@ -266,6 +308,12 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
     contract = check_contract(problem, run_in_process(module.ModelNew), device=device, trials=trials)
     progress(f"{name}: contract {'met' if contract.correct else 'FAILED'} "
              f"(max abs err {contract.max_abs_err:.3g}, eager {contract.ref_max_abs_err:.3g})")
+    grads = GradVerdict()
+    if train:
+        progress(f"{name}: gradient contract (2 draws, against eager fp32 and float64)")
+        grads = gradient_contract(problem, module.ModelNew, device=device, draws=2)
+        progress(f"{name}: gradient contract {'met' if grads.correct else 'FAILED'} "
+                 f"(max abs err {grads.max_abs_err:.3g}, eager {grads.ref_max_abs_err:.3g})")
 
     models: dict[str, Any] = {}
     if "eager" in baselines:
@@ -281,27 +329,30 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        with torch.no_grad():
-            for key, model in models.items():
-                fn = (lambda m=model: m(*inputs))
-                if key.startswith("compile"):
-                    progress(f"{name}: {LABELS[key]}: compiling (first call; max-autotune takes tens of seconds)")
-                    try:
-                        compile_s[key] = _first_call(fn, device)
-                    except Exception as err:  # noqa: BLE001 - a baseline that fails is reported, not fatal
-                        errors[key] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-                        timings[key] = timing_unavailable(errors[key])
-                        progress(f"{name}: {LABELS[key]}: FAILED: {errors[key]}")
-                        continue
-                    progress(f"{name}: {LABELS[key]}: compiled in {compile_s[key]:.1f} s")
-                progress(f"{name}: {LABELS[key]}: timing {runs} runs")
-                timings[key] = timer(fn, warmup=warmup, runs=runs)
-                progress(f"{name}: {LABELS[key]}: {_fmt_ms(timings[key].median_ms)} ms")
+        for key, model in models.items():
+            fn = step_fn(model, inputs, ups)
+            if key.startswith("compile"):
+                progress(f"{name}: {LABELS[key]}: compiling (first call; max-autotune takes tens of seconds)")
+                try:
+                    compile_s[key] = _first_call(fn, device)
+                except Exception as err:  # noqa: BLE001 - a baseline that fails is reported, not fatal
+                    errors[key] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                    timings[key] = timing_unavailable(errors[key])
+                    progress(f"{name}: {LABELS[key]}: FAILED: {errors[key]}")
+                    continue
+                progress(f"{name}: {LABELS[key]}: compiled in {compile_s[key]:.1f} s")
+            progress(f"{name}: {LABELS[key]}: timing {runs} runs")
+            timings[key] = timer(fn, warmup=warmup, runs=runs)
+            progress(f"{name}: {LABELS[key]}: {_fmt_ms(timings[key].median_ms)} ms")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
     constants = {k: v for k, v in problem.constants().items()}
-    return BenchResult(name, constants, timings, compile_s, first, tune_s, tuned, contract.correct,
-                       contract.max_abs_err, contract.ref_max_abs_err, dict(contract.rules), errors)
+    if not train:
+        return BenchResult(name, constants, timings, compile_s, first, tune_s, tuned, contract.correct,
+                           contract.max_abs_err, contract.ref_max_abs_err, dict(contract.rules), errors)
+    return BenchResult(name, constants, timings, compile_s, first, tune_s, tuned, contract.correct and grads.correct,
+                       grads.max_abs_err, grads.ref_max_abs_err, {**contract.rules, **grads.rules}, errors,
+                       grads.failures)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -317,6 +368,8 @@ def bench_cmd(
     warmup: int = typer.Option(5, "--warmup", min=1, help="Untimed warm-up calls per model."),
     trials: int = typer.Option(5, "--trials", min=1, help="Contract draws (plus one extra shape)."),
     retune: bool = typer.Option(False, "--retune", help="Ignore the autotune disk cache (tune again)."),
+    train: bool = typer.Option(False, "--train", help="Time a training step (forward + backward, no optimizer "
+                                                      "step) and check the gradient contract too."),
 ) -> None:
     """Time eager fp32, torch.compile (default, max-autotune) and kfuse's ModelNew side by side on one GPU."""
     import os
@@ -336,19 +389,20 @@ def bench_cmd(
     command = command_line()
     results: list[BenchResult] = []
     gpu = torch.cuda.get_device_name()
-    title = f"kfuse bench on {gpu} (torch {torch.__version__})"
+    title = f"kfuse bench{' --train (forward + backward)' if train else ''} on {gpu} (torch {torch.__version__})"
     with console.status("starting") as status:
         def progress(msg: str) -> None:
             status.update(msg)
             console.log(msg)
 
         for prob in loaded:
-            results.append(bench_problem(prob, runs=runs, warmup=warmup, trials=trials, progress=progress))
+            results.append(bench_problem(prob, runs=runs, warmup=warmup, trials=trials, progress=progress,
+                                         train=train))
             if json_path is not None:  # after each problem: a run cut short keeps what it measured
                 import json
 
                 json_path.parent.mkdir(parents=True, exist_ok=True)
-                json_path.write_text(json.dumps(report_json(results, command, runs), indent=2) + "\n")
+                json_path.write_text(json.dumps(report_json(results, command, runs, train), indent=2) + "\n")
             if plot is not None:
                 write_plot(results, plot, title)
             torch._dynamo.reset()
