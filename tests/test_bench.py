@@ -72,6 +72,20 @@ def test_json_shape_speedups_table_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_broken_problem_is_reported_not_fatal(tmp_path):
+    from kfuse.bench import failed_result
+
+    prob = load_problem(SEEDS / "12_gemm_multiply_leakyrelu.py", SMALL["12_gemm_multiply_leakyrelu"])
+    r = failed_result(prob, RuntimeError("triton: out of resources\nmore"))
+    rep = report_json([r], "kfuse bench x.py", 30)
+    row = rep["results"][0]
+    assert row["correct"] is False and row["kfuse_ms"] is None and row["errors"] == {
+        "kfuse": "RuntimeError: triton: out of resources"}
+    json.loads(json.dumps(rep, allow_nan=False))
+    assert table_rows([r])[0][8].startswith("NO")
+    assert write_plot([r], tmp_path / "f.png").exists()
+
+
 def test_command_line_is_reproducible():
     assert command_line(["/x/bin/kfuse", "bench", "a b.py", "--json", "o.json"]) == "kfuse bench 'a b.py' --json o.json"
 

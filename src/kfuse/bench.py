@@ -96,7 +96,7 @@ def result_json(r: BenchResult) -> dict[str, Any]:
     out["speedup_vs_compile_max_autotune"] = _num(r.speedup("compile_max_autotune"))
     out["timings"] = {m: r.timings[m].to_json() for m in MODELS if m in r.timings}
     out["compile_s"] = {m: round(s, 3) for m, s in r.compile_s.items()}
-    out["kfuse_first_call_s"] = round(r.kfuse_first_call_s, 3)
+    out["kfuse_first_call_s"] = _num(round(r.kfuse_first_call_s, 3))
     out["tune_s"] = round(r.tune_s, 3)
     out["tuned"] = r.tuned
     out["contract_rules"] = r.rules
@@ -355,6 +355,14 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
                        grads.failures)
 
 
+def failed_result(problem: Problem, err: BaseException) -> BenchResult:
+    """A problem whose kfuse side broke (compile, launch, contract run): reported as failing, the rest goes on."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    msg = f"{type(err).__name__}: {first}"[:500]
+    return BenchResult(problem.name, dict(problem.constants()), {}, {}, float("nan"), 0.0, [], False,
+                       float("nan"), float("nan"), {}, {"kfuse": msg})
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # the command
 # ----------------------------------------------------------------------------------------------------------------
@@ -396,8 +404,12 @@ def bench_cmd(
             console.log(msg)
 
         for prob in loaded:
-            results.append(bench_problem(prob, runs=runs, warmup=warmup, trials=trials, progress=progress,
-                                         train=train))
+            try:
+                results.append(bench_problem(prob, runs=runs, warmup=warmup, trials=trials, progress=progress,
+                                             train=train))
+            except Exception as err:  # noqa: BLE001 - one broken problem must not lose the others' numbers
+                results.append(failed_result(prob, err))
+                progress(f"{prob.name}: FAILED: {results[-1].errors['kfuse']}")
             if json_path is not None:  # after each problem: a run cut short keeps what it measured
                 import json
 
@@ -406,6 +418,7 @@ def bench_cmd(
             if plot is not None:
                 write_plot(results, plot, title)
             torch._dynamo.reset()
+            torch.cuda.empty_cache()
     Console(width=None if sys.stdout.isatty() else 220).print(render_table(results, title))  # logs: no wrapping
     if json_path is not None:
         console.print(f"wrote {json_path}")
