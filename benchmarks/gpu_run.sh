@@ -9,13 +9,16 @@ phase="${1:?phase}"; out="${2:?output folder}"; shift 2
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 KFUSE_CACHE_DIR="$PWD/.kfuse-cache"
 mkdir -p "$out"
 log="$out/$phase.log"
-kfuse() { python3 -m kfuse "$@"; }
+mkdir -p .kfuse-cache/bin  # a `kfuse` command for `timeout` (a shell function would not do)
+printf '#!/bin/sh\nexec python3 -m kfuse "$@"\n' > .kfuse-cache/bin/kfuse
+chmod +x .kfuse-cache/bin/kfuse
+export PATH="$PWD/.kfuse-cache/bin:$PATH"
 {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 case "$phase" in
 check)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tail -15
+    timeout 240 python3 -m pytest -v -x -p no:cacheprovider -m gpu tests 2>&1 | grep -E "PASS|FAIL|ERROR|Error|assert|passed|failed" | head -40
     mkdir -p "$out/new"
     for p in problems/seeds/*.py; do
         n="$(basename "$p" .py)"
