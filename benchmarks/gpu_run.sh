@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root: one phase of this session's measurements, results under OUT.
-#   benchmarks/gpu_run.sh check OUT          GPU tests; seeds: optimize, `kfuse eval` of the output, `kfuse bench`
+#   benchmarks/gpu_run.sh check OUT          GPU tests; seeds: optimize, then `kfuse eval` of the output
+#   benchmarks/gpu_run.sh seeds OUT          kfuse bench on the seeds
 #   benchmarks/gpu_run.sh train OUT          kfuse bench --train on the seeds (training step)
 #   benchmarks/gpu_run.sh gemm OUT FILE...   kfuse bench on the given problems/gemm files
 # Every step runs under `timeout`, so a phase cut short still returns what it wrote.
@@ -18,15 +19,19 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 case "$phase" in
 check)
-    timeout 240 python3 -m pytest -v -x -p no:cacheprovider -m gpu tests 2>&1 | grep -E "PASS|FAIL|ERROR|Error|assert|passed|failed" | head -40
+    # compiled kernels: conftest.py only defaults TRITON_INTERPRET to 1
+    TRITON_INTERPRET=0 timeout 300 python3 -m pytest -v -p no:cacheprovider -m gpu tests > "$out/pytest-gpu.log" 2>&1
+    grep -E "PASSED|FAILED|ERROR|passed|failed" "$out/pytest-gpu.log" | tail -20
     mkdir -p "$out/new"
     for p in problems/seeds/*.py; do
         n="$(basename "$p" .py)"
         timeout 120 kfuse optimize "$p" --device cuda -o "$out/new/${n}.py" --json "$out/new/${n}_optimize.json" 2>&1 | tail -3
         timeout 240 kfuse eval "$p" "$out/new/${n}.py" --device cuda --seed 11 --json "$out/new/${n}_eval.json" 2>&1 | tail -12
     done
-    timeout 400 kfuse bench problems/seeds/*.py --json "$out/h100-seeds.json" --plot "$out/h100-seeds.png" 2>&1 | tail -12
     (cd "$out" && tar czf new.tar.gz new && rm -rf new)
+    ;;
+seeds)
+    timeout 570 kfuse bench problems/seeds/*.py --json "$out/h100-seeds.json" --plot "$out/h100-seeds.png" 2>&1 | tail -12
     ;;
 train)
     timeout 560 kfuse bench --train problems/seeds/*.py --json "$out/h100-train.json" --plot "$out/h100-train.png" 2>&1 | tail -14
@@ -35,4 +40,6 @@ gemm)
     timeout 570 kfuse bench "$@" --json "$out/h100-gemm.json" --plot "$out/h100-gemm.png" 2>&1 | grep -v "^\[" | tail -60
     ;;
 esac
+# the autotune choices, so that a later call (carry .kfuse-cache) does not tune again
+mkdir -p "$out/cache" && cp .kfuse-cache/*.json "$out/cache/" 2>/dev/null
 } 2>&1 | tee "$log"

@@ -5,4 +5,6 @@ Shared helpers live in kfuse_testing.py: tests/judge has its own conftest, so `f
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
+# before triton is imported anywhere; the GPU tests run with TRITON_INTERPRET=0 (`TRITON_INTERPRET=0 pytest -m gpu`),
+# else their kernels would run in the interpreter on CUDA tensors
+os.environ.setdefault("TRITON_INTERPRET", "1")

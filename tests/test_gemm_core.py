@@ -2,7 +2,7 @@
 interpreter) when CUDA is present."""
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (GPU runs set it to 0)
 
 import subprocess  # noqa: E402
 import sys  # noqa: E402
