@@ -1,0 +1,131 @@
+"""Merge `kfuse bench --json` files measured in several GPU calls into one, and plot speedups per problem.
+
+    python benchmarks/merge_bench.py OUT.json IN.json [IN.json ...] [--plot OUT.png] [--table]
+
+The device lends at most 10 minutes per command, and `kfuse bench` with max-autotune baselines takes one to
+two minutes per full-size problem, so the family is measured in chunks. The merged file keeps the bench JSON's
+shape ({gpu, torch, triton, command, kfuse, date, mode, method, results}); `command` lists each chunk's command,
+joined by " ; ". A problem measured twice keeps the later file's result. Every input must come from the same
+GPU kind and versions (checked), so the ratios stay side-by-side measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+SAME = ("gpu", "torch", "triton", "mode")
+
+
+def merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One report from several; raises ValueError when they differ in GPU, versions or mode."""
+    first = reports[0]
+    for r in reports[1:]:
+        diff = [k for k in SAME if r.get(k) != first.get(k)]
+        if diff:
+            raise ValueError(f"reports differ in {', '.join(diff)}: not one side-by-side measurement")
+    by_name: dict[str, dict[str, Any]] = {}
+    for r in reports:
+        for res in r["results"]:
+            by_name[res["problem"]] = res
+    out = {k: first.get(k) for k in ("gpu", "torch", "triton", "kfuse", "mode", "method")}
+    out["command"] = " ; ".join(r["command"] for r in reports)
+    out["date"] = max(r.get("date", "") for r in reports)
+    out["results"] = [by_name[k] for k in sorted(by_name)]
+    return out
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x and x > 0 and not math.isnan(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def summary(rep: dict[str, Any]) -> dict[str, Any]:
+    res = rep["results"]
+    sp = [r.get("speedup_vs_eager") or float("nan") for r in res]
+    return {
+        "problems": len(res),
+        "correct": sum(bool(r["correct"]) for r in res),
+        "geomean_vs_eager": geomean(sp),
+        "geomean_vs_max_autotune": geomean([r.get("speedup_vs_compile_max_autotune") or float("nan") for r in res]),
+        "slower_than_max_autotune": [r["problem"] for r in res
+                                     if (r.get("speedup_vs_compile_max_autotune") or 0) <= 1.0],
+        "failed_contract": [r["problem"] for r in res if not r["correct"]],
+    }
+
+
+def table(rep: dict[str, Any]) -> str:
+    """A markdown table of the merged results (for notes and closing reports)."""
+    rows = ["| problem | eager ms | compile ms | max-autotune ms | kfuse ms | vs eager | vs max-autotune | correct |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+
+    def f(v: Any, spec: str) -> str:
+        return "n/a" if v is None else format(v, spec)
+
+    for r in rep["results"]:
+        bad = [k for k, v in (r.get("contract_rules") or {}).items() if v is False]
+        ok = "yes" if r["correct"] else f"NO ({', '.join(bad) or 'error'})"
+        rows.append(f"| {r['problem']} | {f(r['eager_ms'], '.3f')} | {f(r['compile_default_ms'], '.3f')} | "
+                    f"{f(r['compile_max_autotune_ms'], '.3f')} | {f(r['kfuse_ms'], '.3f')} | "
+                    f"{f(r.get('speedup_vs_eager'), '.2f')}x | {f(r.get('speedup_vs_compile_max_autotune'), '.2f')}x | {ok} |")
+    return "\n".join(rows)
+
+
+def plot(rep: dict[str, Any], path: Path) -> None:
+    """Horizontal bars: kfuse's speedup over eager and over max-autotune, one pair per problem."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = rep["results"]
+    names = [r["problem"] + ("" if r["correct"] else "  [FAILED contract]") for r in res]
+    ys = range(len(res))
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(res) + 1.6))
+    for off, key, color, label in ((-0.2, "speedup_vs_eager", "#7f7f7f", "vs eager fp32"),
+                                   (0.2, "speedup_vs_compile_max_autotune", "#9467bd", "vs torch.compile max-autotune")):
+        vals = [r.get(key) or 0.0 for r in res]
+        ax.barh([y + off for y in ys], vals, height=0.38, color=color, label=label)
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set_yticks(list(ys))
+    ax.set_yticklabels(names, fontsize=7)
+    ax.invert_yaxis()
+    s = summary(rep)
+    ax.set_xlabel("kfuse speedup (x, median ms ratio)")
+    ax.set_title(f"kfuse bench on {rep['gpu']}: {s['correct']}/{s['problems']} meet the contract, geomean "
+                 f"{s['geomean_vs_eager']:.2f}x vs eager, {s['geomean_vs_max_autotune']:.2f}x vs max-autotune",
+                 fontsize=8)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("inputs", type=Path, nargs="+")
+    ap.add_argument("--plot", type=Path)
+    ap.add_argument("--table", action="store_true", help="print a markdown table and the summary")
+    a = ap.parse_args(argv)
+    try:
+        rep = merge([json.loads(p.read_text()) for p in a.inputs])
+    except (OSError, ValueError, KeyError) as err:
+        print(f"merge_bench: {err}", file=sys.stderr)
+        return 2
+    a.out.write_text(json.dumps(rep, indent=2) + "\n")
+    if a.plot:
+        plot(rep, a.plot)
+    if a.table:
+        print(table(rep))
+        print(json.dumps(summary(rep), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
