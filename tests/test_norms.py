@@ -80,3 +80,139 @@ def test_batchnorm_running_stats_over_calls_then_eval(tmp_path):
         new.train()
         with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
             new(x[:1])
+
+
+# ---- eval mode: BatchNorm folded into the weights at call time (bn-eval-fold, regions/gemm_batchnorm.py) ----
+FOLD_CASES = {  # name: (init, forward, the parameter the folded weight is cached on)
+    "linear_scale": ("self.lin = nn.Linear(in_features, out_features)\nself.s = nn.Parameter(torch.randn(out_features))\n"
+                     "self.bn = nn.BatchNorm1d(out_features)", BN_FORWARD, "lin.weight"),
+    "kn_no_affine": ("self.w = nn.Parameter(torch.randn(in_features, out_features) / 8)\n"
+                     "self.bn = nn.BatchNorm1d(out_features, affine=False)", "return torch.tanh(self.bn(x @ self.w))", "w"),
+    "no_bias_gelu": ("self.lin = nn.Linear(in_features, out_features, bias=False)\nself.bn = nn.BatchNorm1d(out_features)",
+                     "return F.gelu(self.bn(self.lin(x)))", "lin.weight"),
+}
+
+
+def randomize_bn(model: torch.nn.Module, seed: int) -> None:
+    """Running statistics and affine far from their defaults (mean 0, var 1, gamma 1, beta 0)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        bn = model.bn
+        n = bn.num_features
+        bn.running_mean.copy_(torch.randn(n, generator=g) * 3)
+        bn.running_var.copy_(torch.rand(n, generator=g) * 4 + 0.05)
+        if bn.affine:
+            bn.weight.copy_(torch.randn(n, generator=g))
+            bn.bias.copy_(torch.randn(n, generator=g))
+
+
+def fold_pair(tmp_path, case: str):
+    init, forward, _ = FOLD_CASES[case]
+    prob = load_problem(write_problem(tmp_path, init, forward, name=case))
+    result = optimize(prob, Options(device="cpu", trials=1), workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    module = load_module(result.candidate_path)
+    torch.manual_seed(0)
+    ref = prob.build()
+    randomize_bn(ref, 1)
+    ref.eval()
+    new = prob.build(cls=module.ModelNew)
+    new.load_state_dict(ref.state_dict())
+    new.eval()
+    return prob, ref, new, module
+
+
+def folded_entry(new: torch.nn.Module, case: str):
+    return getattr(new.get_parameter(FOLD_CASES[case][2]), "_kfuse_bn_fold", None)
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max())
+
+
+@pytest.mark.parametrize("case", sorted(FOLD_CASES))
+def test_bn_eval_fold_meets_the_contract(tmp_path, case):
+    """Eval mode with non-trivial running statistics, 37 x 70 -> 129: rules 2 and 3 against eager and float64,
+    through the folded weights (the launcher cached them on the weight)."""
+    import copy
+    prob, ref, new, _ = fold_pair(tmp_path, case)
+    f64 = copy.deepcopy(ref).double()
+    with torch.no_grad():
+        for draw in range(3):
+            torch.manual_seed(50 + draw)
+            x = prob.inputs()[0]
+            got, want, exact = new(x), ref(x), f64(x.double())
+            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), max_err(got, want)
+            assert max_err(got, exact) <= 2 * max_err(want, exact) + 1e-7, (max_err(got, exact), max_err(want, exact))
+    assert folded_entry(new, case) is not None
+
+
+def test_bn_fold_follows_train_eval_switch(tmp_path):
+    """eval (fold cached) -> train (batch statistics; the kernel updates the running statistics) -> eval: the
+    second eval call uses the new running statistics, as torch does."""
+    prob, ref, new, _ = fold_pair(tmp_path, "linear_scale")
+    torch.manual_seed(7)
+    x = prob.inputs()[0]
+    with torch.no_grad():
+        first = new(x)
+        torch.testing.assert_close(first, ref(x), atol=1e-4, rtol=1e-4)
+        for m in (ref, new):
+            m.train()
+        for step in range(2):
+            xt = torch.randn(37, 70) * (step + 2) + 1
+            torch.testing.assert_close(new(xt), ref(xt), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(new.bn.running_var, ref.bn.running_var, atol=1e-5, rtol=1e-5)
+        for m in (ref, new):
+            m.eval()
+        again = new(x)
+        torch.testing.assert_close(again, ref(x), atol=1e-4, rtol=1e-4)
+        assert max_err(again, first) > 1e-2  # the statistics did move: a stale fold would fail the line above
+
+
+def test_bn_fold_cache_follows_every_input(tmp_path, monkeypatch):
+    """Recomputed when running_var changes in place, on load_state_dict, on an eps or scale change; reused
+    (same tensors, no recompute) otherwise."""
+    prob, ref, new, module = fold_pair(tmp_path, "linear_scale")
+    calls = []
+    real = module.batch_norm_fold
+    monkeypatch.setattr(module, "batch_norm_fold", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(8)
+    x = prob.inputs()[0]
+
+    def check(expected_calls: int) -> torch.Tensor:
+        with torch.no_grad():
+            got = new(x)
+            torch.testing.assert_close(got, ref(x), atol=1e-4, rtol=1e-4)
+        assert len(calls) == expected_calls
+        return got
+
+    out0 = check(1)
+    cached = folded_entry(new, "linear_scale")[1]
+    assert torch.equal(check(1), out0) and folded_entry(new, "linear_scale")[1] is cached
+    with torch.no_grad():
+        for m in (ref, new):
+            m.bn.running_var.mul_(4.0)
+    assert max_err(check(2), out0) > 1e-3
+    other = prob.build()
+    randomize_bn(other, 2)
+    for m in (ref, new):
+        m.load_state_dict(other.state_dict())
+    out3 = check(3)
+    for m in (ref, new):
+        m.bn.eps = 0.5
+    check(4)
+    with torch.no_grad():
+        for m in (ref, new):
+            m.s.mul_(-2.0)
+    assert max_err(check(5), out3) > 1e-3
+    check(5)
+
+
+def test_bn_fold_under_inference_mode(tmp_path):
+    """Folded under inference_mode, reused outside it (the cache holds ordinary tensors)."""
+    prob, ref, new, _ = fold_pair(tmp_path, "linear_scale")
+    x = prob.inputs()[0]
+    with torch.inference_mode():
+        torch.testing.assert_close(new(x), ref(x), atol=1e-4, rtol=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), ref(x), atol=1e-4, rtol=1e-4)

@@ -168,3 +168,93 @@ def test_kernelbench_sum_max_mean_logsumexp_chain():
 def test_gelu_rewrite_free_graph_unchanged():
     g, applied = rewritten(lambda s, x: F.gelu(s.lin(x)) * 2.0)
     assert applied == [] and [n.op for n in g.nodes] == ["linear", "gelu", "mul"]
+
+
+# ---- bn-eval-fold: eval-mode BatchNorm folded into the GEMM's weights when ModelNew runs ----------------
+# The rule is applied by the generated launcher at call time (the mode and running statistics are known only
+# then); here: its algebra (exact in float64) and where it applies. Interpreter tests: tests/test_norms.py.
+from kfuse.kernels.batchnorm import batch_norm_fold  # noqa: E402
+from kfuse.partition import partition  # noqa: E402
+from kfuse.regions import call_time_rewrites  # noqa: E402
+from kfuse.regions.gemm_batchnorm import FOLD_RULE, fold_plan  # noqa: E402
+
+
+@pytest.mark.parametrize("kn, bias", [(False, True), (False, False), (True, False)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_bn_fold_is_exact_in_float64(kn, bias, affine):
+    """BN((x W^T + b) * s1 * s2) with running statistics == x W'^T + b' (float64 in, float64 out)."""
+    g = torch.Generator().manual_seed(3)
+    k, n, f64 = 6, 5, torch.float64
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=f64)
+
+    w = rnd(k, n) if kn else rnd(n, k)
+    b = rnd(n) if bias else None
+    scales = (rnd(n), rnd(1))
+    rm, rv = rnd(n) * 3, torch.rand(n, generator=g, dtype=f64) + 0.05
+    gamma, beta = (rnd(n), rnd(n)) if affine else (None, None)
+    x = rnd(4, k)
+    y = (x @ w if kn else F.linear(x, w, b)) * scales[0] * scales[1]
+    want = F.batch_norm(y, rm, rv, gamma, beta, False, 0.0, 1e-3)
+    wf, bf = batch_norm_fold(w, b, scales, rm, rv, gamma, beta, 1e-3, kn)
+    assert wf.shape == w.shape and wf.dtype == bf.dtype == f64 and bf.shape == (n,)
+    torch.testing.assert_close(x @ wf + bf if kn else F.linear(x, wf, bf), want, rtol=1e-12, atol=1e-12)
+
+
+def test_bn_fold_rounds_once_to_the_weights_dtype():
+    """fp32 in: W' is the float64 product rounded once to fp32 (not fp32 arithmetic), b' fp32."""
+    g = torch.Generator().manual_seed(4)
+    w, rm, rv = torch.randn(7, 3, generator=g), torch.randn(7, generator=g), torch.rand(7, generator=g) + 0.1
+    gamma, beta, s = torch.randn(7, generator=g), torch.randn(7, generator=g), torch.randn(7, generator=g)
+    wf, bf = batch_norm_fold(w, None, (s,), rm, rv, gamma, beta, 1e-5, False)
+    scale64 = s.double() * gamma.double() / torch.sqrt(rv.double() + 1e-5)
+    assert wf.dtype == bf.dtype == torch.float32
+    assert torch.equal(wf, (w.double() * scale64[:, None]).float())
+    assert torch.equal(bf, (-rm.double() * gamma.double() / torch.sqrt(rv.double() + 1e-5) + beta.double()).float())
+
+
+def bn_regions(fn, **mods):
+    torch.manual_seed(0)
+    model = Wrap(fn, **mods)
+    g, _ = rewrite(capture(model, [torch.randn(4, 6)]))
+    regions = partition(g)
+    return [r for r in regions if r.kind == "gemm_batchnorm"], regions
+
+
+@pytest.mark.parametrize("fn, bias, scales, kn", [
+    (lambda s, x: s.bn(s.lin(x)), "lin.bias", [], False),
+    (lambda s, x: torch.relu(s.bn(s.lin(x) * s.v)), "lin.bias", ["v"], False),
+    (lambda s, x: s.bn(s.one * (s.lin(x) * s.v)), "lin.bias", ["v", "one"], False),
+    (lambda s, x: torch.tanh(s.bn(x @ s.w_kn)), None, [], True),
+])
+def test_bn_fold_applies(fn, bias, scales, kn):
+    (region,), regions = bn_regions(fn, bn=nn.BatchNorm1d(5), v=nn.Parameter(torch.randn(5)),
+                                    one=nn.Parameter(torch.randn(1)))
+    plan = fold_plan(region)
+    assert plan is not None and plan.kn == kn
+    assert (plan.bias.path if plan.bias else None) == bias and [p.path for p in plan.scales] == scales
+    assert call_time_rewrites(regions) == [FOLD_RULE]
+
+
+@pytest.mark.parametrize("why, fn, bn", [
+    ("an activation before the norm", lambda s, x: s.bn(torch.relu(s.lin(x))), nn.BatchNorm1d(5)),
+    ("an added vector before the norm", lambda s, x: s.bn(s.lin(x) + s.v), nn.BatchNorm1d(5)),
+    ("the GEMM's output read outside", lambda s, x: (s.bn(y := s.lin(x)), torch.sigmoid(y)), nn.BatchNorm1d(5)),
+    ("no running statistics", lambda s, x: s.bn(s.lin(x)), nn.BatchNorm1d(5, track_running_stats=False)),
+])
+def test_bn_fold_does_not_apply(why, fn, bn):
+    (region,), regions = bn_regions(fn, bn=bn, v=nn.Parameter(torch.randn(5)))
+    assert fold_plan(region) is None, why
+    assert call_time_rewrites(regions) == []
+
+
+def test_bn_fold_listed_in_report_of_problem_38():
+    from kfuse.load import load_problem
+    from kfuse.optimize import Options, compile_problem
+    from kfuse_testing import ROOT
+    prob = load_problem(ROOT / "problems/gemm/38_gemm_batchnorm_eval_relu.py",
+                        {"batch_size": 37, "in_features": 70, "out_features": 129})
+    compiled = compile_problem(prob, Options(device="cpu"))
+    assert compiled.rewrites == [FOLD_RULE]
+    assert "bn_eval_fold(" in compiled.source and "_eval_kernel" not in compiled.source

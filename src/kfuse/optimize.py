@@ -30,6 +30,7 @@ from kfuse.errors import UnsupportedError
 from kfuse.ir import Graph
 from kfuse.load import Problem
 from kfuse.partition import Region, partition
+from kfuse.regions import call_time_rewrites
 from kfuse.rewrite import rewrite
 from kfuse.verify import ContractReport, check_contract, run_in_process
 
@@ -75,6 +76,7 @@ def compile_problem(problem: Problem, opts: Options) -> Compiled:
     graph = capture(model, inputs)
     graph, applied = rewrite(graph)
     regions = partition(graph)
+    applied = applied + call_time_rewrites(regions)
     compiled = Compiled("", graph, regions, applied)
     if opts.strict and compiled.unfused:
         raise UnsupportedError(f"{problem.path}: --strict: not fused: {', '.join(compiled.unfused)}")

@@ -7,6 +7,8 @@ mean and M2 = sum((y - tile_mean)^2): centred within the tile, so no E[y^2] - E[
 16384 x 4096 with 128-row tiles), negligible next to the GEMM.
 Torch's semantics: normalize with the biased variance M2 / M; the running variance gets the unbiased
 M2 / (M - 1); running = (1 - momentum) * running + momentum * batch.
+Eval mode (`bn-eval-fold`, regions/gemm_batchnorm.py): `bn_eval_fold` folds the running statistics, the affine
+and per-feature scales into the GEMM's weight and bias (float64, rounded once), cached on the weight.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def batch_norm_stats(mean_part: torch.Tensor, m2_part: torch.Tensor, M: int, til
     batch_norm_finalize_kernel[(triton.cdiv(N, block),)](
         mean_part, m2_part, mean, rstd, rm, rv, M, N, num_tiles, float(bn.eps), float(factor or 0.0),
         TILE_M=tile_m, BLOCK=block, UPDATE=update)
+    if update:  # the kernel wrote them behind torch's back: bump their versions as an in-place torch op would,
+        torch.autograd.graph.increment_version((bn.running_mean, bn.running_var))  # so bn_eval_fold's cache sees it
     return mean, rstd
 
 
@@ -75,3 +79,54 @@ def batch_norm_momentum(bn: torch.nn.Module) -> float | None:
     if bn.num_batches_tracked is not None:
         bn.num_batches_tracked.add_(1)
     return 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else float(bn.momentum)
+
+
+def batch_norm_fold(weight: torch.Tensor, bias: torch.Tensor | None, scales: tuple, running_mean: torch.Tensor,
+                    running_var: torch.Tensor, gamma: torch.Tensor | None, beta: torch.Tensor | None, eps: float,
+                    kn_layout: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eval-mode BatchNorm of (x W^T + b) * c (c: the product of the per-feature `scales`) as one affine map
+    x W'^T + b', exact in real arithmetic: with g = gamma / sqrt(running_var + eps) and s = c * g,
+        W' = W * s (per output feature),  b' = (b * c - running_mean) * g + beta.
+    All in float64, each result rounded
+    once: W' to the weight's dtype (what the GEMM reads), b' to fp32 or wider (the epilogue adds it to the fp32
+    accumulator).
+    `kn_layout`: W is (K, N) (`x @ W`), so features are its columns."""
+    f64 = torch.float64
+    c = torch.ones((), dtype=f64, device=weight.device)
+    for t in scales:
+        c = c * t.to(f64).reshape(-1)
+    g = (running_var.to(f64) + eps).rsqrt()
+    if gamma is not None:
+        g = g * gamma.to(f64)
+    s = c * g
+    w = weight.to(f64) * (s[None, :] if kn_layout else s[:, None])
+    b = torch.zeros((), dtype=f64, device=weight.device) if bias is None else bias.to(f64)
+    b = (b * c - running_mean.to(f64)) * g
+    if beta is not None:
+        b = b + beta.to(f64)
+    n = weight.shape[1] if kn_layout else weight.shape[0]
+    return w.to(weight.dtype), b.expand(n).to(torch.promote_types(weight.dtype, torch.float32)).contiguous()
+
+
+def _version_key(t: torch.Tensor | None) -> tuple:
+    return () if t is None else (t.data_ptr(), t._version, tuple(t.shape), t.dtype)
+
+
+def bn_eval_fold(weight: torch.Tensor, bias: torch.Tensor | None, scales: tuple, bn: torch.nn.Module,
+                 kn_layout: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W', b') of batch_norm_fold for this BatchNorm's running statistics, cached on the weight and reused while
+    every tensor it reads (W, b, the scales, running_mean, running_var, gamma, beta) keeps its storage, version
+    counter and shape, and eps is the same: load_state_dict, an optimizer step, an in-place change and a
+    training-mode call (batch_norm_stats bumps the running statistics' versions) all recompute it. As with
+    cached_split, a write through `.data` bypasses the version counter: set `weight._kfuse_bn_fold = None` after one."""
+    reads = (weight, bias, *scales, bn.running_mean, bn.running_var, bn.weight, bn.bias)
+    key = (tuple(_version_key(t) for t in reads), float(bn.eps), kn_layout)
+    hit = getattr(weight, "_kfuse_bn_fold", None)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    # plain tensors even under inference_mode: cached_split keys the folded weight by its version counter
+    with torch.inference_mode(False), torch.no_grad():
+        folded = batch_norm_fold(weight.detach(), bias, tuple(scales), bn.running_mean, bn.running_var, bn.weight,
+                                 bn.bias, float(bn.eps), kn_layout)
+    weight._kfuse_bn_fold = (key, folded)
+    return folded

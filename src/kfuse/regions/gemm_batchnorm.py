@@ -8,18 +8,71 @@ single tile sees. Three launches:
      updates running_mean / running_var in place (num_batches_tracked is counted by the launcher);
   3. `<name>_apply_kernel`: one pass over y: (y - mean) * rstd * weight + bias, then the ops after the norm.
 Bytes beyond the GEMM: y written once and read once (2 * M * N * 4), the output written once.
-Eval mode: the running statistics are per-column constants, so the norm is one more epilogue line and the
-whole region is one kernel (`<name>_eval_kernel`). The launcher picks the path from the module's state at
-call time, as torch does.
+Eval mode: the running statistics are per-column constants. Where the ops between the GEMM and the norm are
+multiplications by per-feature parameters and nothing outside reads a value before the norm (`fold_plan`),
+the norm is folded into the weights (rule `bn-eval-fold`): the launcher asks `bn_eval_fold`
+(kernels/batchnorm.py) for W' and b', computed in float64 and cached until anything they are made of changes,
+and runs one plain GEMM kernel (`<name>_folded_kernel`) with b' and the ops after the norm as its epilogue.
+Otherwise the norm is one more epilogue line of one kernel (`<name>_eval_kernel`). The fold cannot be done
+when kfuse runs: the mode and the running statistics are read when ModelNew is called, as torch does.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kfuse.ir import Graph, Node, Param, Scalar
 from kfuse.partition import Region
-from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_head, gemm_kernel, kernel_name,
-                                  launcher, linear_bias, pointwise_kernel, pointwise_lines, store_line,
-                                  tuned_launch_lines, var)
+from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_head, gemm_kernel, is_column_vector,
+                                  is_single, kernel_name, launcher, linear_bias, pointwise_kernel, pointwise_lines,
+                                  store_line, tuned_launch_lines, var)
+
+FOLD_RULE = "bn-eval-fold"
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """What eval mode folds into the GEMM: its bias (None without one) and the per-feature scale parameters
+    between the GEMM and the BatchNorm, in order."""
+
+    bias: Param | None
+    scales: tuple[Param, ...]
+    kn: bool  # x @ W with W (K, N): features are W's columns
+
+
+def _scale_operand(n: Node, prev: str, n_cols: int) -> Param | None:
+    """The parameter of `prev * p` (or `p * prev`) when p is a per-feature or 1-element vector, else None."""
+    if n.op != "mul" or len(n.args) != 2 or prev not in n.args:
+        return None
+    other = n.args[1] if n.args[0] == prev else n.args[0]
+    ok = isinstance(other, Param) and (is_column_vector(other, n_cols) or is_single(other))
+    return other if ok else None
+
+
+def fold_plan(region: Region) -> FoldPlan | None:
+    """Can eval mode fold the BatchNorm into W and b? Only where that is exact and loses no value: the norm has
+    running statistics, every op before it is a multiplication of the previous value by a per-feature (or
+    1-element) parameter, and no value before the norm is read outside the region (the fold never forms it)."""
+    anchor = region.anchor
+    at = next(i for i, n in enumerate(region.nodes) if n.op == "batch_norm")
+    bn, n_cols = region.nodes[at], anchor.shape[-1]
+    if not bn.attrs.get("track_running_stats", True) or any(n.name in region.outputs for n in region.nodes[:at]):
+        return None
+    if anchor.op not in ("linear", "matmul") or not isinstance(anchor.args[1], Param) or len(anchor.args[1].shape) != 2:
+        return None
+    bias = anchor.args[2] if anchor.op == "linear" and len(anchor.args) > 2 else None
+    if bias is not None and not (isinstance(bias, Param) and is_column_vector(bias, n_cols)):
+        return None
+    scales, prev = [], anchor.name
+    for n in region.nodes[1:at]:
+        p = _scale_operand(n, prev, n_cols)
+        if p is None:
+            return None
+        scales.append(p)
+        prev = n.name
+    if bn.args[0] != prev:
+        return None
+    return FoldPlan(bias, tuple(scales), anchor.op == "matmul")
 
 STATS_LINES = (
     "# per-column partial statistics of this row tile, centred on the tile's own mean",
@@ -70,6 +123,31 @@ def _eval_kernel(region: Region, name: str, bn: Node, before: list[Node], after:
     return kernel, args
 
 
+def _folded_kernel(region: Region, name: str, bn: Node, after: list[Node], outs: list[str],
+                   registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+    """Eval mode with the norm folded into W' and b' (bn_eval_fold): acc + b', then the ops after the norm."""
+    args, env = KernelArgs(registry), {}
+    folded = ", ".join(n.origin for n in region.nodes[:region.nodes.index(bn) + 1])
+    body = ["fold_b = tl.load(fold_b_ptr + offs_n, mask=mask_n, other=0.0)[None, :]",
+            f"{var(bn.name)} = acc + fold_b  # {folded}, folded into W' and b'"]
+    env[bn.name] = var(bn.name)
+    body += pointwise_lines(after, env, args) + _stores(outs, env)
+    replaced = ", ".join(n.origin for n in region.nodes)
+    kernel = gemm_kernel(f"{name}_folded", f"Eval mode, BatchNorm folded into the weights ({FOLD_RULE}): {replaced}.",
+                         [f"buf_{v}" for v in outs] + ["fold_b"], args, body)
+    return kernel, args
+
+
+def _fold_call(plan: FoldPlan, registry: dict[str, tuple[str, bool]]) -> str:
+    """Launcher line: W' and b' for this call's running statistics, from the launcher's own parameters
+    (the bias and scales are registered by the stats kernel, which reads them too)."""
+    def name(p: Param) -> str:
+        return registry[f"as_vector({p.expr()})"][0]
+    bias = name(plan.bias) if plan.bias is not None else "None"
+    scales = "".join(f"{name(p)}, " for p in plan.scales)
+    return f"weight, fold_b = bn_eval_fold(weight, {bias}, ({scales}), bn, {plan.kn})  # the GEMM below reads W'"
+
+
 def generate(region: Region, g: Graph) -> RegionCode:
     name = kernel_name(region)
     at = next(i for i, n in enumerate(region.nodes) if n.op == "batch_norm")
@@ -102,9 +180,16 @@ def generate(region: Region, g: Graph) -> RegionCode:
     apply = pointwise_kernel(f"{name}_apply", f"Training-mode pass 3 of: {replaced}.", ["y", "mean", "rstd"],
                              [f"buf_{v}" for v in post_outs], a3, body3)
 
-    # eval: one kernel, the running statistics as per-column constants (none without running statistics)
+    # eval: the norm folded into W and b where fold_plan allows, else one kernel with the running statistics
+    # as per-column constants (neither without running statistics)
+    plan = fold_plan(region)
     has_running = bn.attrs.get("track_running_stats", True)
-    evalk = _eval_kernel(region, name, bn, before, after, pre_outs, post_outs, registry) if has_running else None
+    if plan is not None:
+        evalk = _folded_kernel(region, name, bn, after, post_outs, registry)
+    elif has_running:
+        evalk = _eval_kernel(region, name, bn, before, after, pre_outs, post_outs, registry)
+    else:
+        evalk = None
     a2 = evalk[1] if evalk else None
 
     def launch(kernel: str, outs: list[str], args: KernelArgs, extra: str = "") -> str:
@@ -115,7 +200,14 @@ def generate(region: Region, g: Graph) -> RegionCode:
     ret = "return " + ", ".join(f"buf_{v}.reshape(*lead, N)" for v in region.outputs)
     params = [n for n, _ in registry.values()]
     eval_lines = []
-    if evalk:
+    if plan is not None:
+        eval_outs = [f"buf_{v}" for v in post_outs]  # fold_plan: nothing before the norm is read outside
+        eval_body = [alloc.format(o) for o in eval_outs] + [launch(name + "_folded", post_outs, a2, "fold_b, ")]
+        eval_lines = [f"if not (bn.training or bn.running_mean is None):  # eval: the norm folded into W and b ({FOLD_RULE})",
+                      f"    {_fold_call(plan, registry)}",
+                      *[f"    {ln}" for ln in tuned_launch_lines(region.anchor, name + "_folded", eval_body, eval_outs)],
+                      f"    {ret}"]
+    elif evalk:
         eval_outs = [f"buf_{v}" for v in pre_outs + post_outs]
         eval_body = [alloc.format(o) for o in eval_outs] + [launch(name + '_eval', pre_outs + post_outs, a2)]
         eval_lines = ["if not (bn.training or bn.running_mean is None):  # eval: normalize with the running statistics",
@@ -142,8 +234,9 @@ def generate(region: Region, g: Graph) -> RegionCode:
              + "".join(f"buf_{v}, " for v in post_outs) + "".join(p + ", " for p in a3.params)
              + "M, N, BLOCK_M=bm, BLOCK_N=bn_, num_warps=4)",
              ret]
+    in_eval = "running statistics folded into W and b in eval" if plan else "running statistics in eval"
     launch_src = launcher(f"fused_{name}", ["x", "weight", "bn", *params], lines,
-                          f"Fused: {replaced}. Batch statistics in training mode, running statistics in eval.")
+                          f"Fused: {replaced}. Batch statistics in training mode, {in_eval}.")
     weight: Param = region.anchor.args[1]
     call_args = [region.anchor.args[0], weight.expr(), f"self.{bn.module}", *registry]
     call = f"{', '.join(region.outputs)} = fused_{name}({', '.join(call_args)})"
