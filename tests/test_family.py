@@ -98,9 +98,20 @@ def test_family(tmp_path, name, init, body, regions, unfused):
     assert got[0][0] != "torch"  # the GEMM itself is always fused
 
 
-def test_groupnorm_wider_than_a_tile_falls_back_clearly(tmp_path):
+def test_groupnorm_wider_than_a_tile_is_fused_two_phase(tmp_path):
+    """One group of 96 channels spans both 64-wide column tiles (the second one partial): two-phase
+    (regions/gemm_groupnorm_wide.py; more cases in tests/test_groupnorm_wide.py)."""
     init = f"{LINEAR}\nself.gn = nn.GroupNorm(1, out_features)"
     path = write_problem(tmp_path, init, "return torch.relu(self.gn(self.lin(x)))", n=96)
+    result = optimize(load_problem(path), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert [(r.kind, r.ops()) for r in result.compiled.regions] == [("gemm_groupnorm_wide", ["linear", "group_norm", "relu"])]
+    assert result.compiled.unfused == []
+
+
+def test_groupnorm_narrow_odd_groups_fall_back_clearly(tmp_path):
+    init = f"{LINEAR}\nself.gn = nn.GroupNorm(8, out_features)"  # groups of 9: not a power of two, < 16
+    path = write_problem(tmp_path, init, "return torch.relu(self.gn(self.lin(x)))", n=72)
     result = optimize(load_problem(path), CPU, workdir=tmp_path)
     assert result.contract.correct, result.contract.failures
     assert result.compiled.unfused == ["nn.GroupNorm gn", "torch.relu"]

@@ -21,11 +21,13 @@ KINDS = {
     "04_gemm_divide_sum_scaling": ["gemv"],
     "05_matmul_sum_max_avg_logsumexp": ["gemv"],
     "06_matmul_scale_residual_clamp_logsumexp_mish": ["gemm_rowreduce"],
+    "08_gemm_groupnorm_hardtanh": ["gemm_groupnorm_wide"],
     "09_matmul_swish_biasadd_groupnorm": ["gemm_groupnorm"],
     "11_gemm_batchnorm_groupnorm_gelu_mean_relu": ["gemm_batchnorm"],
     "14_matmul_maxpool_sum_scale": ["gemm_pool"],
     "15_matmul_sigmoid_sum": ["gemm_rowreduce"],
     "23_gemm_max_subtract_gelu": ["gemm_rowreduce"],
+    "28_gemm_biasadd_hardtanh_mish_groupnorm": ["gemm_groupnorm_wide"],
     "31_matmul_avgpool_gelu_scale_max": ["gemm_pool"],
     "32_matmul_gelu_softmax": ["gemm_rowreduce"],
     "33_gemm_layernorm_relu_odd": ["gemm_rowreduce"],
@@ -39,12 +41,14 @@ KINDS = {
 
 def small(path: Path) -> dict[str, int]:
     """Batch 9 (1 where the problem is about a batch of 1), K = 20, N = 72 (two column tiles, not a multiple
-    of 16), 8 groups of 9 channels where N is grouped (a group size the fused GroupNorm does not take) except
-    where the problem names a fusable one."""
+    of 16). Where N is grouped: 18 groups of 4 (one-kernel GroupNorm) for 09, 11, 27; 2 groups of 36 for 08
+    and 4 groups of 18 for 28 (two-phase GroupNorm: groups straddle the column tiles); 8 groups of 9 channels
+    elsewhere (a group size no fused GroupNorm takes: the torch fallback)."""
     src = path.read_text()
     out = {"batch_size": 1 if "batch1" in path.stem else 9, "in_features": 20, "out_features": 72}
     if "num_groups" in src:
-        out["num_groups"] = 18 if path.stem.startswith(("09_", "11_", "27_")) else 8
+        wide = {"08": 2, "28": 4}
+        out["num_groups"] = 18 if path.stem.startswith(("09_", "11_", "27_")) else wide.get(path.stem[:2], 8)
     if "pool_kernel_size" in src:
         out["pool_kernel_size"] = 4
     return out

@@ -103,6 +103,9 @@ REGION_CASES = {
                        "return torch.relu(x @ self.w) + 1.0", ["gemm_epilogue"]),
     "groupnorm": (LIN + "\nself.gn = nn.GroupNorm(8, out_features)",
                   "return F.leaky_relu(self.gn(self.lin(x) * 1.5)) + 0.5", ["gemm_groupnorm"]),
+    # 3 groups of 100: groups straddle the 64-wide column tiles (kind gemm_groupnorm_wide, two-phase)
+    "groupnorm_wide": (LIN + "\nself.gn = nn.GroupNorm(3, out_features)",
+                       "y = self.lin(x)\nreturn torch.tanh(self.gn(y * 2.0)) + y", ["gemm_groupnorm_wide"]),
     "batchnorm_scale": (LIN + "\nself.s = nn.Parameter(torch.randn(out_features))\nself.bn = nn.BatchNorm1d(out_features)",
                         "return torch.relu(self.bn(self.lin(x) * self.s))", ["gemm_batchnorm"]),
     "batchnorm_plain": (LIN + "\nself.bn = nn.BatchNorm1d(out_features, affine=False, momentum=None)",
@@ -121,7 +124,7 @@ REGION_CASES = {
     "rowreduce_mean_sub": (LIN, "y = self.lin(x)\nreturn y - y.mean(dim=1, keepdim=True)", ["gemm_rowreduce"]),
     "gemv_sum_sigmoid": (LIN, "return torch.sigmoid(torch.sum(self.lin(x), dim=1, keepdim=True))", ["gemv"]),
 }
-N_COLS = {"groupnorm": 128}
+N_COLS = {"groupnorm": 128, "groupnorm_wide": 300}
 
 
 def region_problem(tmp_path: Path, case: str, **kw) -> Problem:

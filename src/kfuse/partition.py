@@ -5,6 +5,9 @@ while every value they read is the region's own, a scalar, or a per-column param
   - pointwise ops (the table in ops.py)                        -> kind `gemm_epilogue`
   - GroupNorm over the GEMM's columns, groups a power of two
     no wider than GROUP_MAX (a column tile holds whole groups)  -> kind `gemm_groupnorm`
+  - GroupNorm with any other group size of at least WIDE_GROUP_MIN
+    channels (groups span or straddle column tiles): per-tile
+    partials, a per-(row, group) merge, an apply pass            -> kind `gemm_groupnorm_wide`
   - BatchNorm1d over the GEMM's output                         -> kind `gemm_batchnorm`
     (ops after it must read only values after it: they run in the apply pass)
   - MaxPool1d / AvgPool1d over the features of x.unsqueeze(1), non-overlapping windows of a power-of-two
@@ -27,7 +30,13 @@ from dataclasses import dataclass
 from kfuse.ir import Graph, Node, Param, Scalar
 from kfuse.ops import POINTWISE, POOL_OPS, REDUCE_OPS, ROW_NORM_OPS, VIEW_OPS
 
-GROUP_MAX = 256  # widest group (channels) fused into one column tile
+GROUP_MAX = 128  # widest group (channels) fused into one column tile: on an H100 no 256-wide tile config of
+# the fp16x3p GroupNorm kernel compiled (kfuse autotune: "no config ran", problem 27, 1024x8192x8192), so wider
+# groups take the two-phase kind
+# Narrowest group the two-phase GroupNorm takes: a column tile stores one partial per group it touches (one
+# masked reduction each), so groups much narrower than a tile would multiply that work; those that are not
+# a power of two stay torch calls.
+WIDE_GROUP_MIN = 16
 POOL_MAX = 64  # widest pooling window fused into one column tile
 
 
@@ -71,12 +80,17 @@ def _column_operand(a: object, n_cols: int, values: set[str]) -> bool:
     return False
 
 
-def _group_fits(n: Node, n_cols: int) -> bool:
+def group_norm_kind(n: Node, n_cols: int) -> str | None:
+    """The region kind a GroupNorm over `n_cols` channels makes, or None when it stays a torch call:
+    whole groups inside a column tile (a power of two <= GROUP_MAX) -> one kernel; any other group size of at
+    least WIDE_GROUP_MIN -> the two-phase kind (group sizes read again at run time by both)."""
     groups = n.args[1]
     if not isinstance(groups, Scalar) or groups.value <= 0 or n_cols % int(groups.value):
-        return False
+        return None
     size = n_cols // int(groups.value)
-    return size <= GROUP_MAX and size & (size - 1) == 0
+    if size <= GROUP_MAX and size & (size - 1) == 0:
+        return "gemm_groupnorm"
+    return "gemm_groupnorm_wide" if size >= WIDE_GROUP_MIN else None
 
 
 def _joins(n: Node, kind: str, anchor: Node, values: set[str]) -> str | None:
@@ -91,9 +105,9 @@ def _joins(n: Node, kind: str, anchor: Node, values: set[str]) -> str | None:
         return kind if ok else None
     if kind != "gemm_epilogue" or len(anchor.shape) != 2 or n.args[0] not in values:
         return None  # one norm per region, over a 2-d GEMM output
-    if n.op == "group_norm" and _group_fits(n, n_cols) and all(
+    if n.op == "group_norm" and group_norm_kind(n, n_cols) and all(
             a is None or (isinstance(a, Param) and a.shape == (n_cols,)) for a in n.args[2:4]):
-        return "gemm_groupnorm"
+        return group_norm_kind(n, n_cols)
     if n.op == "batch_norm":
         return "gemm_batchnorm"
     return None

@@ -203,6 +203,18 @@ def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, schem
     return (x_hi, x_lo, x_scale, w_hi, w_lo, w_scale), (x_hi.stride(0), x_hi.stride(1), w_hi.stride(0), w_hi.stride(1))
 
 
+def group_slots(block_n: int, group: int) -> int:
+    """How many GroupNorm groups of `group` channels one column tile [t * block_n, (t + 1) * block_n) can
+    touch, over all t: the partial slots per tile of the two-phase GroupNorm (regions/gemm_groupnorm_wide.py).
+    Groups a multiple of the tile: 1; tiles a multiple of the group: block_n / group; otherwise a tile may
+    start inside one group and end inside another: at most (block_n - 1) // group + 2."""
+    if group % block_n == 0:
+        return 1
+    if block_n % group == 0:
+        return block_n // group
+    return (block_n - 1) // group + 2
+
+
 def as_vector(t: torch.Tensor) -> torch.Tensor:
     """A parameter as the contiguous 1-d vector the kernels index by column."""
     return t.reshape(-1).contiguous()

@@ -6,12 +6,14 @@ from collections.abc import Sequence
 
 from kfuse.ir import Graph
 from kfuse.partition import Region
-from kfuse.regions import gemm_batchnorm, gemm_epilogue, gemm_groupnorm, gemm_pool, gemm_rowreduce, gemv, torch_fallback
+from kfuse.regions import (gemm_batchnorm, gemm_epilogue, gemm_groupnorm, gemm_groupnorm_wide, gemm_pool, gemm_rowreduce,
+                           gemv, torch_fallback)
 from kfuse.regions.common import RegionCode
 
 GENERATORS = {
     "gemm_epilogue": gemm_epilogue.generate,
     "gemm_groupnorm": gemm_groupnorm.generate,
+    "gemm_groupnorm_wide": gemm_groupnorm_wide.generate,
     "gemm_batchnorm": gemm_batchnorm.generate,
     "gemm_rowreduce": gemm_rowreduce.generate,
     "gemm_pool": gemm_pool.generate,

@@ -1,6 +1,6 @@
 """What every region's code generator shares: kernel parameters, epilogue lines, the GEMM kernel frame.
 
-A region kind file (gemm_epilogue.py, gemm_groupnorm.py, gemm_batchnorm.py, torch_fallback.py) turns one
+A region kind file (gemm_epilogue.py, gemm_groupnorm.py, gemm_batchnorm.py, ..., torch_fallback.py) turns one
 `Region` into `RegionCode`: kernel source, a launcher function, and the forward() lines that call it.
 Generated names follow the values: the kernel for `gemm -> mul -> leaky_relu` is
 `linear_mul_leaky_relu_kernel`, its launcher `linear_mul_leaky_relu`.
@@ -213,12 +213,14 @@ def gemm_region_code(region: Region, name: str, args: KernelArgs, body: list[str
     return RegionCode((kernel,), launch, (f"{', '.join(region.outputs)} = fused_{name}({', '.join(call_args)})",))
 
 
-def pointwise_kernel(name: str, doc: str, ins: list[str], outs: list[str], args: KernelArgs, body: list[str]) -> str:
-    """A 2-d elementwise kernel over (M, N) row-major tensors: load `ins` tiles as v_<in>, run `body`."""
+def pointwise_kernel(name: str, doc: str, ins: list[str], outs: list[str], args: KernelArgs, body: list[str],
+                     extra_sig: str = "") -> str:
+    """A 2-d elementwise kernel over (M, N) row-major tensors: load `ins` tiles as v_<in>, run `body`.
+    `extra_sig`: more scalar parameters, after M, N (e.g. "GROUP, NUM_GROUPS, ")."""
     ptrs = "".join(f"{p}_ptr, " for p in [*ins, *outs])
     lines = [
         "@triton.jit",
-        f"def {name}_kernel({ptrs}{args.signature()}M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):",
+        f"def {name}_kernel({ptrs}{args.signature()}M, N, {extra_sig}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):",
         f'    """{doc}"""',
         "    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
         "    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
