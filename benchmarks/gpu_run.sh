@@ -4,6 +4,7 @@
 #   benchmarks/gpu_run.sh seeds OUT          kfuse bench on the seeds
 #   benchmarks/gpu_run.sh train OUT          kfuse bench --train on the seeds (training step)
 #   benchmarks/gpu_run.sh gemm OUT FILE...   kfuse bench on the given problems/gemm files
+#   benchmarks/gpu_run.sh gputests OUT FILE...  the GPU tests of the given test files only
 # Every step runs under `timeout`, so a phase cut short still returns what it wrote.
 set -uo pipefail
 phase="${1:?phase}"; out="${2:?output folder}"; shift 2
@@ -29,6 +30,10 @@ check)
         timeout 240 kfuse eval "$p" "$out/new/${n}.py" --device cuda --seed 11 --json "$out/new/${n}_eval.json" 2>&1 | tail -12
     done
     (cd "$out" && tar czf new.tar.gz new && rm -rf new)
+    ;;
+gputests)
+    TRITON_INTERPRET=0 timeout 240 python3 -m pytest -v -p no:cacheprovider -m gpu "$@" > "$out/pytest-gpu.log" 2>&1
+    grep -E "PASSED|FAILED|ERROR|passed|failed" "$out/pytest-gpu.log" | tail -20
     ;;
 seeds)
     timeout 570 kfuse bench problems/seeds/*.py --json "$out/h100-seeds.json" --plot "$out/h100-seeds.png" 2>&1 | tail -12

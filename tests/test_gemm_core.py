@@ -31,7 +31,7 @@ def _check(scheme, cfg, M, K, N, seed=0, scale=1.0, dist="rand"):
     ref = gc.gemm_bias_mul_leakyrelu_ref(x.double(), w.double(), b.double(), 2.0, 0.1)
     eager = gc.gemm_bias_mul_leakyrelu_ref(x, w, b, 2.0, 0.1)
     e_err = (eager.double() - ref).abs().max().item()
-    wp = w if scheme in ("ieee", "tf32x3") else gc.split_weight(w)
+    wp = w if scheme in ("ieee", "tf32x3", "fp64") else gc.split_weight(w)
     out = torch.full((M, N), float("nan"))
     gc.gemm_bias_mul_leakyrelu(x, wp, b, 2.0, 0.1, scheme, cfg, out=out)
     assert torch.isfinite(out).all(), "unwritten or non-finite outputs"
@@ -40,6 +40,7 @@ def _check(scheme, cfg, M, K, N, seed=0, scale=1.0, dist="rand"):
     # the numpy interpreter sums in a different order than cuBLAS: allow 2x eager's error plus a few fp32 ulps
     assert err <= 2 * e_err + 4 * 2.0 ** -24 * scale_out, (err, e_err)
     assert torch.allclose(out, eager, atol=1e-4 * scale_out, rtol=1e-4)
+    return err, e_err
 
 
 SIZES = [(37, 70, 129), (1, 33, 17)]
@@ -62,6 +63,21 @@ def test_split_schemes(M, K, N, scheme, split_a):
 @pytest.mark.parametrize("scale,dist", [(1e-6, "rand"), (1e6, "rand"), (1.0, "randn"), (1e-30, "randn")])
 def test_split_range(scale, dist):
     _check("fp16x3p", C(16, 32, 32, 2, 4, 2, split_a=False), 37, 70, 129, seed=3, scale=scale, dist=dist)
+
+
+# Skinny GEMMs (a batch of 1 to SKINNY_M rows) run the "fp64" scheme on a GPU: float64 products and sums.
+@pytest.mark.parametrize("M,K,N", [(1, 70, 129), (5, 1000, 33), (16, 37, 300), (37, 70, 129)])
+def test_fp64_skinny(M, K, N):
+    for cfg in gc.skinny_configs(M)[:2]:
+        err, e_err = _check("fp64", cfg, M, K, N, seed=M)
+        assert err <= e_err + 2.0 ** -23, (err, e_err)  # sums in float64: no worse than eager's fp32 GEMM
+
+
+def test_skinny_configs_cover_m():
+    for M in (1, 2, 3, 9, 16):
+        cfgs = gc.skinny_configs(M)
+        assert cfgs and all(c.block_m >= min(M, 16) and c.block_m * c.block_n * c.block_k <= 4096 for c in cfgs)
+    assert gc.default_config(1, 8192, 8192, "fp64") in gc.valid_configs(1, 8192, 8192, "fp64")
 
 
 def test_promoted_chunks_and_default_config():
@@ -87,13 +103,13 @@ import gemm_core as gc
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.manual_seed(0)
 for (M, K, N) in [(37, 70, 129), (1, 33, 17), (300, 1000, 515), (1024, 2048, 1024)]:
-    for scheme in ("ieee", "tf32x3", "fp16x3p"):
+    for scheme in ("ieee", "tf32x3", "fp16x3p") + (("fp64",) if M <= 37 else ()):
         x = torch.rand(M, K, device="cuda"); b0 = 1 / K ** 0.5
         w = torch.empty(N, K, device="cuda").uniform_(-b0, b0); b = torch.empty(N, device="cuda").uniform_(-b0, b0)
         ref = gc.gemm_bias_mul_leakyrelu_ref(x.double(), w.double(), b.double(), 2.0, 0.1)
         eager = gc.gemm_bias_mul_leakyrelu_ref(x, w, b, 2.0, 0.1)
         e_err = (eager.double() - ref).abs().max().item()
-        wp = w if scheme in ("ieee", "tf32x3") else gc.split_weight(w)
+        wp = w if scheme in ("ieee", "tf32x3", "fp64") else gc.split_weight(w)
         out = torch.full((M, N), float("nan"), device="cuda")
         gc.gemm_bias_mul_leakyrelu(x, wp, b, 2.0, 0.1, scheme, out=out)
         err = (out.double() - ref).abs().max().item()

@@ -85,7 +85,12 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 # The split schemes scale every row so that its max |value| lands in [2^TARGET_EXP, 2^(TARGET_EXP+1)).
 TARGET_EXP = 14
 SPLIT_SCHEMES = ("fp16x3", "fp16x3c", "fp16x3d", "fp16x3p")
-SCHEMES = ("ieee", "tf32x3") + SPLIT_SCHEMES
+# "fp64": x and W read as fp32, products and sums in float64 on the CUDA cores, rounded once. For skinny GEMMs
+# (M <= SKINNY_M rows: a batch of 1) the GEMM is a memory-bound read of W, the tensor-core tiles waste all
+# but M of their rows, and the split schemes' ~3e-7 relative error is above cuBLAS's GEMV error (rule 3 failed
+# at batch 1, problems/gemm/37 on an H100); float64 sums cost nothing there and are correctly rounded.
+SKINNY_M = 16
+SCHEMES = ("ieee", "tf32x3", "fp64") + SPLIT_SCHEMES
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -418,6 +423,24 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
             acc = tl.dot(a, b, acc, input_precision=SCHEME)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
+    elif SCHEME == "fp64":
+        # a multiply and a sum over K (no tl.dot: float64 dots are not lowered on every target); the
+        # (BLOCK_M, BLOCK_K, BLOCK_N) product stays small because BLOCK_M covers a skinny M (skinny_configs)
+        acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+        a_ptrs = a_ptr + a_off
+        b_ptrs = b_ptr + b_off
+        for kb in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                k_left = K - kb * BLOCK_K
+                a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            acc64 += tl.sum(a.to(tl.float64)[:, :, None] * b.to(tl.float64)[None, :, :], axis=1)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        acc = acc64.to(tl.float32)
     else:
         a_s = tl.load(a_scale_ptr + offs_am)
         if SCHEME == "fp16x3":
@@ -596,6 +619,8 @@ def valid_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
     Shared memory per stage for the split schemes: (BM + BN) * BK * 4 bytes (hi + lo fp16 of A and B) -- the
     H100's 227 KB cap the stages (128x128x64: 3 stages = 192 KB).  Registers: a 128x128 fp32 tile over 8 warps is
     64 registers/thread per accumulator; fp16x3p holds two (partial + sum); 128x256 ones (128 each) would spill."""
+    if scheme == "fp64":
+        return skinny_configs(M)
     if scheme in ("ieee", "tf32x3"):
         return [GemmConfig(128, 128, 32, 8, 8, 3), GemmConfig(128, 64, 32, 8, 4, 4),
                 GemmConfig(64, 64, 32, 8, 4, 3), GemmConfig(128, 256, 32, 8, 8, 3)]
@@ -613,6 +638,15 @@ def valid_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
             GemmConfig(128, 256, 64, 8, 8, 3, split_a=False, persistent=True), GemmConfig(128, 256, 64, 8, 8, 3)]
 
 
+def skinny_configs(M: int) -> list[GemmConfig]:
+    """The "fp64" tiles: BLOCK_M the power of two covering M (2 to 16 rows), BLOCK_M * BLOCK_K * BLOCK_N = 4096
+    float64 products per K step (32 per thread over 4 warps: no spills); narrow column tiles give >= 2
+    programs per SM at N = 8192, each streaming its slice of W once."""
+    bm = min(max(triton.next_power_of_2(max(M, 1)), 2), SKINNY_M)
+    tiles = ((32, 64), (64, 32), (128, 16), (16, 16), (32, 8))  # (BLOCK_N, BLOCK_K)
+    return [GemmConfig(bm, bn, bk, 1, 4, 3) for bn, bk in tiles if bm * bn * bk <= 4096]
+
+
 RECOMMENDED_SCHEME = "fp16x3p"
 
 
@@ -620,6 +654,8 @@ def default_config(M: int, N: int, K: int, scheme: str) -> GemmConfig:
     """Best measured config per shape class on the H100 (benchmarks/gemm/NOTES.md).  Large shapes measured:
     1024x8192->8192 and 16384x4096->4096.  Small-M entries are untimed guesses (they only need to be correct)."""
     small = M < 128 or N < 128
+    if scheme == "fp64":
+        return skinny_configs(M)[0]
     if scheme in ("ieee", "tf32x3"):
         return GemmConfig(64, 64, 32, 8, 4, 3) if small else GemmConfig(128, 128, 32, 8, 8, 3)
     if scheme in ("fp16x3p", "fp16x3d", "fp16x3c"):

@@ -15,7 +15,7 @@ import triton.language as tl
 
 import dataclasses
 
-from kfuse.kernels.gemm_core import (SPLIT_SCHEMES, GemmConfig, default_config, row_scales, split_weight, split_x,
+from kfuse.kernels.gemm_core import (SKINNY_M, SPLIT_SCHEMES, GemmConfig, default_config, row_scales, split_weight, split_x,
                                     valid_configs)
 
 # --- emitted below ---
@@ -30,7 +30,13 @@ def interpreting() -> bool:
 
 
 def gemm_scheme(x: torch.Tensor) -> str:
-    return GEMM_SCHEME if x.is_cuda and not interpreting() else "ieee"
+    """The GEMM scheme for x (M, K): GEMM_SCHEME on a GPU, "fp64" there for skinny M (gemm_core.SKINNY_M),
+    "ieee" in the CPU interpreter."""
+    if not x.is_cuda or interpreting():
+        return "ieee"
+    if GEMM_SCHEME != "ieee" and x.dim() == 2 and x.shape[0] <= SKINNY_M:
+        return "fp64"
+    return GEMM_SCHEME
 
 
 def gemm_config(M: int, N: int, K: int, scheme: str, min_block_n: int = 16) -> GemmConfig:
@@ -155,13 +161,15 @@ def tuned_gemm(kernel, x2: torch.Tensor, N: int, scheme: str, min_block_n: int, 
             return cfg, launch(cfg)
     reps = 10
     timings = {}
+    failed = []
     for c in candidates:
         try:
             timings[c] = _time_launch(launch, c, reps)
-        except Exception:  # noqa: BLE001 - a config the GPU cannot run (shared memory, registers) is skipped
+        except Exception as err:  # noqa: BLE001 - a config the GPU cannot run (shared memory, registers) is skipped
+            failed.append(f"{c.short()}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
             torch.cuda.synchronize()
     if not timings:
-        raise RuntimeError(f"kfuse autotune: no config ran for {key}")
+        raise RuntimeError(f"kfuse autotune: no config ran for {key} ({'; '.join(failed)[:600]})")
     cfg = min(timings, key=timings.get)
     TUNED[key] = cfg
     seconds = time.perf_counter() - t0
