@@ -96,7 +96,7 @@ def plot(rep: dict[str, Any], path: Path) -> None:
     ax.invert_yaxis()
     s = summary(rep)
     ax.set_xlabel("kfuse speedup (x, median ms ratio)")
-    ax.set_title(f"kfuse bench on {rep['gpu']}: {s['correct']}/{s['problems']} meet the contract, geomean "
+    ax.set_title(f"kfuse bench on {rep['gpu']}\n{s['correct']}/{s['problems']} meet the contract, geomean "
                  f"{s['geomean_vs_eager']:.2f}x vs eager, {s['geomean_vs_max_autotune']:.2f}x vs max-autotune",
                  fontsize=8)
     ax.legend(fontsize=7, loc="lower right")

@@ -1,0 +1,46 @@
+"""benchmarks/merge_bench.py: chunked `kfuse bench --json` files merged into one (no GPU needed)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SPEC = importlib.util.spec_from_file_location("merge_bench", Path(__file__).parents[1] / "benchmarks" / "merge_bench.py")
+mb = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(mb)
+
+
+def _rep(cmd, *results, gpu="H100"):
+    return {"gpu": gpu, "torch": "t", "triton": "3.6", "kfuse": "0.1", "mode": "forward", "method": "m",
+            "date": cmd, "command": cmd, "results": list(results)}
+
+
+def _res(name, ok=True, vs_eager=2.0, vs_ma=1.5):
+    return {"problem": name, "eager_ms": 2.0, "compile_default_ms": 2.0, "compile_max_autotune_ms": 1.5,
+            "kfuse_ms": 1.0, "correct": ok, "speedup_vs_eager": vs_eager, "speedup_vs_compile_max_autotune": vs_ma,
+            "contract_rules": {"allclose": ok}}
+
+
+def test_later_file_wins_and_commands_are_kept(tmp_path):
+    rep = mb.merge([_rep("a", _res("p2", ok=False), _res("p1")), _rep("b", _res("p2", vs_eager=8.0))])
+    assert [r["problem"] for r in rep["results"]] == ["p1", "p2"]
+    assert rep["results"][1]["correct"] and rep["command"] == "a ; b"
+    s = mb.summary(rep)
+    assert s["problems"] == 2 and s["correct"] == 2 and s["geomean_vs_eager"] == pytest.approx(4.0)
+    assert "| p2 |" in mb.table(rep)
+
+
+def test_failures_are_summarised():
+    rep = mb.merge([_rep("a", _res("p1", ok=False, vs_ma=0.5))])
+    s = mb.summary(rep)
+    assert s["failed_contract"] == ["p1"] and s["slower_than_max_autotune"] == ["p1"]
+    assert "NO (allclose)" in mb.table(rep)
+
+
+def test_different_gpus_are_refused(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_rep("a", _res("p1"))))
+    b.write_text(json.dumps(_rep("b", _res("p2"), gpu="H200")))
+    assert mb.main([str(tmp_path / "out.json"), str(a), str(b)]) == 2
+    assert "differ in gpu" in capsys.readouterr().err and not (tmp_path / "out.json").exists()
