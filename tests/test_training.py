@@ -115,6 +115,12 @@ REGION_CASES = {
     "two_regions_dropout": (LIN + "\nself.lin2 = nn.Linear(out_features, 33)\nself.drop = nn.Dropout(0.3)",
                             "return self.lin2(self.drop(torch.relu(self.lin(x)))) * 2.0",
                             ["gemm_epilogue", "torch", "gemm_epilogue"]),
+    # MaxPool1d over the features (kind gemm_pool): the gradient goes to each window's max
+    "pool_max": (LIN + "\nself.pool = nn.MaxPool1d(4)",
+                 "y = self.pool(self.lin(x).unsqueeze(1)).squeeze(1)\nreturn torch.sigmoid(y) * 2.0", ["gemm_pool"]),
+    "pool_avg_sum": (LIN + "\nself.pool = nn.AvgPool1d(8)",
+                     "y = self.pool(torch.tanh(self.lin(x)).unsqueeze(1)).squeeze(1)\nreturn y.sum(dim=1) * 0.5",
+                     ["gemm_pool"]),
     # row reductions and norms over the GEMM's features (kind gemm_rowreduce), the GEMV rewrite (kind gemv)
     "rowreduce_logsumexp": (LIN, "return torch.logsumexp(self.lin(x), dim=1, keepdim=True) * 2.0", ["gemm_rowreduce"]),
     "rowreduce_softmax": (LIN, "return torch.softmax(self.lin(x) * 0.5, dim=1) + 1.0", ["gemm_rowreduce"]),
