@@ -32,6 +32,22 @@ def test_groupnorm_without_affine(tmp_path):
     assert result.compiled.regions[0].kind == "gemm_groupnorm"
 
 
+def test_groupnorm_one_kernel_refuses_groups_it_cannot_tile(tmp_path):
+    """A ModelNew built for 16-channel groups, whose GroupNorm is later given 256-channel groups (no 256-wide
+    tile compiled on an H100) or a count that does not divide them, says so in one line instead of failing in the autotuner."""
+    init = "self.lin = nn.Linear(in_features, out_features)\nself.gn = nn.GroupNorm(8, out_features)"
+    path = write_problem(tmp_path, init, "return self.gn(self.lin(x))", n=128)
+    result = optimize(load_problem(path), CPU, workdir=tmp_path)
+    assert result.contract.correct and result.compiled.regions[0].kind == "gemm_groupnorm"
+    module = load_module(result.candidate_path)
+    x = torch.randn(5, 70)
+    for groups in (2, 3):  # 256-channel groups; 512 channels do not divide into 3
+        new = module.ModelNew(70, 512)
+        new.gn.num_groups = groups
+        with pytest.raises(ValueError, match="power-of-two groups of at most 128 channels"), torch.no_grad():
+            new(x)
+
+
 BN_FORWARD = "return torch.relu(self.bn(self.lin(x) * self.s))"
 
 

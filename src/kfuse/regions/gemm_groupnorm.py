@@ -1,7 +1,8 @@
 """Region kind `gemm_groupnorm`: GEMM, pointwise ops, GroupNorm and more pointwise ops in one kernel.
 
-GroupNorm normalizes each sample's channels in groups of G = N / num_groups. When G is a power of two and
-the column tile is a multiple of G, every tile holds whole groups, so the statistics are a reduction inside
+GroupNorm normalizes each sample's channels in groups of G = N / num_groups. When G is a power of two (at most
+128: wider tiles did not compile on an H100; wider groups are regions/gemm_groupnorm_wide.py) and the column
+tile is a multiple of G, every tile holds whole groups, so the statistics are a reduction inside
 the tile: reshape (BLOCK_M, BLOCK_N) -> (BLOCK_M, BLOCK_N / G, G) and sum over the last axis. Torch's
 semantics exactly: mean, then the biased variance of (x - mean) (two passes over registers, no
 E[x^2] - E[x]^2 cancellation), x_hat = (x - mean) / sqrt(var + eps), then the per-channel affine.
@@ -52,8 +53,9 @@ def generate(region: Region, g: Graph) -> RegionCode:
     # The group size is read from the module at run time, so a ModelNew built with other sizes stays right.
     pre = (f"n_out = weight.shape[{1 if region.anchor.op == 'matmul' else 0}]",
            "group = n_out // groups",
-           "if group * groups != n_out or group & (group - 1):",
-           "    raise ValueError(f'fused GroupNorm needs power-of-two groups: {n_out} channels in {groups} groups')",
+           "if group * groups != n_out or group & (group - 1) or group > 128:",
+           "    raise ValueError(f'this fused GroupNorm kernel needs power-of-two groups of at most 128 channels, not "
+           "{n_out} channels in {groups} groups: run kfuse optimize at these sizes')",
            "min_block_n = group")
     return gemm_region_code(region, kernel_name(region), args, body, doc, extra_sig="GROUP: tl.constexpr, ",
                             extra_kwargs="GROUP=group, ", pre=pre, extra_params=("groups",),

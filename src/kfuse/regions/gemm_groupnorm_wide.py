@@ -2,7 +2,7 @@
 tile -> pointwise ops.
 
 GroupNorm normalizes each sample's channels in groups of G = N / num_groups. `gemm_groupnorm` needs whole
-groups inside a tile (G a power of two <= 256); here G is anything (e.g. 16 groups of 512 channels at N = 8192,
+groups inside a tile (G a power of two <= 128); here G is anything (e.g. 16 groups of 512 channels at N = 8192,
 or 3 groups of 43): a group may span several column tiles, and a tile may start inside one group and end
 inside the next. No tile sees a whole group, so the statistics are two-phase, as gemm_rowreduce's LayerNorm:
   1. `<name>_kernel`: the GEMM and the ops before the norm ("pre"); stores the norm's input y in fp32 (and
