@@ -376,6 +376,19 @@ def _fp16x3p_tma(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, pid_m, pid_n, M, N, K, stride
 
 
 @triton.jit
+def _load_k_block(a_ptrs, b_ptrs, offs_k, kb, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """K block `kb` of the fp32 operands: A (BLOCK_M, BLOCK_K) and B (BLOCK_K, BLOCK_N), zeros past K."""
+    if EVEN_K:
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+    else:
+        k_left = K - kb * BLOCK_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+    return a, b
+
+
+@triton.jit
 def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
               pid_m, pid_n, M, N, K,
               stride_am, stride_ak, stride_bn, stride_bk,
@@ -413,13 +426,7 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
         a_ptrs = a_ptr + a_off
         b_ptrs = b_ptr + b_off
         for kb in range(0, tl.cdiv(K, BLOCK_K)):
-            if EVEN_K:
-                a = tl.load(a_ptrs)
-                b = tl.load(b_ptrs)
-            else:
-                k_left = K - kb * BLOCK_K
-                a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-                b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            a, b = _load_k_block(a_ptrs, b_ptrs, offs_k, kb, K, BLOCK_K, EVEN_K)
             acc = tl.dot(a, b, acc, input_precision=SCHEME)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
@@ -430,13 +437,7 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
         a_ptrs = a_ptr + a_off
         b_ptrs = b_ptr + b_off
         for kb in range(0, tl.cdiv(K, BLOCK_K)):
-            if EVEN_K:
-                a = tl.load(a_ptrs)
-                b = tl.load(b_ptrs)
-            else:
-                k_left = K - kb * BLOCK_K
-                a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-                b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            a, b = _load_k_block(a_ptrs, b_ptrs, offs_k, kb, K, BLOCK_K, EVEN_K)
             acc64 += tl.sum(a.to(tl.float64)[:, :, None] * b.to(tl.float64)[None, :, :], axis=1)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk

@@ -31,11 +31,18 @@ def group_norm_lines(n: Node, env: dict[str, str], args: KernelArgs) -> list[str
         f"g_rstd = 1.0 / tl.sqrt(g_var + {eps_arg})",
         f"{out} = tl.reshape(g_dev * g_rstd[:, :, None], (BLOCK_M, BLOCK_N))",
     ]
+    lines += affine_lines(out, weight, bias, env, args)
+    env[n.name] = out
+    return lines
+
+
+def affine_lines(out: str, weight, bias, env: dict[str, str], args: KernelArgs) -> list[str]:
+    """GroupNorm's per-channel affine on `out` (each part only where the module has it)."""
+    lines = []
     if isinstance(weight, Param):
         lines.append(f"{out} = {out} * {args.operand(weight, env)}")
     if isinstance(bias, Param):
         lines.append(f"{out} = {out} + {args.operand(bias, env)}")
-    env[n.name] = out
     return lines
 
 

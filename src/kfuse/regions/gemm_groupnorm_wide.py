@@ -29,6 +29,7 @@ from kfuse.partition import Region
 from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_head, gemm_kernel, kernel_name,
                                   launcher, linear_bias, pointwise_kernel, pointwise_lines, store_line,
                                   tuned_launch_lines, var)
+from kfuse.regions.gemm_groupnorm import affine_lines
 from kfuse.regions.gemm_rowreduce import as_pointwise
 
 # Phase 1, after the pre ops: the partial moments of each group slot of this tile. `{y}` is the norm's input.
@@ -101,11 +102,7 @@ def norm_lines(norm: Node, y: str, env: dict[str, str], args: KernelArgs) -> lis
     """Apply-pass lines: the normalized value of `norm` from its input variable `y` and g_mean / g_rstd."""
     _x, _groups, weight, bias, _eps = norm.args
     out = var(norm.name)
-    lines = [f"{out} = ({y} - g_mean) * g_rstd  # {norm.origin}"]
-    if isinstance(weight, Param):
-        lines.append(f"{out} = {out} * {args.operand(weight, env)}")
-    if isinstance(bias, Param):
-        lines.append(f"{out} = {out} + {args.operand(bias, env)}")
+    lines = [f"{out} = ({y} - g_mean) * g_rstd  # {norm.origin}", *affine_lines(out, weight, bias, env, args)]
     env[norm.name] = out
     return lines
 
