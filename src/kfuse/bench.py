@@ -286,14 +286,14 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
 
     def build(cls: type | None = None) -> torch.nn.Module:
         torch.manual_seed(0)
-        return problem.build(cls=cls).to(device)
+        return problem.build(cls=cls, device=device)
 
     eager = build()
     state = eager.state_dict()
     fused = build(module.ModelNew)
     fused.load_state_dict(state)
     torch.manual_seed(1)
-    inputs = [t.to(device) for t in problem.inputs()]
+    inputs = problem.inputs(device=device)
 
     timings: dict[str, Timing] = {}
     compile_s: dict[str, float] = {}

@@ -106,14 +106,14 @@ def gradient_contract(problem: Problem, cls: type, *, device: str = "cpu", draws
     verdict = GradVerdict()
     for d in range(draws):
         torch.manual_seed(d)
-        ref = problem.build().to(device)
-        new = problem.build(cls=cls).to(device)
+        ref = problem.build(device=device)
+        new = problem.build(cls=cls, device=device)
         new.load_state_dict(ref.state_dict(), strict=True)
         f64 = copy.deepcopy(ref).double()
         for m in (ref, new, f64):
             m.train(train)
         torch.manual_seed(1000 + d)
-        inputs = [t.to(device) for t in problem.inputs()]
+        inputs = problem.inputs(device=device)
         runs = [run_backward(m, inputs, dt, d) for m, dt in
                 ((ref, torch.float32), (new, torch.float32), (f64, torch.float64))]
         verdict = verdict.merge(compare_runs(*runs))

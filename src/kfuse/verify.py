@@ -90,14 +90,16 @@ def snapshot(model: torch.nn.Module, out: Any) -> Results:
     )
 
 
-def seeded_build(problem: Problem, seed: int, cls: type | None = None) -> torch.nn.Module:
+def seeded_build(problem: Problem, seed: int, cls: type | None = None, device: str | None = None) -> torch.nn.Module:
+    """The model under `seed`, its parameters created on `device` (a draw is only ever compared with draws
+    built the same way, so where the random numbers come from does not matter; a GPU makes them fast)."""
     torch.manual_seed(seed)
-    return problem.build(problem.init_inputs(), cls)
+    return problem.build(problem.init_inputs(), cls, device=device)
 
 
-def seeded_inputs(problem: Problem, seed: int) -> list[torch.Tensor]:
+def seeded_inputs(problem: Problem, seed: int, device: str | None = None) -> list[torch.Tensor]:
     torch.manual_seed(seed + 1_000_003)
-    return problem.inputs()
+    return problem.inputs(device=device)
 
 
 def cast_inputs(inputs: Sequence[torch.Tensor], device: str, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -118,8 +120,8 @@ def reference_run(problem: Problem, seed: int, device: str, precision: str = "fp
 
     `input_seed` (default: `seed`) draws the inputs apart from the model, so one model instance can be
     judged on several fresh draws (`kfuse eval` does this to catch results cached across calls)."""
-    model = seeded_build(problem, seed)
-    inputs = seeded_inputs(problem, seed if input_seed is None else input_seed)
+    model = seeded_build(problem, seed, device=device)
+    inputs = seeded_inputs(problem, seed if input_seed is None else input_seed, device=device)
     f64_model = copy.deepcopy(model).to(device=device, dtype=torch.float64)
     pristine = copy.deepcopy(model).to(device=device, dtype=DTYPES[precision])
     eager_model = model.to(device=device, dtype=DTYPES[precision])
@@ -130,7 +132,9 @@ def reference_run(problem: Problem, seed: int, device: str, precision: str = "fp
         f64 = run_model(f64_model, cast_inputs(inputs, device, torch.float64), seed)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
-    return Reference(seed=seed, inputs=inputs, eager=eager, f64=f64), pristine
+    # the inputs are kept on the CPU, as drawn before models were built on the device: the judge ships them to
+    # its worker and compares what comes back bit for bit
+    return Reference(seed=seed, inputs=[t.cpu() for t in inputs], eager=eager, f64=f64), pristine
 
 
 def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -218,11 +222,11 @@ def run_in_process(cand_cls: type) -> CandidateRunner:
     """A runner that builds the candidate here under the draw's seed and loads the eager model's state."""
 
     def runner(problem: Problem, ref: Reference, pristine: torch.nn.Module) -> Results:
-        cand = seeded_build(problem, ref.seed, cand_cls)
+        device = ref.eager.outputs[0].device.type
+        cand = seeded_build(problem, ref.seed, cand_cls, device=device)
         cand.load_state_dict(pristine.state_dict(), strict=True)
         first = next(iter(pristine.parameters()), None)
         dtype = first.dtype if first is not None else torch.float32
-        device = ref.eager.outputs[0].device.type
         cand = cand.to(device=device, dtype=dtype)
         return run_model(cand, cast_inputs(ref.inputs, device, dtype), ref.seed)
 
