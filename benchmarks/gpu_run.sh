@@ -5,11 +5,15 @@
 #   benchmarks/gpu_run.sh train OUT          kfuse bench --train on the seeds (training step)
 #   benchmarks/gpu_run.sh gemm OUT FILE...   kfuse bench on the given problems/gemm files
 #   benchmarks/gpu_run.sh gputests OUT FILE...  the GPU tests of the given test files only
+#   benchmarks/gpu_run.sh profile OUT FILE...   benchmarks/profile_calls.py on each problem (per-call overhead)
 # Every step runs under `timeout`, so a phase cut short still returns what it wrote.
 set -uo pipefail
 phase="${1:?phase}"; out="${2:?output folder}"; shift 2
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 KFUSE_CACHE_DIR="$PWD/.kfuse-cache"
-mkdir -p "$out"
+# torch.compile's caches (compiled graphs, max-autotune choices) travel with .kfuse-cache too: a problem
+# measured again in a later call then skips max-autotune's 30-70 s of tuning (its compile_s says so)
+export TORCHINDUCTOR_CACHE_DIR="$PWD/.kfuse-cache/inductor"
+mkdir -p "$out" "$TORCHINDUCTOR_CACHE_DIR"
 log="$out/$phase.log"
 mkdir -p .kfuse-cache/bin  # a `kfuse` command for `timeout` (a shell function would not do)
 printf '#!/bin/sh\nexec python3 -m kfuse "$@"\n' > .kfuse-cache/bin/kfuse
@@ -42,9 +46,16 @@ train)
     timeout 560 kfuse bench --train problems/seeds/*.py --json "$out/h100-train.json" --plot "$out/h100-train.png" 2>&1 | tail -14
     ;;
 gemm)
-    timeout 570 kfuse bench "$@" --json "$out/h100-gemm.json" --plot "$out/h100-gemm.png" 2>&1 | grep -v "^\[" | tail -60
+    timeout "${KFUSE_BENCH_TIMEOUT:-570}" kfuse bench "$@" --json "$out/h100-gemm.json" --plot "$out/h100-gemm.png" \
+        > "$out/gemm-full.log" 2>&1  # with each step's time stamp
+    grep -v "^\[" "$out/gemm-full.log" | tail -60
+    ;;
+profile)
+    for p in "$@"; do timeout 120 python3 benchmarks/profile_calls.py "$p"; done
     ;;
 esac
 # the autotune choices, so that a later call (carry .kfuse-cache) does not tune again
 mkdir -p "$out/cache" && cp .kfuse-cache/*.json "$out/cache/" 2>/dev/null
+tar czf "$out/cache/inductor.tgz" -C .kfuse-cache inductor 2>/dev/null
+ls -la "$out/cache"
 } 2>&1 | tee "$log"
