@@ -55,14 +55,23 @@ def test_ieee(M, K, N, cfg):
 # The interpreter runs fp16 dots through numpy (fp16 operands, fp32 sums), so the split arithmetic is exercised.
 @pytest.mark.parametrize("M,K,N", SIZES)
 @pytest.mark.parametrize("scheme", ["fp16x3p", "fp16x3"])
-@pytest.mark.parametrize("split_a", [False, True])
+@pytest.mark.parametrize("split_a", [False, True, 2])
 def test_split_schemes(M, K, N, scheme, split_a):
     _check(scheme, C(16, 32, 16, 2, 4, 2, split_a=split_a), M, K, N)
 
 
 @pytest.mark.parametrize("scale,dist", [(1e-6, "rand"), (1e6, "rand"), (1.0, "randn"), (1e-30, "randn")])
-def test_split_range(scale, dist):
-    _check("fp16x3p", C(16, 32, 32, 2, 4, 2, split_a=False), 37, 70, 129, seed=3, scale=scale, dist=dist)
+@pytest.mark.parametrize("split_a", [False, 2])
+def test_split_range(scale, dist, split_a):
+    _check("fp16x3p", C(16, 32, 32, 2, 4, 2, split_a=split_a), 37, 70, 129, seed=3, scale=scale, dist=dist)
+
+
+def test_in_kernel_row_scales_for_launch_bound_gemms():
+    """Small GEMMs compute x's row scales inside the GEMM (split_a=2, one launch fewer); large ones do not."""
+    small, large = gc.default_config(1000, 999, 1000, "fp16x3p"), gc.default_config(1024, 8192, 8192, "fp16x3p")
+    assert small.split_a == 2 and small.short().endswith("_ksc") and large.split_a is False
+    assert small in gc.valid_configs(1000, 999, 1000, "fp16x3p")
+    assert not any(c.split_a == 2 for c in gc.valid_configs(1024, 8192, 8192, "fp16x3p"))
 
 
 # Skinny GEMMs (a batch of 1 to SKINNY_M rows) run the "fp64" scheme on a GPU: float64 products and sums.
@@ -102,7 +111,7 @@ sys.path.insert(0, sys.argv[1])
 import gemm_core as gc
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.manual_seed(0)
-for (M, K, N) in [(37, 70, 129), (1, 33, 17), (300, 1000, 515), (1024, 2048, 1024)]:
+for (M, K, N) in [(37, 70, 129), (1, 33, 17), (300, 1000, 515), (1000, 1000, 999), (1024, 2048, 1024)]:
     for scheme in ("ieee", "tf32x3", "fp16x3p") + (("fp64",) if M <= 37 else ()):
         x = torch.rand(M, K, device="cuda"); b0 = 1 / K ** 0.5
         w = torch.empty(N, K, device="cuda").uniform_(-b0, b0); b = torch.empty(N, device="cuda").uniform_(-b0, b0)
@@ -133,7 +142,7 @@ def test_gpu_compiled():
 
 # Tiles above 128x128 run fp16x3p as two column halves (even/odd columns) sharing one tensor-core partial.
 @pytest.mark.parametrize("M,K,N", SIZES + [(130, 97, 300)])
-@pytest.mark.parametrize("split_a", [False, True])
+@pytest.mark.parametrize("split_a", [False, True, 2])
 @pytest.mark.parametrize("cfg", [C(128, 256, 32, 8, 8, 4), C(256, 128, 64, 8, 8, 2)])
 def test_fp16x3p_halves(M, K, N, split_a, cfg):
     import dataclasses

@@ -82,7 +82,7 @@ def gemm_nt(a: torch.Tensor, b: torch.Tensor, cache: tuple | None = None, b_part
         b_hi, b_lo, b_s = b_parts if b_parts is not None else _parts(b, cache)
         if cfg.split_a:
             a = a.contiguous()  # K-contiguous rows: coalesced loads
-            ops = (a, a, row_scales(a), b_hi, b_lo, b_s)
+            ops = (a, a, a if cfg.split_a == 2 else row_scales(a), b_hi, b_lo, b_s)
         else:
             a_hi, a_lo, a_s = split_x(a)
             ops, a = (a_hi, a_lo, a_s, b_hi, b_lo, b_s), a_hi

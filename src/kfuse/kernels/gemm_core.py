@@ -389,6 +389,21 @@ def _load_k_block(a_ptrs, b_ptrs, offs_k, kb, K, BLOCK_K: tl.constexpr, EVEN_K: 
 
 
 @triton.jit
+def _tile_row_scales(a_ptr, offs_am, K, stride_am, stride_ak, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The powers of two split_rows_kernel would give these rows of x (from max |x[m, :]|), computed in the GEMM
+    program itself (SPLIT_A=2): one more read of the tile's rows, which small GEMMs (launch-bound: see
+    default_config) pay gladly to drop a launch."""
+    offs_k = tl.arange(0, BLOCK_K)
+    ptrs = a_ptr + offs_am[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak
+    m = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(ptrs, mask=offs_k[None, :] < K - kb * BLOCK_K, other=0.0)
+        m = tl.maximum(m, tl.max(tl.abs(a), axis=1))
+        ptrs += BLOCK_K * stride_ak
+    return _pow2_scale(m)
+
+
+@triton.jit
 def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
               pid_m, pid_n, M, N, K,
               stride_am, stride_ak, stride_bn, stride_bk,
@@ -404,7 +419,8 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
       "ieee", "tf32x3": a_ptr = x fp32 (M, K), b_ptr = W fp32 (N, K); the *_lo_ptr / *_scale_ptr are unused.
       split schemes: b_ptr, b_lo_ptr = w_hi, w_lo fp16 (N, K) sharing strides (stride_bn, stride_bk),
           b_scale_ptr = w_scale (N,) (split_weight); SPLIT_A=True: a_ptr = x fp32, a_scale_ptr = x_scale (M,)
-          (row_scales), a_lo_ptr unused; SPLIT_A=False: a_ptr, a_lo_ptr = x_hi, x_lo fp16 (M, K) sharing strides
+          (row_scales), a_lo_ptr unused; SPLIT_A=2: the same, the row scales computed here (a_scale_ptr unused);
+          SPLIT_A=False: a_ptr, a_lo_ptr = x_hi, x_lo fp16 (M, K) sharing strides
           (stride_am, stride_ak), a_scale_ptr = x_scale (split_x).
     EVEN_K: K % BLOCK_K == 0 (drops the K mask from the loads; set by the launcher, any K is handled otherwise).
     PROMOTE_K ("fp16x3c" only; a multiple of BLOCK_K): K stretch summed in a fresh tensor-core partial.
@@ -443,7 +459,10 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
             b_ptrs += BLOCK_K * stride_bk
         acc = acc64.to(tl.float32)
     else:
-        a_s = tl.load(a_scale_ptr + offs_am)
+        if SPLIT_A == 2:  # the rows' scales from one extra pass over this tile's rows: no row_scales launch
+            a_s = _tile_row_scales(a_ptr, offs_am, K, stride_am, stride_ak, BLOCK_M, BLOCK_K)
+        else:
+            a_s = tl.load(a_scale_ptr + offs_am)
         if SCHEME == "fp16x3":
             # Three single-dot K loops into ONE tensor-core accumulator: lo*hi, hi*lo, then hi*hi.
             if SPLIT_A:
@@ -597,7 +616,9 @@ class GemmConfig:
     group_m: int
     num_warps: int
     num_stages: int
-    split_a: bool = True  # split schemes: split x inside the GEMM (True) or by split_x beforehand (False)
+    # split schemes: split x inside the GEMM (True) or by split_x beforehand (False); 2: inside the GEMM, and
+    # the rows' scales too (no row_scales launch; for small, launch-bound GEMMs)
+    split_a: bool | int = True
     persistent: bool = False  # one program per SM looping over tiles
     promote_k: int = 1024  # "fp16x3c": K stretch per fresh tensor-core partial (multiple of block_k)
     tma: bool = False  # "fp16x3p" with split_a=False: TMA tile loads (tensor descriptors; see ensure_tma_allocator)
@@ -606,6 +627,8 @@ class GemmConfig:
         s = f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}_w{self.num_warps}_s{self.num_stages}"
         if self.split_a is False:
             s += "_presplit"
+        elif self.split_a == 2:
+            s += "_ksc"
         if self.persistent:
             s += "_pers"
         if self.promote_k != 1024:
@@ -626,10 +649,11 @@ def valid_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
         return [GemmConfig(128, 128, 32, 8, 8, 3), GemmConfig(128, 64, 32, 8, 4, 4),
                 GemmConfig(64, 64, 32, 8, 4, 3), GemmConfig(128, 256, 32, 8, 8, 3)]
     if scheme in ("fp16x3p", "fp16x3d"):
+        small = [GemmConfig(128, 128, 64, 8, 8, 3, split_a=2), GemmConfig(64, 128, 64, 8, 4, 3, split_a=2)]
         return [GemmConfig(128, 128, 64, 8, 8, 3, split_a=False), GemmConfig(128, 128, 64, 16, 8, 3, split_a=False),
                 GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, persistent=True),
                 GemmConfig(128, 128, 32, 8, 8, 5, split_a=False), GemmConfig(128, 128, 64, 8, 8, 3),
-                GemmConfig(64, 128, 64, 8, 4, 3, split_a=False)]
+                GemmConfig(64, 128, 64, 8, 4, 3, split_a=False)] + (small if launch_bound(M, N, K) else [])
     if scheme == "fp16x3c":
         return [GemmConfig(128, 128, 64, 8, 8, 3, split_a=False), GemmConfig(128, 128, 64, 8, 8, 3, split_a=False,
                                                                                promote_k=512)]
@@ -649,6 +673,13 @@ def skinny_configs(M: int) -> list[GemmConfig]:
 
 
 RECOMMENDED_SCHEME = "fp16x3p"
+# GEMMs this small (problems/gemm/33: 1000 x 1000 -> 999, 2 GFLOP of fp16 products, ~10 us of tensor-core work)
+# are set by launch overhead, not by the GPU: one launch fewer (SPLIT_A=2) beats re-reading x once more.
+LAUNCH_BOUND_MNK = 2 ** 31
+
+
+def launch_bound(M: int, N: int, K: int) -> bool:
+    return M * N * K <= LAUNCH_BOUND_MNK
 
 
 def default_config(M: int, N: int, K: int, scheme: str) -> GemmConfig:
@@ -660,8 +691,9 @@ def default_config(M: int, N: int, K: int, scheme: str) -> GemmConfig:
     if scheme in ("ieee", "tf32x3"):
         return GemmConfig(64, 64, 32, 8, 4, 3) if small else GemmConfig(128, 128, 32, 8, 8, 3)
     if scheme in ("fp16x3p", "fp16x3d", "fp16x3c"):
-        return GemmConfig(64, 128, 64, 8, 4, 3, split_a=False) if small else GemmConfig(128, 128, 64, 8, 8, 3,
-                                                                                         split_a=False)
+        split = 2 if launch_bound(M, N, K) else False
+        return GemmConfig(64, 128, 64, 8, 4, 3, split_a=split) if small else GemmConfig(128, 128, 64, 8, 8, 3,
+                                                                                         split_a=split)
     return GemmConfig(64, 128, 64, 8, 4, 3, split_a=False) if small else GemmConfig(128, 256, 64, 8, 8, 3,
                                                                                      split_a=False)
 
@@ -717,7 +749,9 @@ def gemm_bias_mul_leakyrelu(x: torch.Tensor, w_parts, bias: torch.Tensor, mult: 
     if out is None:
         out = torch.empty(M, N, device=x.device, dtype=torch.float32)
     if scheme in SPLIT_SCHEMES:
-        if cfg.split_a:
+        if cfg.split_a == 2:
+            a, a_lo, a_s = x, x, x  # the kernel computes the row scales
+        elif cfg.split_a:
             x_scale = x_parts[2] if x_parts is not None else row_scales(x)
             a, a_lo, a_s = x, x, x_scale
         else:
