@@ -15,6 +15,8 @@ single-tile assumption. Three launches (the third only when a full-width value d
   3. `<name>_apply_kernel`: one elementwise pass for the full-width values that read the row result
      ("post"): softmax = exp(y - lse), log_softmax = y - lse, norms (y - mean) * rstd * w + b, and any
      op mixing per-row and full-width values (x - x.mean(1, keepdim=True)).
+When the model returns no per-row value, phase 2 runs inside phase 3 (each apply program merges its rows'
+partials, T loads per row from L2): two launches, which is what small, launch-bound problems pay for.
 Bytes beyond the GEMM: 4 * M * T per partial (T = N / BLOCK_N, tiny), M per row result; for the apply pass
 the pre value is written and read once (2 * M * N * 4) and the output written once.
 Which phase each op runs in is `partition.row_roles`.
@@ -98,39 +100,36 @@ def shape_expr(n: Node, full: bool) -> str:
     return ", ".join(dims)
 
 
+def merge_lines(red: Node, row: list[Node], args: KernelArgs) -> tuple[list[str], dict[str, str]]:
+    """Kernel lines merging the (M, T) partials of `red` for the rows offs_m (`base` = offs_m * T), then the
+    per-row ops `row`; and the (M,) result of each: the reduction's and the row ops' values by name, or a row
+    norm's statistics st_a (logsumexp, or mean) and st_b (1 / sqrt(biased variance + eps))."""
+    stat = STAT[red.op]
+    env: dict[str, str] = {}
+    lines = [ln for ln in MERGE_LINES[stat]]
+    if red.op in REDUCE_OPS:
+        # the per-row ops run in float64 (M values: free next to the GEMM) and round once, when stored
+        lines.append(f"{var(red.name)} = ({RESULT[red.op]}).to(tl.float64)  # {red.origin}")
+        env[red.name] = var(red.name)
+        lines += pointwise_lines(as_pointwise(row), env, args)
+        return lines, env
+    if stat == "lse":
+        return lines, {"st_a": "lse"}
+    lines.append(f"rstd = 1.0 / tl.sqrt(m2 / N + {args.operand(red.args[3], env)})")
+    return lines, {"st_a": "mean", "st_b": "rstd"}
+
+
 def finalize_kernel(name: str, red: Node, row: list[Node], outputs: list[str], apply_row: list[str],
                     registry: dict[str, tuple[str, bool]]) -> tuple[str, list[str], KernelArgs]:
     """Phase 2: `<name>_finalize_kernel` merging the (M, T) partials of `red` per row, then the per-row ops
     `row`; stores the row values in `outputs` (o_<v>) and in `apply_row` (k_<v>, fp32), or a row norm's
     statistics (st_a, st_b). Returns the source, the launcher names of the (M,) tensors it writes (in its
     parameter order, after pa, pb) and its KernelArgs. N is the width the partials cover."""
-    stat = STAT[red.op]
     a2 = KernelArgs(registry=registry)
-    env2: dict[str, str] = {}
-    fbody = [ln for ln in MERGE_LINES[stat]]
-    row_stores: list[str] = []  # launcher names of the (M,) tensors the finalize kernel writes
-    if red.op in REDUCE_OPS:
-        # the per-row ops run in float64 (M values: free next to the GEMM) and round once, when stored
-        fbody.append(f"{var(red.name)} = ({RESULT[red.op]}).to(tl.float64)  # {red.origin}")
-        env2[red.name] = var(red.name)
-        fbody += pointwise_lines(as_pointwise(row), env2, a2)
-        row_vals = [v for v in [red.name, *[n.name for n in row]] if v in outputs or v in apply_row]
-        for v in row_vals:
-            if v in outputs:
-                row_stores.append(f"o_{v}")
-                fbody.append(f"tl.store(o_{v}_ptr + offs_m, {env2[v]}, mask=mask_m)")
-            if v in apply_row:
-                row_stores.append(f"k_{v}")
-                fbody.append(f"tl.store(k_{v}_ptr + offs_m, {env2[v]}, mask=mask_m)")
-    elif stat == "lse":
-        row_stores.append("st_a")
-        fbody.append("tl.store(st_a_ptr + offs_m, lse, mask=mask_m)")
-    else:  # moments -> mean and 1 / sqrt(biased variance + eps)
-        eps = a2.operand(red.args[3], env2)
-        fbody += [f"rstd = 1.0 / tl.sqrt(m2 / N + {eps})",
-                  "tl.store(st_a_ptr + offs_m, mean, mask=mask_m)",
-                  "tl.store(st_b_ptr + offs_m, rstd, mask=mask_m)"]
-        row_stores += ["st_a", "st_b"]
+    fbody, vals = merge_lines(red, row, a2)
+    row_stores = row_store_names(red, row, outputs, apply_row)  # the (M,) tensors the finalize kernel writes
+    for p in row_stores:
+        fbody.append(f"tl.store({p}_ptr + offs_m, {vals[p[2:] if p[:2] in ('o_', 'k_') else p]}, mask=mask_m)")
     fsig = "".join(f"{p}_ptr, " for p in ["pa", "pb", *row_stores])
     finalize = "\n".join([
         "@triton.jit",
@@ -143,6 +142,17 @@ def finalize_kernel(name: str, red: Node, row: list[Node], outputs: list[str], a
         *[f"    {ln}" for ln in a2.loads + fbody]]) + "\n"
 
     return finalize, row_stores, a2
+
+
+def row_store_names(red: Node, row: list[Node], outputs: list[str], apply_row: list[str]) -> list[str]:
+    """The (M,) tensors phase 2 writes, in order: o_<v> for row values the model returns, k_<v> for those the
+    apply pass reads, or a row norm's statistics."""
+    if red.op not in REDUCE_OPS:
+        return ["st_a"] if STAT[red.op] == "lse" else ["st_a", "st_b"]
+    names = []
+    for v in [red.name, *[n.name for n in row]]:
+        names += ([f"o_{v}"] if v in outputs else []) + ([f"k_{v}"] if v in apply_row else [])
+    return names
 
 
 def generate(region: Region, g: Graph) -> RegionCode:
@@ -187,20 +197,31 @@ def generate(region: Region, g: Graph) -> RegionCode:
     gemm = gemm_kernel(name, f"Fused: {replaced}. Phase 1: GEMM, ops before {red.origin}, per-tile partials.",
                        k1_outs, a1, body)
 
-    # 2. finalize: merge partials per row, the per-row ops, per-row stores
-    finalize, row_stores, a2 = finalize_kernel(name, red, row, outputs, apply_row, registry)
-
-    kernels = [gemm, finalize]
-    # 3. apply: the full-width ops that read a per-row result
+    # 2. finalize: merge partials per row, the per-row ops, per-row stores. When the model returns no per-row
+    # value, each apply program merges its rows' partials itself (T loads per row, L2-resident) instead: one
+    # launch fewer, which is what small, launch-bound problems pay for (problems/gemm/33).
     post_outs = [v for v in outputs if roles[v] == "post"]
+    inline = bool(post) and not any(p.startswith("o_") for p in row_store_names(red, row, outputs, apply_row))
+    kernels = [gemm]
+    if not inline:
+        finalize, row_stores, a2 = finalize_kernel(name, red, row, outputs, apply_row, registry)
+        kernels.append(finalize)
+    # 3. apply: the full-width ops that read a per-row result
     if post:
         a3 = KernelArgs(registry=registry)
         env3 = {v: var(v) for v in apply_pre}
         stat_ptrs = ["st_a", "st_b"][:2 if stat == "moments" else 1] if red.op in ROW_NORM_OPS else []
-        row_ptrs = [f"k_{v}" for v in apply_row] + stat_ptrs
-        abody = [f"{var(v)} = tl.load(k_{v}_ptr + offs_m, mask=mask_m, other=0.0)[:, None]" for v in apply_row]
+        if inline:
+            row_ptrs = ["pa", "pb"]
+            abody, vals = merge_lines(red, row, a3)
+            abody = ["base = offs_m.to(tl.int64) * T", *abody]
+            abody += [f"{var(v)} = ({vals[v]}).to(tl.float32)[:, None]" for v in apply_row]
+            abody += [f"{p} = {vals[p]}[:, None]" for p in stat_ptrs]
+        else:
+            row_ptrs = [f"k_{v}" for v in apply_row] + stat_ptrs
+            abody = [f"{var(v)} = tl.load(k_{v}_ptr + offs_m, mask=mask_m, other=0.0)[:, None]" for v in apply_row]
+            abody += [f"{p} = tl.load({p}_ptr + offs_m, mask=mask_m, other=0.0)[:, None]" for p in stat_ptrs]
         env3.update({v: var(v) for v in apply_row})
-        abody += [f"{p} = tl.load({p}_ptr + offs_m, mask=mask_m, other=0.0)[:, None]" for p in stat_ptrs]
         for n in post:
             if n is red:
                 yv, out = env3[y], var(n.name)
@@ -220,8 +241,10 @@ def generate(region: Region, g: Graph) -> RegionCode:
                 abody += pointwise_lines(as_pointwise([n]), env3, a3)
         abody += [f"tl.store(o_{v}_ptr + tile, {env3[v]}, mask=mask)" for v in post_outs]
         # input pointers are named after the values: pointwise_kernel loads <value>_ptr as v_<value>
-        apply = pointwise_kernel(f"{name}_apply", f"Phase 3 of {name}: the full-width ops reading the row result.",
-                                 apply_pre, row_ptrs + [f"o_{v}" for v in post_outs], a3, abody)
+        doc = (f"Phases 2 and 3 of {name}: merge the rows' partials ({red.origin}), then the full-width ops."
+               if inline else f"Phase 3 of {name}: the full-width ops reading the row result.")
+        apply = pointwise_kernel(f"{name}_apply", doc, apply_pre, row_ptrs + [f"o_{v}" for v in post_outs], a3, abody,
+                                 extra_sig="T, TILE_N, " if inline else "")
         kernels.append(apply)
 
     # launcher
@@ -237,16 +260,17 @@ def generate(region: Region, g: Graph) -> RegionCode:
     lines += [alloc_full.format(f"k_{v}", "torch.float32") for v in keeps]
     lines.append(f"{name}_kernel[grid](*ops, {''.join(p + ', ' for p in k1_outs)}{''.join(p + ', ' for p in a1.params)}"
                  f"M, N, K, *strides, {LAUNCH_TAIL})")
-    lines += [alloc_row.format(p, "x.dtype" if p.startswith("o_") else "torch.float32") for p in row_stores]
-    lines.append(f"{name}_finalize_kernel[(triton.cdiv(M, 64),)](pa, pb, {''.join(p + ', ' for p in row_stores)}"
-                 f"{''.join(p + ', ' for p in a2.params)}M, N, T, cfg.block_n, BLOCK_M=64)")
+    if not inline:
+        lines += [alloc_row.format(p, "x.dtype" if p.startswith("o_") else "torch.float32") for p in row_stores]
+        lines.append(f"{name}_finalize_kernel[(triton.cdiv(M, 64),)](pa, pb, {''.join(p + ', ' for p in row_stores)}"
+                     f"{''.join(p + ', ' for p in a2.params)}M, N, T, cfg.block_n, BLOCK_M=64)")
     if post:
         lines += [alloc_full.format(f"o_{v}", "x.dtype") for v in post_outs]
         ins = [buf(v) for v in apply_pre]
         lines += ["bm, bn = (32, 128) if interpreting() else (16, 256)",
                   f"{name}_apply_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))]("
                   + "".join(p + ", " for p in ins + row_ptrs + [f"o_{v}" for v in post_outs] + a3.params)
-                  + "M, N, BLOCK_M=bm, BLOCK_N=bn, num_warps=4)"]
+                  + f"M, N, {'T, cfg.block_n, ' if inline else ''}BLOCK_M=bm, BLOCK_N=bn, num_warps=4)"]
     rets = [f"o_{v}.reshape({shape_expr(by_name[v], roles[v] in ('pre', 'post'))})" for v in outputs]
     lines.append("return " + ", ".join(rets))
     doc = f"Fused: {replaced}. Two-phase row {red.op}: per-tile partials, a per-row merge."
