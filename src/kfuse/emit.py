@@ -26,7 +26,7 @@ from kfuse.regions import generate
 from kfuse.regions.common import RegionCode
 
 KERNELS = Path(__file__).parent / "kernels"
-CORE_ROOTS = ("SPLIT_SCHEMES", "SKINNY_M", "gemm_tile", "_tile_ids", "GemmConfig", "default_config", "valid_configs", "split_weight",
+CORE_ROOTS = ("SPLIT_SCHEMES", "SKINNY_M", "cdiv", "gemm_tile", "_tile_ids", "GemmConfig", "default_config", "valid_configs", "split_weight",
               "split_x", "row_scales")
 MARKER = "# --- emitted below ---"
 

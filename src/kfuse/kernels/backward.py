@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.gemm_core import SPLIT_SCHEMES, _tile_ids, gemm_tile, row_scales, split_weight, split_x
+from kfuse.kernels.gemm_core import SPLIT_SCHEMES, _tile_ids, cdiv, gemm_tile, row_scales, split_weight, split_x
 from kfuse.kernels.runtime import cached_split, gemm_config, gemm_scheme
 
 # --- emitted below ---
@@ -91,7 +91,7 @@ def gemm_nt(a: torch.Tensor, b: torch.Tensor, cache: tuple | None = None, b_part
         ops = (a, a, a, b, b, b)
         strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
     out = torch.empty((M, N), device=a.device, dtype=torch.float32)
-    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+    grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
     gemm_nt_kernel[grid](*ops, out, M, N, K, *strides, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                          BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SCHEME=scheme, SPLIT_A=cfg.split_a,
                          EVEN_K=K % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -185,8 +185,10 @@ class FusedRegionFn(torch.autograd.Function):
     @classmethod
     def run(cls, model, *inputs):
         """ModelNew.forward calls this: the Function when a gradient is needed, else the launcher alone."""
+        if not torch.is_grad_enabled():  # inference: no parameter walk (small problems pay per call for it)
+            return cls.launch(model, *inputs)
         params = distinct_tensors(*cls.params(model))
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, *params)):
+        if any(t.requires_grad for t in (*inputs, *params)):
             return cls.apply(cls, model, len(inputs), *inputs, *params)
         return cls.launch(model, *inputs)
 

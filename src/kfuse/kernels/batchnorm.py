@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kfuse.kernels.gemm_core import cdiv
+
 
 def batch_norm_stats_ref(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain torch reference: per-column mean and biased variance of y (M, N)."""
@@ -63,7 +65,7 @@ def batch_norm_stats(mean_part: torch.Tensor, m2_part: torch.Tensor, M: int, til
     rm = bn.running_mean if update else mean
     rv = bn.running_var if update else mean
     block = 128
-    batch_norm_finalize_kernel[(triton.cdiv(N, block),)](
+    batch_norm_finalize_kernel[(cdiv(N, block),)](
         mean_part, m2_part, mean, rstd, rm, rv, M, N, num_tiles, float(bn.eps), float(factor or 0.0),
         TILE_M=tile_m, BLOCK=block, UPDATE=update)
     if update:  # the kernel wrote them behind torch's back: bump their versions as an in-place torch op would,

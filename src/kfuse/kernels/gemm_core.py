@@ -96,6 +96,12 @@ SCHEMES = ("ieee", "tf32x3", "fp64") + SPLIT_SCHEMES
 # ----------------------------------------------------------------------------------------------------------------
 # per-row power-of-two scales and the fp16 hi/lo split
 # ----------------------------------------------------------------------------------------------------------------
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for launch grids, in plain Python: Triton 3.6's triton.cdiv is a constexpr function whose
+    host-side call costs ~10 us, several per forward, which small (launch-bound) problems feel."""
+    return -(-a // b)
+
+
 @triton.jit
 def _pow2_scale(amax):
     """Power of two s with amax * s in [2^14, 2^15): built from amax's exponent bits, so it is exact."""
@@ -764,7 +770,7 @@ def gemm_bias_mul_leakyrelu(x: torch.Tensor, w_parts, bias: torch.Tensor, mult: 
     use_tma = bool(cfg.tma) and scheme == "fp16x3p" and not cfg.split_a and tma_ok(a, a_lo, b, b_lo)
     if use_tma:
         ensure_tma_allocator()
-    num_tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    num_tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     nsm = _num_sms(x.device)
     grid = (min(num_tiles, nsm),) if cfg.persistent else (num_tiles,)
     gemm_bias_mul_leakyrelu_kernel[grid](

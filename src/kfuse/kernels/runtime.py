@@ -227,7 +227,7 @@ def group_slots(block_n: int, group: int) -> int:
 
 def as_vector(t: torch.Tensor) -> torch.Tensor:
     """A parameter as the contiguous 1-d vector the kernels index by column."""
-    return t.reshape(-1).contiguous()
+    return t if t.dim() == 1 and t.is_contiguous() else t.reshape(-1).contiguous()
 
 
 @triton.jit

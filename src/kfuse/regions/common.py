@@ -171,7 +171,7 @@ def gemm_head(anchor: Node) -> list[str]:
 def gemm_operand_lines(anchor: Node) -> list[str]:
     """Launcher lines for a chosen `cfg`: the GEMM operands and the tile grid."""
     return [f"ops, strides = gemm_operands(x2, weight, {anchor.op == 'matmul'}, scheme, cfg)",
-            "grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)"]
+            "grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)"]
 
 
 def gemm_prologue(anchor: Node) -> list[str]:

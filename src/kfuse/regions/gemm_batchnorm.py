@@ -216,7 +216,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     # y stays fp32 when only the apply pass reads it (exact for fp32 models, better for bf16 ones)
     stats_body = [*[alloc.format("buf_" + v) if v in region.outputs else
                     f"buf_{v} = torch.empty((M, N), device=x.device, dtype=torch.float32)" for v in stats_outs],
-                  "num_tiles = triton.cdiv(M, cfg.block_m)",
+                  "num_tiles = cdiv(M, cfg.block_m)",
                   "mean_part = torch.empty((num_tiles, N), device=x.device, dtype=torch.float32)",
                   "m2_part = torch.empty_like(mean_part)",
                   launch(name + "_stats", stats_outs, a1, "mean_part, m2_part, ")]
@@ -230,7 +230,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
              "mean, rstd = batch_norm_stats(mean_part, m2_part, M, cfg.block_m, bn, factor)",
              *[alloc.format("buf_" + v) for v in post_outs],
              "bm, bn_ = (32, 128) if interpreting() else (16, 256)",
-             f"{name}_apply_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn_))](buf_{y}, mean, rstd, "
+             f"{name}_apply_kernel[(cdiv(M, bm), cdiv(N, bn_))](buf_{y}, mean, rstd, "
              + "".join(f"buf_{v}, " for v in post_outs) + "".join(p + ", " for p in a3.params)
              + "M, N, BLOCK_M=bm, BLOCK_N=bn_, num_warps=4)",
              ret]

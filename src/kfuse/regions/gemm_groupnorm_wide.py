@@ -177,7 +177,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     full = "{} = torch.empty((M, N), device=x.device, dtype={})"
     results = [buf(v) for v in pre_outs + keeps] + ["pa", "pb"]
     launch_body = [
-        "T, slots = triton.cdiv(N, cfg.block_n), group_slots(cfg.block_n, group)",
+        "T, slots = cdiv(N, cfg.block_n), group_slots(cfg.block_n, group)",
         "pa = torch.empty((M, T, slots), device=x.device, dtype=torch.float32)",
         "pb = torch.empty_like(pa)",
         *[full.format(f"o_{v}", "x.dtype") for v in pre_outs],
@@ -194,11 +194,11 @@ def generate(region: Region, g: Graph) -> RegionCode:
         "T, slots = pa.shape[1], pa.shape[2]",
         "g_mean = torch.empty((M, groups), device=x.device, dtype=torch.float32)",
         "g_rstd = torch.empty_like(g_mean)",
-        f"{name}_finalize_kernel[(triton.cdiv(M, 64), groups)](pa, pb, g_mean, g_rstd, "
+        f"{name}_finalize_kernel[(cdiv(M, 64), groups)](pa, pb, g_mean, g_rstd, "
         f"{''.join(p + ', ' for p in a2.params)}M, N, T, cfg.block_n, slots, group, groups, BLOCK_M=64)",
         *[full.format(f"o_{v}", "x.dtype") for v in post_outs],
         "bm, bn = (32, 128) if interpreting() else (16, 256)",
-        f"{name}_apply_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))]("
+        f"{name}_apply_kernel[(cdiv(M, bm), cdiv(N, bn))]("
         + "".join(p + ", " for p in [buf(v) for v in apply_in] + ["g_mean", "g_rstd"]
                   + [f"o_{v}" for v in post_outs] + a3.params)
         + "M, N, group, groups, BLOCK_M=bm, BLOCK_N=bn, num_warps=4)",

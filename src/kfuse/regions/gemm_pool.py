@@ -88,7 +88,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     lines += [f"o_{v} = torch.empty((M, N), device=x.device, dtype=x.dtype)" for v in pre_outs]
     lines += [f"o_{v} = torch.empty((M, N_OUT), device=x.device, dtype=x.dtype)" for v in post_outs]
     if red is not None:
-        lines += ["T = triton.cdiv(N, cfg.block_n)",
+        lines += ["T = cdiv(N, cfg.block_n)",
                   f"pa = torch.empty((M, T), device=x.device, dtype={PARTIAL_DTYPE[STAT[red.op]]})",
                   "pb = torch.empty_like(pa)" if STAT[red.op] in TWO_PARTIALS else "pb = pa"]
     lines.append(f"{name}_kernel[grid](*ops, {''.join(o + ', ' for o in outs)}{''.join(p + ', ' for p in args.params)}"
@@ -96,7 +96,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     if red is not None:  # the partials cover N_OUT pooled features
         lines += [f"{p} = torch.empty((M,), device=x.device, dtype={'x.dtype' if p.startswith('o_') else 'torch.float32'})"
                   for p in row_stores]
-        lines.append(f"{name}_finalize_kernel[(triton.cdiv(M, 64),)](pa, pb, {''.join(p + ', ' for p in row_stores)}"
+        lines.append(f"{name}_finalize_kernel[(cdiv(M, 64),)](pa, pb, {''.join(p + ', ' for p in row_stores)}"
                      f"{''.join(p + ', ' for p in a2.params)}M, N_OUT, T, cfg.block_n // pool, BLOCK_M=64)")
     rets = [f"o_{v}.reshape({shape_expr(by_name[v], True)})" for v in pre_outs]
     rets += [f"o_{v}.reshape({post_shape(v)})" if v in post_outs else f"o_{v}.reshape({shape_expr(by_name[v], False)})"

@@ -253,7 +253,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     alloc_full = "{} = torch.empty((M, N), device=x.device, dtype={})"
     alloc_row = "{} = torch.empty((M,), device=x.device, dtype={})"
     lines = ["min_block_n = 16", *gemm_prologue(anchor),
-             "T = triton.cdiv(N, cfg.block_n)",
+             "T = cdiv(N, cfg.block_n)",
              f"pa = torch.empty((M, T), device=x.device, dtype={PARTIAL_DTYPE[stat]})",
              "pb = torch.empty_like(pa)" if stat in TWO_PARTIALS else "pb = pa"]
     lines += [alloc_full.format(f"o_{v}", "x.dtype") for v in pre_outs]
@@ -262,13 +262,13 @@ def generate(region: Region, g: Graph) -> RegionCode:
                  f"M, N, K, *strides, {LAUNCH_TAIL})")
     if not inline:
         lines += [alloc_row.format(p, "x.dtype" if p.startswith("o_") else "torch.float32") for p in row_stores]
-        lines.append(f"{name}_finalize_kernel[(triton.cdiv(M, 64),)](pa, pb, {''.join(p + ', ' for p in row_stores)}"
+        lines.append(f"{name}_finalize_kernel[(cdiv(M, 64),)](pa, pb, {''.join(p + ', ' for p in row_stores)}"
                      f"{''.join(p + ', ' for p in a2.params)}M, N, T, cfg.block_n, BLOCK_M=64)")
     if post:
         lines += [alloc_full.format(f"o_{v}", "x.dtype") for v in post_outs]
         ins = [buf(v) for v in apply_pre]
         lines += ["bm, bn = (32, 128) if interpreting() else (16, 256)",
-                  f"{name}_apply_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))]("
+                  f"{name}_apply_kernel[(cdiv(M, bm), cdiv(N, bn))]("
                   + "".join(p + ", " for p in ins + row_ptrs + [f"o_{v}" for v in post_outs] + a3.params)
                   + f"M, N, {'T, cfg.block_n, ' if inline else ''}BLOCK_M=bm, BLOCK_N=bn, num_warps=4)"]
     rets = [f"o_{v}.reshape({shape_expr(by_name[v], roles[v] in ('pre', 'post'))})" for v in outputs]

@@ -59,7 +59,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
              f"bsum = {b_sum}",
              *[f"{o} = torch.empty((M,), device=x.device, dtype=x.dtype)" for o in outs],
              "bm, bk = (32, 128) if interpreting() else (64, 128)",
-             f"{name}_kernel[(triton.cdiv(M, bm),)](x2, w_sum, {''.join(o + ', ' for o in outs)}"
+             f"{name}_kernel[(cdiv(M, bm),)](x2, w_sum, {''.join(o + ', ' for o in outs)}"
              f"{''.join(p + ', ' for p in args.params)}M, N, K, x2.stride(0), x2.stride(1), bsum, "
              "BLOCK_M=bm, BLOCK_K=bk, num_warps=4)",
              "return " + ", ".join(f"o_{v}.reshape({shape_expr(n, False)})" for v in region.outputs
