@@ -184,12 +184,18 @@ def tuned_gemm(kernel, x2: torch.Tensor, N: int, scheme: str, min_block_n: int, 
     return cfg, launch(cfg)
 
 
+def tensor_key(t: torch.Tensor) -> tuple:
+    """What a cache kept on a tensor compares to reuse a result: the tensor's storage, version counter (bumped by
+    every in-place write: optimizer steps, load_state_dict, mul_ under no_grad) and layout."""
+    return (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+
+
 def cached_split(weight: torch.Tensor, kn_layout: bool) -> tuple:
     """The weight's fp16 hi/lo parts and column scales, computed once and reused while the weight is the same
     tensor with the same storage and version counter: an optimizer step, `load_state_dict`, `w.mul_()` under
     no_grad or a reassigned Parameter all invalidate it. (Writes through `w.data` bypass the version counter;
     call `weight._kfuse_split = None` after such a write.)"""
-    key = (weight.data_ptr(), weight._version, tuple(weight.shape), tuple(weight.stride()), weight.dtype, kn_layout)
+    key = (tensor_key(weight), kn_layout)
     hit = getattr(weight, "_kfuse_split", None)
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -197,6 +203,32 @@ def cached_split(weight: torch.Tensor, kn_layout: bool) -> tuple:
         parts = split_weight(weight.t() if kn_layout else weight)
     weight._kfuse_split = (key, parts)
     return parts
+
+
+def gemv_sums(weight: torch.Tensor, bias: torch.Tensor | None, kn_layout: bool) -> tuple:
+    """The GEMV region's operands (regions/gemv.py): W's rows summed in float64, (K,) contiguous (W's columns when
+    kn_layout: W is (K, N)), and sum(b) as a 1-element float64 tensor (a Python float would reach the kernel as
+    fp32; zero without a bias). Reads all of W: 4 * N * K bytes."""
+    with torch.no_grad():
+        w_sum = weight.sum(1 if kn_layout else 0, dtype=torch.float64).contiguous()
+        if bias is None:
+            return w_sum, torch.zeros(1, device=weight.device, dtype=torch.float64)
+        return w_sum, bias.sum(dtype=torch.float64).reshape(1)
+
+
+def cached_gemv_sums(weight: torch.Tensor, bias: torch.Tensor | None, kn_layout: bool) -> tuple:
+    """gemv_sums, kept on the weight and reused while W and b are the same tensors with the same storage and
+    version counters: an optimizer step, `load_state_dict`, an in-place change under no_grad or a reassigned
+    Parameter (W or b) all invalidate it. The entry holds b itself and compares it by identity, so a new bias
+    allocated where a freed one lived is never taken for it. (Writes through `.data` bypass the version
+    counter, as for cached_split: set `weight._kfuse_gemv = None` after one.)"""
+    key = (tensor_key(weight), None if bias is None else tensor_key(bias), kn_layout)
+    hit = getattr(weight, "_kfuse_gemv", None)
+    if hit is not None and hit[0] == key and hit[1] is bias:
+        return hit[2]
+    sums = gemv_sums(weight, bias, kn_layout)
+    weight._kfuse_gemv = (key, bias, sums)
+    return sums
 
 
 def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, scheme: str, cfg: GemmConfig) -> tuple:
