@@ -13,6 +13,7 @@ import torch  # noqa: E402
 KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src", "kfuse", "kernels")
 sys.path.insert(0, KERNELS)
 import gemm_core as gc  # noqa: E402
+from kfuse.kernels import skinny as sk  # noqa: E402
 
 C = gc.GemmConfig
 
@@ -33,7 +34,8 @@ def _check(scheme, cfg, M, K, N, seed=0, scale=1.0, dist="rand"):
     e_err = (eager.double() - ref).abs().max().item()
     wp = w if scheme in ("ieee", "tf32x3", "fp64") else gc.split_weight(w)
     out = torch.full((M, N), float("nan"))
-    gc.gemm_bias_mul_leakyrelu(x, wp, b, 2.0, 0.1, scheme, cfg, out=out)
+    parts = sk.fp64_partials(x, w, cfg) if scheme == "fp64" and cfg.k_slices else None
+    gc.gemm_bias_mul_leakyrelu(x, wp, b, 2.0, 0.1, scheme, cfg, x_parts=parts, out=out)
     assert torch.isfinite(out).all(), "unwritten or non-finite outputs"
     err = (out.double() - ref).abs().max().item()
     scale_out = max(1.0, ref.abs().max().item())
@@ -77,7 +79,8 @@ def test_in_kernel_row_scales_for_launch_bound_gemms():
 # Skinny GEMMs (a batch of 1 to SKINNY_M rows) run the "fp64" scheme on a GPU: float64 products and sums.
 @pytest.mark.parametrize("M,K,N", [(1, 70, 129), (5, 1000, 33), (16, 37, 300), (37, 70, 129)])
 def test_fp64_skinny(M, K, N):
-    for cfg in gc.skinny_configs(M)[:2]:
+    cfgs = gc.skinny_configs(M)
+    for cfg in [cfgs[0], next(c for c in cfgs if not c.k_slices)]:  # split-K (default) and in-tile
         err, e_err = _check("fp64", cfg, M, K, N, seed=M)
         assert err <= e_err + 2.0 ** -23, (err, e_err)  # sums in float64: no worse than eager's fp32 GEMM
 
@@ -85,7 +88,8 @@ def test_fp64_skinny(M, K, N):
 def test_skinny_configs_cover_m():
     for M in (1, 2, 3, 9, 16):
         cfgs = gc.skinny_configs(M)
-        assert cfgs and all(c.block_m >= min(M, 16) and c.block_m * c.block_n * c.block_k <= 4096 for c in cfgs)
+        assert cfgs and all(c.block_m >= min(M, 16) for c in cfgs)
+        assert all(c.block_m * c.block_n * c.block_k <= 4096 for c in cfgs if not c.k_slices)  # in-tile products
     assert gc.default_config(1, 8192, 8192, "fp64") in gc.valid_configs(1, 8192, 8192, "fp64")
 
 
@@ -109,6 +113,7 @@ GPU_SCRIPT = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[1])
 import gemm_core as gc
+from kfuse.kernels import skinny as sk
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.manual_seed(0)
 for (M, K, N) in [(37, 70, 129), (1, 33, 17), (300, 1000, 515), (1000, 1000, 999), (1024, 2048, 1024)]:
@@ -120,7 +125,9 @@ for (M, K, N) in [(37, 70, 129), (1, 33, 17), (300, 1000, 515), (1000, 1000, 999
         e_err = (eager.double() - ref).abs().max().item()
         wp = w if scheme in ("ieee", "tf32x3", "fp64") else gc.split_weight(w)
         out = torch.full((M, N), float("nan"), device="cuda")
-        gc.gemm_bias_mul_leakyrelu(x, wp, b, 2.0, 0.1, scheme, out=out)
+        cfg = gc.default_config(M, N, K, scheme)
+        parts = sk.fp64_partials(x, w, cfg) if scheme == "fp64" and cfg.k_slices else None
+        gc.gemm_bias_mul_leakyrelu(x, wp, b, 2.0, 0.1, scheme, cfg, x_parts=parts, out=out)
         err = (out.double() - ref).abs().max().item()
         # "ieee" sums K sequentially in fp32 (measured 2.5-3x cuBLAS's error at K=1000-2048): reference only
         tol = (4 * e_err + 1e-6) if scheme == "ieee" else (2 * e_err + 1e-7)

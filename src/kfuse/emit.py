@@ -123,6 +123,8 @@ def emit(problem_source: str, problem_name: str, g: Graph, regions: Sequence[Reg
         "# ---------------- the original problem, unchanged ----------------\n" + original.strip("\n"),
         "# ---------------- fp32-accurate GEMM core (kfuse/kernels/gemm_core.py) ----------------\n"
         + module_closure(KERNELS / "gemm_core.py", CORE_ROOTS).rstrip("\n"),
+        "# ---------------- skinny GEMMs: the float64 split-K pass (kfuse/kernels/skinny.py) ----------------\n"
+        + emitted_part("skinny"),
         "# ---------------- run-time helpers (kfuse/kernels/runtime.py) ----------------\n" + runtime.rstrip("\n"),
     ]
     for module in dict.fromkeys(KIND_MODULES[r.kind] for r in regions if r.kind in KIND_MODULES):

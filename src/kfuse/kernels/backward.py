@@ -32,18 +32,21 @@ import triton.language as tl
 
 from kfuse.kernels.gemm_core import SPLIT_SCHEMES, _tile_ids, cdiv, gemm_tile, row_scales, split_weight, split_x
 from kfuse.kernels.runtime import cached_split, gemm_config, gemm_scheme
+from kfuse.kernels.skinny import fp64_partials
 
 # --- emitted below ---
 @triton.jit
 def gemm_nt_kernel(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, out_ptr, M, N, K,
                    stride_am, stride_ak, stride_bn, stride_bk,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr):
+                   SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr, K_SLICES: tl.constexpr):
     """out (M, N) fp32 = A (M, K) @ B (N, K)^T: the backward GEMMs. Bytes: A and B read once per tile
-    row/column (shared through L2 by the grouped order), out written once; 2*M*N*K flops."""
+    row/column (shared through L2 by the grouped order), out written once; 2*M*N*K flops.
+    K_SLICES > 0 (skinny "fp64"): A is skinny.fp64_partials' float64 K-slice sums, added here."""
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,
-                    stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K)
+                    stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K,
+                    K_SLICES=K_SLICES)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
@@ -87,6 +90,9 @@ def gemm_nt(a: torch.Tensor, b: torch.Tensor, cache: tuple | None = None, b_part
             a_hi, a_lo, a_s = split_x(a)
             ops, a = (a_hi, a_lo, a_s, b_hi, b_lo, b_s), a_hi
         strides = (a.stride(0), a.stride(1), b_hi.stride(0), b_hi.stride(1))
+    elif scheme == "fp64" and cfg.k_slices:
+        part, strides = fp64_partials(a, b, cfg)
+        ops = (part,) * 6
     else:
         ops = (a, a, a, b, b, b)
         strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
@@ -94,7 +100,8 @@ def gemm_nt(a: torch.Tensor, b: torch.Tensor, cache: tuple | None = None, b_part
     grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
     gemm_nt_kernel[grid](*ops, out, M, N, K, *strides, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                          BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SCHEME=scheme, SPLIT_A=cfg.split_a,
-                         EVEN_K=K % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                         EVEN_K=K % cfg.block_k == 0, K_SLICES=cfg.k_slices, num_warps=cfg.num_warps,
+                         num_stages=cfg.num_stages)
     return out
 
 

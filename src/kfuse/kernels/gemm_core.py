@@ -416,7 +416,7 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr,
               PROMOTE_K: tl.constexpr = 1024, HALVES_ABOVE: tl.constexpr = 16384, INTERLEAVE: tl.constexpr = True,
-              USE_TMA: tl.constexpr = False):
+              USE_TMA: tl.constexpr = False, K_SLICES: tl.constexpr = 0):
     """Return the fp32 (BLOCK_M, BLOCK_N) tile acc[i, j] = sum_k A[m_i, k] * B[n_j, k] (= (x @ W^T) tile) for
     rows m_i = pid_m*BLOCK_M + i, cols n_j = pid_n*BLOCK_N + j.  Rows/cols past M/N are computed from wrapped
     (valid) indices: the caller must mask its store with (offs_m < M) & (offs_n < N).
@@ -434,6 +434,9 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
     (even/odd columns when INTERLEAVE) sharing one tensor-core partial (_fp16x3p_halves).
     USE_TMA ("fp16x3p", SPLIT_A=False, unit K stride, 16-byte aligned rows): TMA tile loads via device-side tensor
     descriptors; the launcher must have called ensure_tma_allocator().
+    K_SLICES ("fp64" only): 0 = this tile sums K itself; S >= 1 = K was already summed by skinny.fp64_split_k_kernel
+    into S float64 partials: a_ptr = P (S, M, N) float64 with stride_am = its row stride, stride_ak = its slice
+    stride, stride_bn = its column stride (skinny.fp64_partials returns them); the tile adds the S slices in order.
     """
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -452,6 +455,13 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
             acc = tl.dot(a, b, acc, input_precision=SCHEME)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
+    elif SCHEME == "fp64" and K_SLICES > 0:
+        # add the float64 K-slice partials in a fixed order (deterministic), then round once to fp32
+        acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+        p_ptrs = a_ptr + offs_am[:, None].to(tl.int64) * stride_am + offs_bn[None, :].to(tl.int64) * stride_bn
+        for s in tl.static_range(K_SLICES):
+            acc64 += tl.load(p_ptrs + s * stride_ak)
+        acc = acc64.to(tl.float32)
     elif SCHEME == "fp64":
         # a multiply and a sum over K (no tl.dot: float64 dots are not lowered on every target); the
         # (BLOCK_M, BLOCK_K, BLOCK_N) product stays small because BLOCK_M covers a skinny M (skinny_configs)
@@ -577,11 +587,13 @@ def _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_sc
                              tile, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on,
                              mult, slope, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              GROUP_M: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr,
-                             EVEN_K: tl.constexpr, PROMOTE_K: tl.constexpr, USE_TMA: tl.constexpr = False):
+                             EVEN_K: tl.constexpr, PROMOTE_K: tl.constexpr, USE_TMA: tl.constexpr = False,
+                             K_SLICES: tl.constexpr = 0):
     pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
                     pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
-                    BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K, PROMOTE_K, USE_TMA=USE_TMA)
+                    BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K, PROMOTE_K, USE_TMA=USE_TMA,
+                    K_SLICES=K_SLICES)
     # epilogue on the fp32 accumulator, then a masked store
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -599,19 +611,20 @@ def gemm_bias_mul_leakyrelu_kernel(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr
                                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                    GROUP_M: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr,
                                    EVEN_K: tl.constexpr, PERSISTENT: tl.constexpr, NUM_SMS: tl.constexpr,
-                                   PROMOTE_K: tl.constexpr, USE_TMA: tl.constexpr = False):
+                                   PROMOTE_K: tl.constexpr, USE_TMA: tl.constexpr = False,
+                                   K_SLICES: tl.constexpr = 0):
     if PERSISTENT:  # one program per SM walks the tiles (grid = NUM_SMS)
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         for tile in range(tl.program_id(0), num_tiles, NUM_SMS):
             _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
                                      tile, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on,
                                      mult, slope, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCHEME, SPLIT_A, EVEN_K,
-                                     PROMOTE_K, USE_TMA)
+                                     PROMOTE_K, USE_TMA, K_SLICES)
     else:  # one program per tile
         _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
                                  tl.program_id(0), M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
                                  stride_om, stride_on, mult, slope, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCHEME,
-                                 SPLIT_A, EVEN_K, PROMOTE_K, USE_TMA)
+                                 SPLIT_A, EVEN_K, PROMOTE_K, USE_TMA, K_SLICES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -628,6 +641,10 @@ class GemmConfig:
     persistent: bool = False  # one program per SM looping over tiles
     promote_k: int = 1024  # "fp16x3c": K stretch per fresh tensor-core partial (multiple of block_k)
     tma: bool = False  # "fp16x3p" with split_a=False: TMA tile loads (tensor descriptors; see ensure_tma_allocator)
+    # "fp64" only: k_slices = S >= 1 runs skinny.fp64_split_k_kernel first (S K slices, column tiles of
+    # split_block_n, K blocks of block_k) and the tile kernel (block_m x block_n) adds the S float64 partials
+    k_slices: int = 0
+    split_block_n: int = 16
 
     def short(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}_w{self.num_warps}_s{self.num_stages}"
@@ -641,6 +658,8 @@ class GemmConfig:
             s += f"_pk{self.promote_k}"
         if self.tma:
             s += "_tma"
+        if self.k_slices:
+            s += f"_ks{self.k_slices}x{self.split_block_n}"
         return s
 
 
@@ -670,12 +689,28 @@ def valid_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
 
 
 def skinny_configs(M: int) -> list[GemmConfig]:
-    """The "fp64" tiles: BLOCK_M the power of two covering M (2 to 16 rows), BLOCK_M * BLOCK_K * BLOCK_N = 4096
-    float64 products per K step (32 per thread over 4 warps: no spills); narrow column tiles give >= 2
-    programs per SM at N = 8192, each streaming its slice of W once."""
-    bm = min(max(triton.next_power_of_2(max(M, 1)), 2), SKINNY_M)
-    tiles = ((32, 64), (64, 32), (128, 16), (16, 16), (32, 8))  # (BLOCK_N, BLOCK_K)
-    return [GemmConfig(bm, bn, bk, 1, 4, 3) for bn, bk in tiles if bm * bn * bk <= 4096]
+    """The "fp64" configs, split-K first (the default); see kernels/skinny.py and benchmarks/skinny/NOTES.md.
+
+    Split-K (k_slices = S): the split pass keeps a (bm * split_block_n, block_k) float64 accumulator, bm = the
+    power of two covering M (1 at a batch of 1), at most 4096 elements per 4 warps (64 registers/thread); block_k
+    shrinks as bm grows to stay inside.  At N = K = 8192, M = 1 the default (16 x 256 blocks, S = 4) is 2048
+    programs each streaming 128 KiB of W in 16 KiB steps.  The tile kernel that adds the partials and runs the
+    epilogue uses (max(bm, 2), 64) tiles (the region may widen block_n; it reads only S * M * N * 8 bytes).
+    In-tile (k_slices = 0): the GEMM tile itself sums K in float64, BLOCK_M * BLOCK_K * BLOCK_N <= 4096
+    products per K step; N / BLOCK_N programs each stream a full (BLOCK_N, K) block of W (kept for the tuner)."""
+    bm = min(triton.next_power_of_2(max(M, 1)), SKINNY_M)
+    tile_m = max(bm, 2)
+    splits = ((16, 256, 4, 4, 3), (16, 256, 8, 4, 3), (16, 256, 2, 4, 3), (8, 512, 4, 4, 3), (32, 128, 4, 4, 3),
+              (32, 256, 4, 8, 3), (16, 256, 4, 4, 1))  # (split_block_n, block_k at bm = 1, S, warps, stages)
+    out = []
+    for sbn, bk1, slices, warps, stages in splits:
+        bk = max(16, bk1 // bm)
+        cfg = GemmConfig(tile_m, 64, bk, 1, warps, stages, k_slices=slices, split_block_n=sbn)
+        if bm * sbn * bk <= 1024 * warps and cfg not in out:
+            out.append(cfg)
+    tiles = ((32, 64), (64, 32), (16, 16))  # in-tile (BLOCK_N, BLOCK_K)
+    out += [GemmConfig(tile_m, bn, bk, 1, 4, 3) for bn, bk in tiles if tile_m * bn * bk <= 4096]
+    return out
 
 
 RECOMMENDED_SCHEME = "fp16x3p"
@@ -741,7 +776,7 @@ def gemm_bias_mul_leakyrelu(x: torch.Tensor, w_parts, bias: torch.Tensor, mult: 
     """y = LeakyReLU((x @ W^T + bias) * mult, slope), x (M, K) fp32.
     w_parts: the fp32 W (N, K) for "ieee"/"tf32x3"; split_weight(W) for the split schemes.
     x_parts: optional precomputed split_x(x) / (None, None, row_scales(x)) -- otherwise computed here (and timed
-    as part of the call)."""
+    as part of the call).  "fp64" with config.k_slices: x_parts = skinny.fp64_partials(x, W, config) (required)."""
     assert scheme in SCHEMES, scheme
     M, K = x.shape
     if scheme in SPLIT_SCHEMES:
@@ -766,6 +801,11 @@ def gemm_bias_mul_leakyrelu(x: torch.Tensor, w_parts, bias: torch.Tensor, mult: 
     else:
         a, a_lo, a_s = x, x, x
         b, b_lo, b_s = w, w, w
+    strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
+    if scheme == "fp64" and cfg.k_slices:
+        assert x_parts is not None, "fp64 with k_slices: pass x_parts = skinny.fp64_partials(x, W, config)"
+        part, strides = x_parts
+        a = a_lo = a_s = b = b_lo = b_s = part
     assert b.stride() == b_lo.stride() and (cfg.split_a or a.stride() == a_lo.stride())
     use_tma = bool(cfg.tma) and scheme == "fp16x3p" and not cfg.split_a and tma_ok(a, a_lo, b, b_lo)
     if use_tma:
@@ -774,12 +814,11 @@ def gemm_bias_mul_leakyrelu(x: torch.Tensor, w_parts, bias: torch.Tensor, mult: 
     nsm = _num_sms(x.device)
     grid = (min(num_tiles, nsm),) if cfg.persistent else (num_tiles,)
     gemm_bias_mul_leakyrelu_kernel[grid](
-        a, a_lo, a_s, b, b_lo, b_s, bias, out, M, N, K,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+        a, a_lo, a_s, b, b_lo, b_s, bias, out, M, N, K, *strides, out.stride(0), out.stride(1),
         float(mult), float(slope),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         SCHEME=scheme, SPLIT_A=cfg.split_a, EVEN_K=(K % cfg.block_k == 0), PROMOTE_K=cfg.promote_k,
-        PERSISTENT=cfg.persistent, NUM_SMS=nsm if cfg.persistent else 1, USE_TMA=use_tma,
+        PERSISTENT=cfg.persistent, NUM_SMS=nsm if cfg.persistent else 1, USE_TMA=use_tma, K_SLICES=cfg.k_slices,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 

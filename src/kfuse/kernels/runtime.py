@@ -17,6 +17,7 @@ import dataclasses
 
 from kfuse.kernels.gemm_core import (SKINNY_M, SPLIT_SCHEMES, GemmConfig, default_config, row_scales, split_weight, split_x,
                                     valid_configs)
+from kfuse.kernels.skinny import fp64_partials
 
 # --- emitted below ---
 # The fp32-accurate tensor-core scheme used on a GPU ("fp16x3p": fp16 hi/lo split, three products per K block
@@ -46,10 +47,12 @@ def gemm_config(M: int, N: int, K: int, scheme: str, min_block_n: int = 16) -> G
         cfg = GemmConfig(block_m=32, block_n=64, block_k=32, group_m=8, num_warps=4, num_stages=1)
     else:
         cfg = default_config(M, N, K, scheme)
-    if cfg.block_n < min_block_n:
-        cfg = GemmConfig(cfg.block_m, min_block_n, cfg.block_k, cfg.group_m, cfg.num_warps, cfg.num_stages,
-                         cfg.split_a, cfg.persistent)
-    return cfg
+    return widened(cfg, min_block_n)
+
+
+def widened(cfg: GemmConfig, min_block_n: int) -> GemmConfig:
+    """cfg with column tiles of at least min_block_n (everything else kept)."""
+    return cfg if cfg.block_n >= min_block_n else dataclasses.replace(cfg, block_n=min_block_n)
 
 
 # Autotuning (DESIGN.md: config space per region kind, disk cache keyed by shape/dtype/source hash).
@@ -106,9 +109,11 @@ def _write_tune_cache(key: str, entry: dict) -> None:
 
 
 def tune_candidates(M: int, N: int, K: int, scheme: str, min_block_n: int) -> list:
-    """The default config first, then the other valid ones this launcher can run (one program per tile)."""
+    """The default config first, then the other valid ones this launcher can run (one program per tile).
+    Split-K configs get their tile kernel widened to min_block_n (it only adds partials: any width is cheap)."""
     out = [gemm_config(M, N, K, scheme, min_block_n)]
     for c in valid_configs(M, N, K, scheme):
+        c = widened(c, min_block_n) if c.k_slices else c
         if c.block_n >= min_block_n and not c.persistent and c not in out:
             out.append(c)
     return out
@@ -179,12 +184,18 @@ def tuned_gemm(kernel, x2: torch.Tensor, N: int, scheme: str, min_block_n: int, 
     return cfg, launch(cfg)
 
 
+def tensor_key(t: torch.Tensor) -> tuple:
+    """What a cache kept on a tensor compares to reuse a result: the tensor's storage, version counter (bumped by
+    every in-place write: optimizer steps, load_state_dict, mul_ under no_grad) and layout."""
+    return (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+
+
 def cached_split(weight: torch.Tensor, kn_layout: bool) -> tuple:
     """The weight's fp16 hi/lo parts and column scales, computed once and reused while the weight is the same
     tensor with the same storage and version counter: an optimizer step, `load_state_dict`, `w.mul_()` under
     no_grad or a reassigned Parameter all invalidate it. (Writes through `w.data` bypass the version counter;
     call `weight._kfuse_split = None` after such a write.)"""
-    key = (weight.data_ptr(), weight._version, tuple(weight.shape), tuple(weight.stride()), weight.dtype, kn_layout)
+    key = (tensor_key(weight), kn_layout)
     hit = getattr(weight, "_kfuse_split", None)
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -194,12 +205,43 @@ def cached_split(weight: torch.Tensor, kn_layout: bool) -> tuple:
     return parts
 
 
+def gemv_sums(weight: torch.Tensor, bias: torch.Tensor | None, kn_layout: bool) -> tuple:
+    """The GEMV region's operands (regions/gemv.py): W's rows summed in float64, (K,) contiguous (W's columns when
+    kn_layout: W is (K, N)), and sum(b) as a 1-element float64 tensor (a Python float would reach the kernel as
+    fp32; zero without a bias). Reads all of W: 4 * N * K bytes."""
+    with torch.no_grad():
+        w_sum = weight.sum(1 if kn_layout else 0, dtype=torch.float64).contiguous()
+        if bias is None:
+            return w_sum, torch.zeros(1, device=weight.device, dtype=torch.float64)
+        return w_sum, bias.sum(dtype=torch.float64).reshape(1)
+
+
+def cached_gemv_sums(weight: torch.Tensor, bias: torch.Tensor | None, kn_layout: bool) -> tuple:
+    """gemv_sums, kept on the weight and reused while W and b are the same tensors with the same storage and
+    version counters: an optimizer step, `load_state_dict`, an in-place change under no_grad or a reassigned
+    Parameter (W or b) all invalidate it. The entry holds b itself and compares it by identity, so a new bias
+    allocated where a freed one lived is never taken for it. (Writes through `.data` bypass the version
+    counter, as for cached_split: set `weight._kfuse_gemv = None` after one.)"""
+    key = (tensor_key(weight), None if bias is None else tensor_key(bias), kn_layout)
+    hit = getattr(weight, "_kfuse_gemv", None)
+    if hit is not None and hit[0] == key and hit[1] is bias:
+        return hit[2]
+    sums = gemv_sums(weight, bias, kn_layout)
+    weight._kfuse_gemv = (key, bias, sums)
+    return sums
+
+
 def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, scheme: str, cfg: GemmConfig) -> tuple:
     """The six operand pointers and four strides gemm_tile takes, for x2 (M, K) and the weight
-    ((N, K) nn.Linear layout, or (K, N) for `x @ W` when kn_layout)."""
+    ((N, K) nn.Linear layout, or (K, N) for `x @ W` when kn_layout). Skinny "fp64" configs with k_slices run
+    the split-K pass here: the operands are then its float64 partials (kernels/skinny.py)."""
     b = weight.t() if kn_layout else weight  # (N, K) view either way
     if scheme == "ieee" and interpreting() and x2.dtype != torch.float32:
         x2, b = x2.float(), b.float()  # the interpreter mishandles bf16 dots: compute in fp32
+    if scheme == "fp64" and cfg.k_slices:
+        # skinny split-K: K summed first into float64 partials, which become the tile kernel's A operand
+        part, strides = fp64_partials(x2, b, cfg)
+        return (part,) * 6, strides
     if scheme not in SPLIT_SCHEMES:
         return (x2, x2, x2, b, b, b), (x2.stride(0), x2.stride(1), b.stride(0), b.stride(1))
     w_hi, w_lo, w_scale = cached_split(weight, kn_layout)

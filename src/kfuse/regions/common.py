@@ -127,7 +127,7 @@ def linear_bias(anchor: Node, env: dict[str, str], args: KernelArgs) -> list[str
 
 GEMM_PARAMS = ("a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, ")
 GEMM_CONSTEXPRS = ("BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, "
-                   "SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr")
+                   "SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr, K_SLICES: tl.constexpr")
 
 
 def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str], extra_sig: str = "") -> str:
@@ -140,7 +140,8 @@ def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: li
         f'    """{doc}"""',
         "    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)",
         "    acc = gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,",
-        "                    stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K)",
+        "                    stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K,",
+        "                    K_SLICES=K_SLICES)",
         "    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         "    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
         "    mask_m = offs_m < M",
@@ -152,7 +153,8 @@ def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: li
 
 
 LAUNCH_TAIL = ("BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SCHEME=scheme, "
-               "SPLIT_A=cfg.split_a, EVEN_K=K % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages")
+               "SPLIT_A=cfg.split_a, EVEN_K=K % cfg.block_k == 0, K_SLICES=cfg.k_slices, num_warps=cfg.num_warps, "
+               "num_stages=cfg.num_stages")
 
 
 def launcher(name: str, params: list[str], body: list[str], doc: str) -> str:

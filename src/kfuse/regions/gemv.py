@@ -3,7 +3,8 @@ ops after it.
 
 rewrite.py's `sum-of-gemm->gemv` turns sum_n (x W^T + b)[m, n] into x[m, :] . w_sum + b_sum with
 w_sum = sum of W's rows (K,) and b_sum = sum(b): exact in real arithmetic. The launcher forms w_sum and b_sum
-in float64 (one read of W, N * K * 4 bytes, the same bytes the GEMM would have read); the kernel reads x once
+in float64 (one read of W, N * K * 4 bytes) and keeps them on the weight until W or b changes
+(runtime.cached_gemv_sums: storage and version counter, so never stale); the kernel reads x once
 (M * K * 4 bytes) and does 2 * M * K flops instead of the GEMM's 2 * M * N * K. Memory-bound, so it accumulates
 in float64 for free: the sum comes out correctly rounded, never less accurate than eager's GEMM + fp32 sum
 (which matters most where one row's sum is the whole output). The ops after the sum run on the (M,) result
@@ -49,14 +50,10 @@ def generate(region: Region, g: Graph) -> RegionCode:
         "        acc += tl.sum(xt * wt[None, :], axis=1)",
         "    bsum = tl.load(bsum_ptr)",
         *[f"    {ln}" for ln in args.loads + body]]) + "\n"
-    # a 1-element float64 tensor: a Python float argument would reach the kernel as fp32
-    b_sum = ("torch.zeros(1, device=x.device, dtype=torch.float64)" if bias is None
-             else "bias.sum(dtype=torch.float64).reshape(1)")
     lines = ["x2 = x.reshape(-1, x.shape[-1])",
              "M, K = x2.shape",
              f"N = weight.shape[{1 if kn else 0}]",
-             f"w_sum = weight.sum({1 if kn else 0}, dtype=torch.float64).contiguous()",
-             f"bsum = {b_sum}",
+             f"w_sum, bsum = cached_gemv_sums(weight, bias, {kn})  # recomputed only when W or b changes",
              *[f"{o} = torch.empty((M,), device=x.device, dtype=x.dtype)" for o in outs],
              "bm, bk = (32, 128) if interpreting() else (64, 128)",
              f"{name}_kernel[(cdiv(M, bm),)](x2, w_sum, {''.join(o + ', ' for o in outs)}"
