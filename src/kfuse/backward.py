@@ -151,8 +151,8 @@ def function_class(region: Region, code: RegionCode, name: str, launcher_name: s
     inputs = region_inputs(region)
     gemm = gemm_anchored(region)
     replaced = " -> ".join(n.origin for n in region.nodes)
-    how = ("z recomputed and dX = dZ W, dW = dZ^T X by gemm_nt; the ops after the GEMM differentiated in torch"
-           if gemm else "the region recomputed in torch and differentiated")
+    how = ("z saved by the forward kernel (else recomputed) and dX = dZ W, dW = dZ^T X by gemm_nt; "
+           "the ops after the GEMM differentiated in torch" if gemm else "the region recomputed in torch and differentiated")
     lines = [f"class {name}({'FusedGemmFn' if gemm else 'FusedRegionFn'}):",
              f'    """Autograd for {launcher_name} ({replaced}).',
              f'    Forward: the fused kernels. Backward: {how}."""']
@@ -161,6 +161,9 @@ def function_class(region: Region, code: RegionCode, name: str, launcher_name: s
     if any(uses_fx_code(n) for n in region.nodes):
         lines += ["", "    PRECISE = False  # original torch calls read their module's parameters: no float64"]
     lines += _method("launch", ["self", *inputs], [*code.forward, _returns(region)])
+    if gemm and code.z_forward:
+        outs = ", ".join(region.outputs) + ("," if len(region.outputs) == 1 else "")
+        lines += _method("launch_z", ["self", *inputs], [*code.z_forward, f"return ({outs}), z"])
     params = param_exprs(region)
     lines += _method("params", ["self"], [f"return ({', '.join(params)}{',' if len(params) == 1 else ''})"])
     bns = [n.module for n in region.nodes if n.op == "batch_norm" and n.module]

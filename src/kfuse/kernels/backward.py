@@ -194,8 +194,16 @@ class FusedRegionFn(torch.autograd.Function):
     def forward(ctx, cls, model, n_in, *tensors):
         ctx.cls, ctx.model, ctx.n_in = cls, model, n_in
         ctx.state = cls.state(model)  # before the launch: BatchNorm's mode and statistics for this call
-        ctx.save_for_backward(*tensors)  # x, and the parameters for torch's in-place-modification check
-        return cls.launch(model, *tensors[:n_in])
+        outs, extra = cls.launch_saving(model, *tensors[:n_in])
+        ctx.n_tensors = len(tensors)
+        # x, the parameters (for torch's in-place-modification check) and what the launch kept for backward
+        ctx.save_for_backward(*tensors, *extra)
+        return outs
+
+    @classmethod
+    def launch_saving(cls, model, *inputs) -> tuple:
+        """(outputs, tensors kept for backward): here the plain launch, nothing kept."""
+        return cls.launch(model, *inputs), ()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -204,11 +212,13 @@ class FusedRegionFn(torch.autograd.Function):
         cls, n = ctx.cls, ctx.n_in
         params = list(distinct_tensors(*cls.params(ctx.model)))  # the objects the reference reads
         need = list(ctx.needs_input_grad[3:])
-        got = cls.region_backward(ctx.model, ctx.state, list(saved[:n]), params, grads, need)
+        got = cls.region_backward(ctx.model, ctx.state, list(saved[:n]), params, grads, need,
+                                  list(saved[ctx.n_tensors:]))
         return (None, None, None, *got)
 
     @classmethod
-    def region_backward(cls, model, state, inputs: list, params: list, grads: tuple, need: list) -> list:
+    def region_backward(cls, model, state, inputs: list, params: list, grads: tuple, need: list,
+                        kept: list = ()) -> list:
         """Recompute the region in torch from the saved inputs and differentiate it."""
         work = cls.work_dtype(inputs[0].dtype)
         with torch.enable_grad():
@@ -226,6 +236,7 @@ class FusedGemmFn(FusedRegionFn):
     to x's dtype once before the backward GEMMs, as eager's dZ is."""
 
     KN = False  # W is (K, N) (`x @ W`) rather than nn.Linear's (N, K)
+    launch_z = None  # generated where the launcher can also store z: (model, x) -> (outputs tuple, z or None)
 
     @staticmethod
     def gemm(model) -> tuple:
@@ -236,17 +247,33 @@ class FusedGemmFn(FusedRegionFn):
         raise NotImplementedError
 
     @classmethod
-    def region_backward(cls, model, state, inputs: list, params: list, grads: tuple, need: list) -> list:
+    def launch_saving(cls, model, *inputs) -> tuple:
+        """The launch that also stores z = x W^T + b (M*N values of x's dtype kept until backward, which then
+        skips a whole GEMM); the plain launch where the launcher cannot, or this call's path has no z."""
+        if cls.launch_z is None:
+            return cls.launch(model, *inputs), ()
+        outs, z = cls.launch_z(model, *inputs)
+        return (outs[0] if len(outs) == 1 else outs), (() if z is None else (z,))
+
+    @staticmethod
+    def recompute_z(x2: torch.Tensor, weight: torch.Tensor, bias, kn: bool) -> torch.Tensor:
+        """z = x W^T + b again by gemm_nt, for launches that did not keep it."""
+        w_nk = weight.detach().t() if kn else weight.detach()
+        with torch.no_grad():
+            parts = cached_split(weight, kn) if gemm_scheme(x2) in SPLIT_SCHEMES else None
+            z = gemm_nt(x2, w_nk, b_parts=parts)
+            if bias is not None:
+                z += bias.detach().float()
+        return z
+
+    @classmethod
+    def region_backward(cls, model, state, inputs: list, params: list, grads: tuple, need: list,
+                        kept: list = ()) -> list:
         (x,) = inputs
         weight, bias = cls.gemm(model)
         x2 = x.detach().reshape(-1, x.shape[-1])
         w_nk = weight.detach().t() if cls.KN else weight.detach()  # (N, K) either way
-        with torch.no_grad():
-            # z again (the fused forward never stored it): one GEMM instead of keeping M*N floats alive
-            parts = cached_split(weight, cls.KN) if gemm_scheme(x2) in SPLIT_SCHEMES else None
-            z = gemm_nt(x2, w_nk, b_parts=parts)
-            if bias is not None:
-                z += bias.detach().float()
+        z = kept[0].reshape(x2.shape[0], -1) if kept else cls.recompute_z(x2, weight, bias, cls.KN)
         n_out = z.shape[1]
         work = cls.work_dtype(x.dtype)
         with torch.enable_grad():
