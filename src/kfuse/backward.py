@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from kfuse.backward_epilogue import dz_kernel, dz_method, dz_supported
 from kfuse.ir import Arg, Graph, Node, Param, Scalar
 from kfuse.ops import POINTWISE
 from kfuse.partition import Region
@@ -147,11 +148,16 @@ def class_name(stem: str, taken: set[str]) -> str:
     return name
 
 
-def function_class(region: Region, code: RegionCode, name: str, launcher_name: str) -> str:
+def function_class(region: Region, code: RegionCode, name: str, launcher_name: str,
+                   dz: tuple[str, list[str], list[str]] | None = None) -> str:
+    """The Function class source. dz: (kernel stem, parameter and scalar expressions) of a generated
+    epilogue-backward kernel (backward_epilogue.py), which then computes dZ instead of torch."""
     inputs = region_inputs(region)
     gemm = gemm_anchored(region)
     replaced = " -> ".join(n.origin for n in region.nodes)
-    how = ("z recomputed and dX = dZ W, dW = dZ^T X by gemm_nt; the ops after the GEMM differentiated in torch"
+    epi = ("dZ by the generated epilogue-backward kernel" if dz else
+           "the ops after the GEMM differentiated in torch")
+    how = (f"z saved by the forward kernel (else recomputed) and dX = dZ W, dW = dZ^T X by gemm_nt; {epi}"
            if gemm else "the region recomputed in torch and differentiated")
     lines = [f"class {name}({'FusedGemmFn' if gemm else 'FusedRegionFn'}):",
              f'    """Autograd for {launcher_name} ({replaced}).',
@@ -161,6 +167,9 @@ def function_class(region: Region, code: RegionCode, name: str, launcher_name: s
     if any(uses_fx_code(n) for n in region.nodes):
         lines += ["", "    PRECISE = False  # original torch calls read their module's parameters: no float64"]
     lines += _method("launch", ["self", *inputs], [*code.forward, _returns(region)])
+    if gemm and code.z_forward:
+        outs = ", ".join(region.outputs) + ("," if len(region.outputs) == 1 else "")
+        lines += _method("launch_z", ["self", *inputs], [*code.z_forward, f"return ({outs}), z"])
     params = param_exprs(region)
     lines += _method("params", ["self"], [f"return ({', '.join(params)}{',' if len(params) == 1 else ''})"])
     bns = [n.module for n in region.nodes if n.op == "batch_norm" and n.module]
@@ -172,6 +181,8 @@ def function_class(region: Region, code: RegionCode, name: str, launcher_name: s
         bias = _code(a.args[2]) if a.op == "linear" and len(a.args) > 2 else "None"
         lines += _method("gemm", ["self"], [f"return {_code(a.args[1])}, {bias}"])
         lines += _method("epilogue", ["self", "fwd_state", "cast", a.name], _body(list(region.nodes[1:]), region))
+        if dz:
+            lines += dz_method(*dz)
     return "\n".join(lines) + "\n"
 
 
@@ -183,7 +194,12 @@ def with_autograd(region: Region, g: Graph, code: RegionCode, taken: set[str]) -
     called = re.search(r"=\s*(\w+)\(", code.forward[-1])
     launcher_name = called.group(1) if called else "_".join(n.op for n in region.nodes)
     name = class_name(launcher_name.removeprefix("fused_"), taken)
-    cls = function_class(region, code, name, launcher_name)
+    kernels, dz = code.kernels, None
+    if gemm_anchored(region) and dz_supported(region):
+        stem = launcher_name.removeprefix("fused_")
+        src, params, scalars = dz_kernel(region, stem)
+        kernels, dz = (*kernels, src), (stem, params, scalars)
+    cls = function_class(region, code, name, launcher_name, dz)
     call = f"{', '.join(region.outputs)} = {name}.run({', '.join(['self', *region_inputs(region)])})"
     launcher = code.launcher.rstrip("\n") + "\n\n\n" + cls if code.launcher else cls
-    return dataclasses.replace(code, launcher=launcher, forward=(call,))
+    return dataclasses.replace(code, kernels=kernels, launcher=launcher, forward=(call,))

@@ -132,6 +132,8 @@ def emit(problem_source: str, problem_name: str, g: Graph, regions: Sequence[Reg
     if fused:
         parts.append("# ---------------- training: autograd bases, backward GEMM (kfuse/kernels/backward.py) "
                      "----------------\n" + emitted_part("backward"))
+        parts.append("# ---------------- training: epilogue backward launcher (kfuse/kernels/backward_ops.py) "
+                     "----------------\n" + emitted_part("backward_ops"))
     parts.append("# ---------------- fused regions ----------------")
     for code in codes:
         parts += [k.rstrip("\n") for k in code.kernels]

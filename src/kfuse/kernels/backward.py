@@ -6,12 +6,12 @@ two bases here:
   FusedRegionFn  forward: the region's fused launcher. backward: the region recomputed in plain torch from the
                  saved inputs and differentiated with torch.autograd.grad. Eager math, so the gradients meet
                  the accuracy contract by construction; correct for every region kind.
-  FusedGemmFn    a region anchored on a GEMM z = x @ W^T + b (nn.Linear) or z = x @ W: backward recomputes z
-                 with `gemm_nt`, differentiates only the epilogue (the ops after the GEMM: pointwise, norms)
-                 in torch to get dZ, then runs the two backward GEMMs as kernels:
+  FusedGemmFn    a region anchored on a GEMM z = x @ W^T + b (nn.Linear) or z = x @ W: the forward kernel also
+                 stores z where the launcher can (launch_z; else backward recomputes it with `gemm_nt`), dZ
+                 comes from the generated epilogue-backward kernel (fused_dz, pointwise epilogues) or from the
+                 epilogue differentiated in torch (norms), then the two backward GEMMs run as kernels:
                      dX = dZ @ W       (M x N x K)      dW = dZ^T @ X   (N x M x K)      db = sum_rows(dZ)
-                 Flops: 3 x 2*M*N*K (recomputed z, dX, dW) against eager's 2 x 2*M*N*K plus its saved z;
-                 saved activations: x only (M*K), where eager keeps x and every epilogue intermediate.
+                 Flops: 2 x 2*M*N*K (3 x where z is recomputed), as eager's; saved activations: x and z.
 
 `gemm_nt` is the fp32-accurate GEMM core's tile (kernels/gemm_core.py, same SCHEME switch) as a plain
 A (M, K) @ B (N, K)^T with any operand strides: on a GPU the split schemes run it on fp16 tensor cores at fp32
@@ -30,8 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.gemm_core import SPLIT_SCHEMES, _tile_ids, cdiv, gemm_tile, row_scales, split_weight, split_x
-from kfuse.kernels.runtime import cached_split, gemm_config, gemm_scheme
+from kfuse.kernels.backward_ops import split_rows_any
+from kfuse.kernels.gemm_core import SPLIT_SCHEMES, _tile_ids, cdiv, gemm_tile, row_scales, split_weight
+from kfuse.kernels.runtime import cached_split, gemm_scheme, tuned_gemm
 from kfuse.kernels.skinny import fp64_partials
 
 # --- emitted below ---
@@ -55,9 +56,10 @@ def gemm_nt_kernel(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, o
 
 def _parts(b: torch.Tensor, cache: tuple | None) -> tuple:
     """fp16 hi/lo parts of B's rows; with cache=(parameter, tag), kept on the parameter until its version
-    changes (a slot apart from the forward's, which splits the other layout)."""
+    changes (a slot apart from the forward's, which splits the other layout). Uncached (X^T for dW): one
+    Triton split reading B's storage as it lies (split_rows_any), no torch transpose copy."""
     if cache is None:
-        return split_weight(b)
+        return split_rows_any(b)
     owner, tag = cache
     key = (owner.data_ptr(), owner._version, tuple(owner.shape), owner.dtype, tag)
     slots = getattr(owner, "_kfuse_bwd_split", None) or {}
@@ -73,36 +75,46 @@ def _parts(b: torch.Tensor, cache: tuple | None) -> tuple:
 
 def gemm_nt(a: torch.Tensor, b: torch.Tensor, cache: tuple | None = None, b_parts: tuple | None = None) -> torch.Tensor:
     """a (M, K) @ b (N, K)^T -> (M, N) fp32, any strides (transposed views are fine), no autograd.
-    `cache`: (parameter, tag) to keep b's split on; `b_parts`: b's split when the caller has it."""
+    `cache`: (parameter, tag) to keep b's split on; `b_parts`: b's split when the caller has it.
+    The tile config comes from the forward's autotuner (runtime.tuned_gemm: timed once per shape on a GPU,
+    kept on disk), so dX and dW run the config measured fastest for their own shapes."""
     M, K = a.shape
     N = b.shape[0]
     if M == 0 or N == 0 or K == 0:
         return torch.zeros((M, N), device=a.device, dtype=torch.float32)
     a, b = a.float(), b.float()
     scheme = gemm_scheme(a)
-    cfg = gemm_config(M, N, K, scheme)
-    if scheme in SPLIT_SCHEMES:
-        b_hi, b_lo, b_s = b_parts if b_parts is not None else _parts(b, cache)
-        if cfg.split_a:
-            a = a.contiguous()  # K-contiguous rows: coalesced loads
-            ops = (a, a, a if cfg.split_a == 2 else row_scales(a), b_hi, b_lo, b_s)
+    split = scheme in SPLIT_SCHEMES
+    b_hi, b_lo, b_s = (b_parts if b_parts is not None else _parts(b, cache)) if split else (b, b, b)
+    a_split = []  # a's hi/lo split, made once (tuning launches several configs)
+
+    def launch(cfg):
+        split_a = False
+        if scheme == "fp64" and cfg.k_slices:  # skinny: float64 K-slice partials, added by the tile
+            part, strides = fp64_partials(a, b, cfg)
+            ops = (part,) * 6
+        elif not split:
+            ops, strides = (a, a, a, b, b, b), (*a.stride(), *b.stride())
         else:
-            a_hi, a_lo, a_s = split_x(a)
-            ops, a = (a_hi, a_lo, a_s, b_hi, b_lo, b_s), a_hi
-        strides = (a.stride(0), a.stride(1), b_hi.stride(0), b_hi.stride(1))
-    elif scheme == "fp64" and cfg.k_slices:
-        part, strides = fp64_partials(a, b, cfg)
-        ops = (part,) * 6
-    else:
-        ops = (a, a, a, b, b, b)
-        strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
-    out = torch.empty((M, N), device=a.device, dtype=torch.float32)
-    grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
-    gemm_nt_kernel[grid](*ops, out, M, N, K, *strides, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                         BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SCHEME=scheme, SPLIT_A=cfg.split_a,
-                         EVEN_K=K % cfg.block_k == 0, K_SLICES=cfg.k_slices, num_warps=cfg.num_warps,
-                         num_stages=cfg.num_stages)
-    return out
+            # in-register split of a needs K-contiguous rows; a transposed dZ^T goes pre-split instead
+            split_a = cfg.split_a if a.stride(1) == 1 else False
+            if split_a:
+                ops = (a, a, a if split_a == 2 else row_scales(a), b_hi, b_lo, b_s)  # 2: scales in the kernel
+                strides = (*a.stride(), *b_hi.stride())
+            else:
+                if not a_split:
+                    a_split.append(split_rows_any(a))
+                a_hi, a_lo, a_s = a_split[0]
+                ops, strides = (a_hi, a_lo, a_s, b_hi, b_lo, b_s), (*a_hi.stride(), *b_hi.stride())
+        out = torch.empty((M, N), device=a.device, dtype=torch.float32)
+        grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
+        gemm_nt_kernel[grid](*ops, out, M, N, K, *strides, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                             BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SCHEME=scheme, SPLIT_A=split_a,
+                             EVEN_K=K % cfg.block_k == 0, K_SLICES=cfg.k_slices, num_warps=cfg.num_warps,
+                             num_stages=cfg.num_stages)
+        return out
+
+    return tuned_gemm(gemm_nt_kernel, a, N, scheme, 16, launch)[1]
 
 
 def distinct_tensors(*ts) -> tuple:
@@ -203,8 +215,16 @@ class FusedRegionFn(torch.autograd.Function):
     def forward(ctx, cls, model, n_in, *tensors):
         ctx.cls, ctx.model, ctx.n_in = cls, model, n_in
         ctx.state = cls.state(model)  # before the launch: BatchNorm's mode and statistics for this call
-        ctx.save_for_backward(*tensors)  # x, and the parameters for torch's in-place-modification check
-        return cls.launch(model, *tensors[:n_in])
+        outs, extra = cls.launch_saving(model, *tensors[:n_in])
+        ctx.n_tensors = len(tensors)
+        # x, the parameters (for torch's in-place-modification check) and what the launch kept for backward
+        ctx.save_for_backward(*tensors, *extra)
+        return outs
+
+    @classmethod
+    def launch_saving(cls, model, *inputs) -> tuple:
+        """(outputs, tensors kept for backward): here the plain launch, nothing kept."""
+        return cls.launch(model, *inputs), ()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -213,11 +233,13 @@ class FusedRegionFn(torch.autograd.Function):
         cls, n = ctx.cls, ctx.n_in
         params = list(distinct_tensors(*cls.params(ctx.model)))  # the objects the reference reads
         need = list(ctx.needs_input_grad[3:])
-        got = cls.region_backward(ctx.model, ctx.state, list(saved[:n]), params, grads, need)
+        got = cls.region_backward(ctx.model, ctx.state, list(saved[:n]), params, grads, need,
+                                  list(saved[ctx.n_tensors:]))
         return (None, None, None, *got)
 
     @classmethod
-    def region_backward(cls, model, state, inputs: list, params: list, grads: tuple, need: list) -> list:
+    def region_backward(cls, model, state, inputs: list, params: list, grads: tuple, need: list,
+                        kept: list = ()) -> list:
         """Recompute the region in torch from the saved inputs and differentiate it."""
         work = cls.work_dtype(inputs[0].dtype)
         with torch.enable_grad():
@@ -235,6 +257,10 @@ class FusedGemmFn(FusedRegionFn):
     to x's dtype once before the backward GEMMs, as eager's dZ is."""
 
     KN = False  # W is (K, N) (`x @ W`) rather than nn.Linear's (N, K)
+    launch_z = None  # generated where the launcher can also store z: (model, x) -> (outputs tuple, z or None)
+    # generated for pointwise epilogues (kfuse/backward_epilogue.py): (model, z, grads) -> (dZ, db float64,
+    # [each epilogue parameter's float64 gradient]), one Triton pass instead of the float64 torch epilogue
+    fused_dz = None
 
     @staticmethod
     def gemm(model) -> tuple:
@@ -245,18 +271,37 @@ class FusedGemmFn(FusedRegionFn):
         raise NotImplementedError
 
     @classmethod
-    def region_backward(cls, model, state, inputs: list, params: list, grads: tuple, need: list) -> list:
+    def launch_saving(cls, model, *inputs) -> tuple:
+        """The launch that also stores z = x W^T + b (M*N values of x's dtype kept until backward, which then
+        skips a whole GEMM); the plain launch where the launcher cannot, or this call's path has no z."""
+        if cls.launch_z is None:
+            return cls.launch(model, *inputs), ()
+        outs, z = cls.launch_z(model, *inputs)
+        return (outs[0] if len(outs) == 1 else outs), (() if z is None else (z,))
+
+    @staticmethod
+    def recompute_z(x2: torch.Tensor, weight: torch.Tensor, bias, kn: bool) -> torch.Tensor:
+        """z = x W^T + b again by gemm_nt, for launches that did not keep it."""
+        w_nk = weight.detach().t() if kn else weight.detach()
+        with torch.no_grad():
+            parts = cached_split(weight, kn) if gemm_scheme(x2) in SPLIT_SCHEMES else None
+            z = gemm_nt(x2, w_nk, b_parts=parts)
+            if bias is not None:
+                z += bias.detach().float()
+        return z
+
+    @classmethod
+    def region_backward(cls, model, state, inputs: list, params: list, grads: tuple, need: list,
+                        kept: list = ()) -> list:
         (x,) = inputs
         weight, bias = cls.gemm(model)
         x2 = x.detach().reshape(-1, x.shape[-1])
         w_nk = weight.detach().t() if cls.KN else weight.detach()  # (N, K) either way
-        with torch.no_grad():
-            # z again (the fused forward never stored it): one GEMM instead of keeping M*N floats alive
-            parts = cached_split(weight, cls.KN) if gemm_scheme(x2) in SPLIT_SCHEMES else None
-            z = gemm_nt(x2, w_nk, b_parts=parts)
-            if bias is not None:
-                z += bias.detach().float()
+        z = kept[0].reshape(x2.shape[0], -1) if kept else cls.recompute_z(x2, weight, bias, cls.KN)
         n_out = z.shape[1]
+        if cls.fused_dz is not None:
+            dz2, db, epi = cls.dz_fused(model, z, grads, params)
+            return cls.gemm_grads(x, x2, w_nk, weight, bias, dz2, db, epi, params, need)
         work = cls.work_dtype(x.dtype)
         with torch.enable_grad():
             # z rounded to x's dtype, as the forward's kernel stored its values, then widened for the epilogue
@@ -267,11 +312,30 @@ class FusedGemmFn(FusedRegionFn):
             dz = torch.zeros_like(zd)
         db = dz.reshape(-1, n_out).sum(0)  # in the working dtype, rounded once below
         dz2 = dz.to(x.dtype).reshape(-1, n_out)
+        return cls.gemm_grads(x, x2, w_nk, weight, bias, dz2, db, got, params, need)
+
+    @classmethod
+    def dz_fused(cls, model, z: torch.Tensor, grads: tuple, params: list) -> tuple:
+        """dZ, db and the epilogue parameters' gradients (float64, summed per distinct parameter, None for a
+        parameter the epilogue does not read) from the generated epilogue-backward kernel."""
+        dz2, db, pairs = cls.fused_dz(model, z.detach(), grads)
+        epi = [None] * len(params)
+        for t, g in pairs:  # matched by identity: the objects params() returns
+            i = next(j for j, p in enumerate(params) if p is t)
+            epi[i] = g if epi[i] is None else epi[i] + g
+        return dz2, db, epi
+
+    @classmethod
+    def gemm_grads(cls, x, x2, w_nk, weight, bias, dz2, db, epi: list, params: list, need: list) -> list:
+        """dX = dZ W and dW = dZ^T X by gemm_nt; db and the epilogue's parameter gradients (`epi`, float64 or
+        the parameter's dtype) added per parameter and rounded once to its dtype."""
         dx = None
         if need[0]:
             dx = gemm_nt(dz2, w_nk.t(), cache=(weight, ("dx", cls.KN))).to(x.dtype).reshape(x.shape)
+        got = list(epi)
         for i, (p, nd) in enumerate(zip(params, need[1:])):
             if not nd:
+                got[i] = None
                 continue
             extra = None
             if p is weight:
@@ -279,6 +343,8 @@ class FusedGemmFn(FusedRegionFn):
             elif p is bias:
                 extra = db
             if extra is not None:
-                extra = extra.to(p.dtype).reshape(p.shape)
+                extra = extra.reshape(p.shape)
                 got[i] = extra if got[i] is None else got[i] + extra
+            if got[i] is not None:
+                got[i] = got[i].to(p.dtype)
         return [dx, *got]

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.gemm_core import SKINNY_M
+from kfuse.kernels.gemm_core import SKINNY_M, cdiv
 
 # --- emitted below ---
 @triton.jit
@@ -83,7 +83,7 @@ def split_k_block_m(M: int) -> int:
 
 def k_slice_len(K: int, slices: int, block_k: int) -> int:
     """Length of each of the `slices` K slices: a multiple of block_k (slices past K come out as zeros)."""
-    return triton.cdiv(triton.cdiv(max(K, 1), slices), block_k) * block_k
+    return cdiv(cdiv(max(K, 1), slices), block_k) * block_k
 
 
 def fp64_partials(x: torch.Tensor, w: torch.Tensor, cfg) -> tuple:
@@ -96,7 +96,7 @@ def fp64_partials(x: torch.Tensor, w: torch.Tensor, cfg) -> tuple:
     S = cfg.k_slices
     part = torch.empty((S, M, N), device=x.device, dtype=torch.float64)
     bm = split_k_block_m(M)
-    grid = (triton.cdiv(N, cfg.split_block_n) * S, triton.cdiv(M, bm))
+    grid = (cdiv(N, cfg.split_block_n) * S, cdiv(M, bm))
     fp64_split_k_kernel[grid](x, w, part, M, N, K, k_slice_len(K, S, cfg.block_k), x.stride(0), x.stride(1),
                               w.stride(0), w.stride(1), BLOCK_M=bm, BLOCK_N=cfg.split_block_n,
                               BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0, num_warps=cfg.num_warps,

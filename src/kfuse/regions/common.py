@@ -20,6 +20,10 @@ class RegionCode:
     kernels: tuple[str, ...]  # Triton kernel sources
     launcher: str  # Python source of the launcher function ("" for torch fallback)
     forward: tuple[str, ...]  # lines of ModelNew.forward
+    # forward lines that also bind `z`, the GEMM's output x W^T + b as the kernel computed it (None where
+    # this call's path never forms it, e.g. BatchNorm folded into W): the autograd Function saves it for
+    # backward instead of recomputing the GEMM (docs/training.md). Empty: the launcher cannot store z.
+    z_forward: tuple[str, ...] = ()
 
 
 def var(name: str) -> str:
@@ -130,13 +134,27 @@ GEMM_CONSTEXPRS = ("BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
                    "SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr, K_SLICES: tl.constexpr")
 
 
-def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str], extra_sig: str = "") -> str:
-    """A GEMM tile kernel: tile ids, the fp32-accurate accumulator, masks, then `body` (epilogue + stores)."""
-    out_sig = "".join(f"{o}_ptr, " for o in outs)
+def z_store_body(body: list[str], z_var: str) -> list[str]:
+    """`body` with the optional store of the GEMM output z (constexpr STORE_Z) right after the line that
+    forms it, so the value is written while it is in registers and not kept alive through the epilogue."""
+    at = next((i + 1 for i, ln in enumerate(body) if ln.startswith(f"{z_var} = ")), 0)
+    store = ["if STORE_Z:  # z = x W^T + b for backward (saved instead of recomputed: docs/training.md)",
+             f"    {store_line('z', z_var)}"]
+    return body[:at] + store + body[at:]
+
+
+def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str], extra_sig: str = "",
+                z_var: str | None = None) -> str:
+    """A GEMM tile kernel: tile ids, the fp32-accurate accumulator, masks, then `body` (epilogue + stores).
+    z_var: the variable holding x W^T + b; the kernel then takes `z_ptr` and STORE_Z (write z too)."""
+    out_sig = "".join(f"{o}_ptr, " for o in outs) + ("z_ptr, " if z_var else "")
+    constexprs = GEMM_CONSTEXPRS + (", STORE_Z: tl.constexpr = False" if z_var else "")
+    if z_var:
+        body = z_store_body(body, z_var)
     lines = [
         "@triton.jit",
         f"def {name}_kernel({GEMM_PARAMS}{out_sig}{args.signature()}M, N, K,",
-        f"        stride_am, stride_ak, stride_bn, stride_bk, {extra_sig}{GEMM_CONSTEXPRS}):",
+        f"        stride_am, stride_ak, stride_bn, stride_bk, {extra_sig}{constexprs}):",
         f'    """{doc}"""',
         "    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)",
         "    acc = gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,",
@@ -203,16 +221,23 @@ def gemm_region_code(region: Region, name: str, args: KernelArgs, body: list[str
     parameters and the forward expressions feeding them; `extra_sig`/`extra_kwargs`: kernel constexprs."""
     anchor = region.anchor
     outs = [f"out{i}" for i in range(len(region.outputs))]
-    kernel = gemm_kernel(name, doc, outs, args, body, extra_sig)
-    positional = "".join(f"{a}, " for a in [*outs, *args.params])
+    kernel = gemm_kernel(name, doc, outs, args, body, extra_sig, z_var=var(anchor.name))
+    positional = "".join(f"{a}, " for a in [*outs, "z", *args.params])
     body = [f"{o} = torch.empty((M, N), device=x.device, dtype=x.dtype)" for o in outs]
-    body.append(f"{name}_kernel[grid](*ops, {positional}M, N, K, *strides, {extra_kwargs}{LAUNCH_TAIL})")
-    lines = [*pre, *gemm_head(anchor), *tuned_launch_lines(anchor, name, body, outs)]
-    lines.append("return " + ", ".join(f"{o}.reshape(*lead, N)" for o in outs))
-    launch = launcher(f"fused_{name}", ["x", "weight", *extra_params, *args.params], lines, doc)
+    body.append(f"z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else {outs[0]}  # unused if not")
+    body.append(f"{name}_kernel[grid](*ops, {positional}M, N, K, *strides, {extra_kwargs}STORE_Z=save_z, "
+                f"{LAUNCH_TAIL})")
+    lines = [*pre, *gemm_head(anchor), *tuned_launch_lines(anchor, name, body, [*outs, "z"])]
+    shaped = ", ".join(f"{o}.reshape(*lead, N)" for o in outs)
+    lines += ["if save_z:", f"    return {shaped}, z.reshape(*lead, N)", f"return {shaped}"]
+    launch = launcher(f"fused_{name}", ["x", "weight", *extra_params, *args.params, "save_z=False"], lines,
+                      doc + " save_z: also return z = x W^T + b (for backward).")
     weight: Param = anchor.args[1]
     call_args = [anchor.args[0], weight.expr(), *extra_values, *args.values]
-    return RegionCode((kernel,), launch, (f"{', '.join(region.outputs)} = fused_{name}({', '.join(call_args)})",))
+    call = f"fused_{name}({', '.join(call_args)})"
+    outs_code = ", ".join(region.outputs)
+    return RegionCode((kernel,), launch, (f"{outs_code} = {call}",),
+                      z_forward=(f"{outs_code}, z = {call[:-1]}, save_z=True)",))
 
 
 def pointwise_kernel(name: str, doc: str, ins: list[str], outs: list[str], args: KernelArgs, body: list[str],

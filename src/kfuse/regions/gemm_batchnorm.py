@@ -168,7 +168,8 @@ def generate(region: Region, g: Graph) -> RegionCode:
     stats_outs = list(dict.fromkeys([y, *pre_outs]))
     body1 += _stores(stats_outs, env1) + [ln.format(y=env1[y]) for ln in STATS_LINES]
     stats = gemm_kernel(f"{name}_stats", f"Training-mode pass 1 of: {replaced}.",
-                        [f"buf_{v}" for v in stats_outs] + ["mean_part", "m2_part"], a1, body1)
+                        [f"buf_{v}" for v in stats_outs] + ["mean_part", "m2_part"], a1, body1,
+                        z_var=var(region.anchor.name))
 
     # 3. apply: normalize y with the batch statistics, then the ops after the norm
     a3, env3 = KernelArgs(registry), {y: "v_y"}
@@ -192,12 +193,13 @@ def generate(region: Region, g: Graph) -> RegionCode:
         evalk = None
     a2 = evalk[1] if evalk else None
 
-    def launch(kernel: str, outs: list[str], args: KernelArgs, extra: str = "") -> str:
+    def launch(kernel: str, outs: list[str], args: KernelArgs, extra: str = "", kw: str = "") -> str:
         ptrs = "".join(f"buf_{v}, " for v in outs)
-        return f"{kernel}_kernel[grid](*ops, {ptrs}{extra}{''.join(p + ', ' for p in args.params)}M, N, K, *strides, {LAUNCH_TAIL})"
+        return f"{kernel}_kernel[grid](*ops, {ptrs}{extra}{''.join(p + ', ' for p in args.params)}M, N, K, *strides, {kw}{LAUNCH_TAIL})"
 
     alloc = "{} = torch.empty((M, N), device=x.device, dtype=x.dtype)"
-    ret = "return " + ", ".join(f"buf_{v}.reshape(*lead, N)" for v in region.outputs)
+    shaped = ", ".join(f"buf_{v}.reshape(*lead, N)" for v in region.outputs)
+    ret = f"return ({shaped}, None) if save_z else ({shaped})"  # eval paths form no z
     params = [n for n, _ in registry.values()]
     eval_lines = []
     if plan is not None:
@@ -219,8 +221,9 @@ def generate(region: Region, g: Graph) -> RegionCode:
                   "num_tiles = cdiv(M, cfg.block_m)",
                   "mean_part = torch.empty((num_tiles, N), device=x.device, dtype=torch.float32)",
                   "m2_part = torch.empty_like(mean_part)",
-                  launch(name + "_stats", stats_outs, a1, "mean_part, m2_part, ")]
-    stats_results = [f"buf_{v}" for v in stats_outs] + ["mean_part", "m2_part"]
+                  "z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else m2_part  # unused if not",
+                  launch(name + "_stats", stats_outs, a1, "mean_part, m2_part, z, ", "STORE_Z=save_z, ")]
+    stats_results = [f"buf_{v}" for v in stats_outs] + ["mean_part", "m2_part", "z"]
     lines = ["min_block_n = 16", *gemm_head(region.anchor), *eval_lines,
              "if M < 2:",
              "    raise ValueError(f'Expected more than 1 value per channel when training, got input size {tuple(x.shape)}')",
@@ -233,11 +236,13 @@ def generate(region: Region, g: Graph) -> RegionCode:
              f"{name}_apply_kernel[(cdiv(M, bm), cdiv(N, bn_))](buf_{y}, mean, rstd, "
              + "".join(f"buf_{v}, " for v in post_outs) + "".join(p + ", " for p in a3.params)
              + "M, N, BLOCK_M=bm, BLOCK_N=bn_, num_warps=4)",
-             ret]
+             f"return ({shaped}, z.reshape(*lead, N)) if save_z else ({shaped})"]
     in_eval = "running statistics folded into W and b in eval" if plan else "running statistics in eval"
-    launch_src = launcher(f"fused_{name}", ["x", "weight", "bn", *params], lines,
-                          f"Fused: {replaced}. Batch statistics in training mode, {in_eval}.")
+    launch_src = launcher(f"fused_{name}", ["x", "weight", "bn", *params, "save_z=False"], lines,
+                          f"Fused: {replaced}. Batch statistics in training mode, {in_eval}. "
+                          "save_z: also return z = x W^T + b (None in eval) for backward.")
     weight: Param = region.anchor.args[1]
     call_args = [region.anchor.args[0], weight.expr(), f"self.{bn.module}", *registry]
     call = f"{', '.join(region.outputs)} = fused_{name}({', '.join(call_args)})"
-    return RegionCode((stats, apply) + ((evalk[0],) if evalk else ()), launch_src, (call,))
+    z_call = f"{', '.join(region.outputs)}, z = fused_{name}({', '.join(call_args)}, save_z=True)"
+    return RegionCode((stats, apply) + ((evalk[0],) if evalk else ()), launch_src, (call,), z_forward=(z_call,))

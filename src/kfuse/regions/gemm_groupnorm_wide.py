@@ -155,7 +155,8 @@ def generate(region: Region, g: Graph) -> RegionCode:
     body += [ln.format(y=env1[y]) for ln in PARTIAL_LINES]
     k1_outs = [buf(v) for v in pre_outs + keeps] + ["pa", "pb"]
     gemm = gemm_kernel(name, f"Fused: {replaced}. Phase 1: GEMM, ops before {norm.origin}, partial moments per "
-                       "(row, column tile, group slot).", k1_outs, a1, body, "GROUP, SLOTS: tl.constexpr, ")
+                       "(row, column tile, group slot).", k1_outs, a1, body, "GROUP, SLOTS: tl.constexpr, ",
+                       z_var=var(anchor.name))
 
     # 2. finalize
     a2 = KernelArgs(registry=registry)
@@ -175,15 +176,16 @@ def generate(region: Region, g: Graph) -> RegionCode:
     # launcher: group size from the module's num_groups at call time; tuning may pick any column tile
     params = [n for n, _ in registry.values()]
     full = "{} = torch.empty((M, N), device=x.device, dtype={})"
-    results = [buf(v) for v in pre_outs + keeps] + ["pa", "pb"]
+    results = [buf(v) for v in pre_outs + keeps] + ["pa", "pb", "z"]
     launch_body = [
         "T, slots = cdiv(N, cfg.block_n), group_slots(cfg.block_n, group)",
         "pa = torch.empty((M, T, slots), device=x.device, dtype=torch.float32)",
         "pb = torch.empty_like(pa)",
         *[full.format(f"o_{v}", "x.dtype") for v in pre_outs],
         *[full.format(f"k_{v}", "torch.float32") for v in keeps],
-        f"{name}_kernel[grid](*ops, {''.join(p + ', ' for p in k1_outs + a1.params)}M, N, K, *strides, group, "
-        f"SLOTS=slots, {LAUNCH_TAIL})"]
+        "z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else pa  # unused if not",
+        f"{name}_kernel[grid](*ops, {''.join(p + ', ' for p in k1_outs + ['z'] + a1.params)}M, N, K, *strides, "
+        f"group, SLOTS=slots, STORE_Z=save_z, {LAUNCH_TAIL})"]
     lines = [
         "min_block_n = 16",
         *gemm_head(anchor),
@@ -202,12 +204,17 @@ def generate(region: Region, g: Graph) -> RegionCode:
         + "".join(p + ", " for p in [buf(v) for v in apply_in] + ["g_mean", "g_rstd"]
                   + [f"o_{v}" for v in post_outs] + a3.params)
         + "M, N, group, groups, BLOCK_M=bm, BLOCK_N=bn, num_warps=4)",
-        "return " + ", ".join(f"o_{v}.reshape(*lead, N)" for v in outputs),
+        "shaped = (" + "".join(f"o_{v}.reshape(*lead, N), " for v in outputs) + ")",
+        "if save_z:",
+        "    return (*shaped, z.reshape(*lead, N))",
+        "return shaped if len(shaped) > 1 else shaped[0]",
     ]
     doc = (f"Fused: {replaced}. GroupNorm over groups wider than (or straddling) a column tile: per-tile partial "
            "moments, a per-(row, group) Chan merge, one apply pass.")
-    launch = launcher(f"fused_{name}", ["x", "weight", "groups", *params], lines, doc)
+    launch = launcher(f"fused_{name}", ["x", "weight", "groups", *params, "save_z=False"], lines,
+                      doc + " save_z: also return z = x W^T + b for backward.")
     weight: Param = anchor.args[1]
     call_args = [anchor.args[0], weight.expr(), f"int({norm.args[1].expr()})", *registry]
     call = f"{', '.join(outputs)} = fused_{name}({', '.join(call_args)})"
-    return RegionCode((gemm, finalize, apply), launch, (call,))
+    z_call = f"{', '.join(outputs)}, z = fused_{name}({', '.join(call_args)}, save_z=True)"
+    return RegionCode((gemm, finalize, apply), launch, (call,), z_forward=(z_call,))

@@ -1,0 +1,174 @@
+"""The fused backward of a pointwise GEMM epilogue (kind gemm_epilogue): dZ in one generated Triton pass.
+
+For a region z = x W^T + b -> pointwise ops -> outputs, backward needs dZ = d(outputs)/dz against the upstream
+gradients, the epilogue parameters' gradients (scale vectors: sums over the rows) and db = sum_rows dZ. The
+generated `<name>_dz_kernel` reads z (saved by the forward kernel) and the upstream gradients once, recomputes
+the pointwise chain and runs its reverse in float64 registers (why float64: docs/training.md "Precision of the
+backward" -- fp32 torch ops put the gradients at eager's noise level), writes dZ once (x's dtype) and per-tile
+float64 column sums (db and each parameter), which kernels/backward_ops.py's `epilogue_dz` adds up.
+Bytes: z + one M*N gradient per output read, dZ written: 12 bytes per element for one output (seed 12:
+96 MiB, ~0.035 ms on an H100) where the torch epilogue moved ~8 float64 passes.
+
+The derivative of each op is a row of DERIVATIVES (the pointwise table's companion, ops.py): per operand, a
+Triton expression of the local derivative over the operands {0}, {1}, ... and the op's value {y}; None where
+the operand is not differentiated (slopes, bounds: always scalars). Conventions at kinks follow torch's
+backward formulas (relu: y > 0; leaky_relu: x > 0; hardtanh: strictly inside the bounds; clamp: x >= min).
+"""
+
+from __future__ import annotations
+
+from kfuse.ir import Node, Param, Scalar
+from kfuse.ops import POINTWISE, VIEW_OPS
+from kfuse.partition import Region
+from kfuse.regions.common import is_column_vector, is_single, var
+
+_MISH_T = "(tl.exp(tl.minimum({0}, 20.0)) * (tl.exp(tl.minimum({0}, 20.0)) + 2.0) / " \
+          "(tl.exp(tl.minimum({0}, 20.0)) * (tl.exp(tl.minimum({0}, 20.0)) + 2.0) + 2.0))"  # tanh(softplus(x))
+
+DERIVATIVES: dict[str, tuple[str | None, ...]] = {
+    "add": ("1.0", "1.0"),
+    "sub": ("1.0", "-1.0"),
+    "mul": ("{1}", "{0}"),
+    "div": ("1.0 / {1}", "-{0} / ({1} * {1})"),
+    "neg": ("-1.0",),
+    "relu": ("tl.where({y} > 0.0, 1.0, 0.0)",),
+    "leaky_relu": ("tl.where({0} > 0.0, 1.0, {1})", None),
+    "gelu": ("0.5 * (1.0 + tl.math.erf({0} * 0.7071067811865476)) + {0} * 0.3989422804014327 * tl.exp(-0.5 * {0} * {0})",),
+    "sigmoid": ("{y} * (1.0 - {y})",),
+    "silu": ("tl.sigmoid({0}) * (1.0 + {0} * (1.0 - tl.sigmoid({0})))",),
+    "tanh": ("1.0 - {y} * {y}",),
+    "hardtanh": ("tl.where(({0} > {1}) & ({0} < {2}), 1.0, 0.0)", None, None),
+    "clamp_min": ("tl.where({0} >= {1}, 1.0, 0.0)", None),
+    "clamp_max": ("tl.where({0} <= {1}, 1.0, 0.0)", None),
+    "softplus": ("tl.where({0} * {1} > {2}, 1.0, tl.sigmoid({0} * {1}))", None, None),
+    "mish": (f"{_MISH_T} + {{0}} * tl.sigmoid({{0}}) * (1.0 - {_MISH_T} * {_MISH_T})",),
+    "hardswish": ("tl.where({0} < -3.0, 0.0, tl.where({0} <= 3.0, {0} / 3.0 + 0.5, 1.0))",),
+    "hardsigmoid": ("tl.where(({0} > -3.0) & ({0} < 3.0), 1.0 / 6.0, 0.0)",),
+    "exp": ("{y}",),
+    "abs": ("tl.where({0} > 0.0, 1.0, tl.where({0} < 0.0, -1.0, 0.0))",),
+    "identity": ("1.0",),
+}
+
+
+def _op(n: Node) -> str:
+    return "identity" if n.op in VIEW_OPS else n.op
+
+
+def stops_gradient(n: Node) -> bool:
+    """`y.detach()` is captured as a view (same values, kfuse's forward treats it as identity); its
+    gradient is zero, as the torch reference (the user's own call) has it."""
+    return n.op in VIEW_OPS and ".detach(" in (n.fx_code or "")
+
+
+def _param_ok(a: Param, n_cols: int) -> bool:
+    return is_single(a) or is_column_vector(a, n_cols)
+
+
+def dz_supported(region: Region) -> bool:
+    """Every op after the GEMM has a derivative row, and every parameter it reads is a column vector or a
+    single value (the layouts the forward kernel loads)."""
+    if region.kind != "gemm_epilogue":
+        return False
+    n_cols = region.anchor.shape[-1]
+    for n in region.nodes[1:]:
+        d = DERIVATIVES.get(_op(n))
+        if d is None or _op(n) not in POINTWISE or len(n.args) != len(d):
+            return False
+        for a, da in zip(n.args, d):
+            if isinstance(a, Param) and (da is None or not _param_ok(a, n_cols)):
+                return False
+            if isinstance(a, str) and da is None:
+                return False
+    return True
+
+
+class _Operands:
+    """Kernel names for the scalars and parameters the epilogue reads, with the expressions feeding them."""
+
+    def __init__(self) -> None:
+        self.params: dict[str, tuple[str, Param]] = {}  # expr -> (kernel name, param)
+        self.scalars: dict[str, str] = {}  # expr -> kernel name
+        self.loads: list[str] = []
+
+    def name(self, a, env: dict[str, str]) -> str:
+        if isinstance(a, str):
+            return env[a]
+        if isinstance(a, Scalar):
+            # Python floats reach a kernel as fp32: a float64 scalar travels as two fp32 parts (hi + lo holds
+            # ~48 bits), so 0.1 is float64's 0.1 here, as in the float64 torch reference
+            expr = f"*f64_parts(float({a.expr()}))"
+            if expr not in self.scalars:
+                name = self.scalars[expr] = f"s{len(self.scalars)}"
+                self.loads.append(f"{name} = tl.cast({name}_hi, tl.float64) + tl.cast({name}_lo, tl.float64)")
+            return self.scalars[expr]
+        if a.expr() not in self.params:
+            name = f"p{len(self.params)}"
+            self.params[a.expr()] = (name, a)
+            load = (f"tl.load({name}_ptr)" if is_single(a) else
+                    f"tl.load({name}_ptr + offs_n, mask=mask_n, other=0.0)[None, :]")
+            self.loads.append(f"{name} = {load}.to(tl.float64)")
+        return self.params[a.expr()][0]
+
+
+def _accumulate(grads: dict[str, str], key: str, term: str, lines: list[str]) -> None:
+    """grads[key] += term, as kernel lines (one gradient variable d_<key> per key)."""
+    if key in grads:
+        lines.append(f"{grads[key]} = {grads[key]} + {term}")
+    else:
+        grads[key] = f"d_{key}"
+        lines.append(f"d_{key} = {term}")
+
+
+def dz_kernel(region: Region, name: str) -> tuple[str, list[str], list[str]]:
+    """(kernel source, parameter expressions in kernel order, scalar expressions in kernel order)."""
+    ops, env = _Operands(), {region.anchor.name: var(region.anchor.name)}
+    fwd = [f"{var(region.anchor.name)} = tl.load(z_ptr + tile, mask=mask, other=0.0).to(tl.float64)"]
+    for n in region.nodes[1:]:
+        names = [ops.name(a, env) for a in n.args]
+        fwd.append(f"{var(n.name)} = {POINTWISE[_op(n)].triton.format(*names)}  # {n.origin}")
+        env[n.name] = var(n.name)
+    # gradients keyed by kernel variable (v_<value> or p<i>): the prefixes keep values and parameters apart
+    grads: dict[str, str] = {}
+    rev: list[str] = []
+    for i, out in enumerate(region.outputs):
+        _accumulate(grads, var(out), f"tl.load(g{i}_ptr + tile, mask=mask, other=0.0).to(tl.float64)", rev)
+    for n in reversed(region.nodes[1:]):
+        if var(n.name) not in grads or stops_gradient(n):
+            continue
+        names = [ops.name(a, env) for a in n.args]
+        for a, da, nm in zip(n.args, DERIVATIVES[_op(n)], names):
+            if da is None or isinstance(a, Scalar):
+                continue
+            _accumulate(grads, nm, f"{grads[var(n.name)]} * ({da.format(*names, y=env[n.name])})", rev)
+    dz = grads.get(var(region.anchor.name), "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)")
+    col = "tl.store(cols_ptr + ({j} * T + pid_m) * N + offs_n, tl.sum(tl.where(mask, {g}, 0.0), axis=0), mask=mask_n)"
+    pnames = [nm for nm, _ in ops.params.values()]
+    tail = [f"tl.store(dz_ptr + tile, {dz}, mask=mask)", col.format(j=0, g=dz)]
+    tail += [col.format(j=j + 1, g=grads.get(p, "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)"))
+             for j, p in enumerate(pnames)]
+    gptrs = "".join(f"g{i}_ptr, " for i in range(len(region.outputs)))
+    sig = "".join(f"{p}_ptr, " for p in pnames) + "".join(f"{s}_hi, {s}_lo, " for s in ops.scalars.values())
+    replaced = " -> ".join(n.origin for n in region.nodes[1:])
+    lines = [
+        "@triton.jit",
+        f"def {name}_dz_kernel(z_ptr, {gptrs}dz_ptr, cols_ptr, {sig}M, N, T, "
+        "BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):",
+        f'    """Backward of the epilogue {replaced}: dZ from z and the upstream gradients, in float64 registers;',
+        '    per row-tile float64 column sums of dZ (slot 0, the bias gradient) and of each parameter\'s gradient."""',
+        "    pid_m = tl.program_id(0)",
+        "    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
+        "    mask_n = offs_n < N",
+        "    mask = (offs_m < M)[:, None] & mask_n[None, :]",
+        "    tile = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]",
+    ]
+    lines += [f"    {ln}" for ln in [*ops.loads, *fwd, "# reverse", *rev, *tail]]
+    return "\n".join(lines) + "\n", list(ops.params), list(ops.scalars)
+
+
+def dz_method(name: str, params: list[str], scalars: list[str]) -> list[str]:
+    """The Function's `fused_dz(model, z, grads)` lines: the generated kernel through epilogue_dz."""
+    p = ", ".join(params) + ("," if len(params) == 1 else "")
+    s = ", ".join(scalars) + ("," if len(scalars) == 1 else "")
+    return ["", "    @staticmethod", "    def fused_dz(self, z, grads):",
+            f"        return epilogue_dz({name}_dz_kernel, z, grads, ({p}), ({s}))"]

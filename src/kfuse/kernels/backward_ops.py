@@ -1,0 +1,91 @@
+"""Backward helpers every generated ModelNew carries (this file's body below the marker is copied into it):
+the launcher of the generated epilogue-backward kernels (kfuse/backward_epilogue.py), and the fp16 hi/lo split
+of a transposed operand (dW = dZ^T X reads dZ and X along their columns) in two coalesced Triton passes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kfuse.kernels.gemm_core import _pow2_scale, cdiv, split_x
+from kfuse.kernels.runtime import as_vector, interpreting
+
+# --- emitted below ---
+
+
+def f64_parts(v: float) -> tuple[float, float]:
+    """v as fp32 hi + lo (a generated kernel adds them in float64: ~48 bits of v, where one fp32 has 24)."""
+    hi = float(torch.tensor(v, dtype=torch.float32))
+    return hi, v - hi
+
+
+def epilogue_dz(kernel, z: torch.Tensor, grads: tuple, params: tuple, scalars: tuple) -> tuple:
+    """Run a generated `<name>_dz_kernel` on z (M, N) and the upstream gradients (one per region output, any
+    shape of M*N elements; None is zero). Returns (dZ (M, N) in z's dtype, db float64 (N,), [(parameter, its
+    gradient in float64 and the parameter's shape)]). The column sums are float64 partials per row tile, added
+    here in float64 (T x N values: T = M / BLOCK_M, ~1 MiB per parameter at 1024 x 8192)."""
+    M, N = z.shape
+    gs = [torch.zeros_like(z) if g is None else g.reshape(M, N).contiguous() for g in grads]
+    vecs = [as_vector(p.detach()) for p in params]
+    # float64 tiles: 16 x 128 over 4 warps keeps each live tile at 16 float64 registers per thread
+    bm, bn = (64, 128) if interpreting() else (16, 128)
+    T = cdiv(M, bm)
+    dz = torch.empty_like(z)
+    cols = torch.empty((1 + len(params), T, N), device=z.device, dtype=torch.float64)
+    kernel[(T, cdiv(N, bn))](z, *gs, dz, cols, *vecs, *scalars, M, N, T, BLOCK_M=bm, BLOCK_N=bn,
+                                    num_warps=4)
+    sums = cols.sum(1)
+    pairs = [(p, (sums[1 + i].sum() if p.numel() == 1 else sums[1 + i]).reshape(p.shape)) for i, p in enumerate(params)]
+    return dz, sums[0], pairs
+
+
+@triton.jit
+def col_amax_kernel(t_ptr, amax_ptr, R, C, stride_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """amax[r] = max_c |t[r, c]| for t (R, C) stored with unit row stride (t = u^T, u (C, R) row-major):
+    tiles read along r (coalesced), one atomic max per row and tile. Bytes: t read once."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (offs_r < R)[:, None] & (offs_c < C)[None, :]
+    v = tl.load(t_ptr + offs_r[:, None] + offs_c[None, :].to(tl.int64) * stride_c, mask=mask, other=0.0)
+    tl.atomic_max(amax_ptr + offs_r, tl.max(tl.abs(v), axis=1), mask=offs_r < R)
+
+
+@triton.jit
+def split_t_kernel(t_ptr, amax_ptr, parts_ptr, scale_ptr, R, C, stride_c,
+                   BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """split_rows_kernel's output (parts (R, 2C) fp16 = [hi | lo] of t * s, s per row) for a t stored with unit
+    row stride: tiles read along r, written along c (Triton moves the tile between layouts in shared memory).
+    Bytes: t read once more (4 B/elem), 4 B/elem written."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_r = offs_r < R
+    mask = mask_r[:, None] & (offs_c < C)[None, :]
+    v = tl.load(t_ptr + offs_r[:, None] + offs_c[None, :].to(tl.int64) * stride_c, mask=mask, other=0.0)
+    s = _pow2_scale(tl.load(amax_ptr + offs_r, mask=mask_r, other=1.0))
+    if tl.program_id(1) == 0:
+        tl.store(scale_ptr + offs_r, s, mask=mask_r)
+    vs = v * s[:, None]
+    hi = vs.to(tl.float16)
+    lo = (vs - hi.to(tl.float32)).to(tl.float16)
+    out = offs_r[:, None].to(tl.int64) * 2 * C + offs_c[None, :]
+    tl.store(parts_ptr + out, hi, mask=mask)
+    tl.store(parts_ptr + out + C, lo, mask=mask)
+
+
+def split_rows_any(t: torch.Tensor) -> tuple:
+    """(hi, lo, scale) of t's rows as split_x / split_weight give them (bit for bit), for any 2-d fp32 t:
+    row-major t through split_x; a transposed view (unit row stride: dZ^T, X^T for dW) through two tiled
+    passes reading along its columns, never a torch transpose copy."""
+    if t.stride(1) == 1 or t.stride(0) != 1:
+        return split_x(t if t.stride(1) == 1 else t.contiguous())
+    R, C = t.shape
+    amax = torch.zeros(R, device=t.device, dtype=torch.float32)
+    parts = torch.empty((R, 2 * C), device=t.device, dtype=torch.float16)
+    scale = torch.empty(R, device=t.device, dtype=torch.float32)
+    br, bc = 64, 64
+    grid = (cdiv(R, br), cdiv(C, bc))
+    col_amax_kernel[grid](t, amax, R, C, t.stride(1), BLOCK_R=br, BLOCK_C=bc, num_warps=4)
+    split_t_kernel[grid](t, amax, parts, scale, R, C, t.stride(1), BLOCK_R=br, BLOCK_C=bc, num_warps=4)
+    return parts[:, :C], parts[:, C:], scale

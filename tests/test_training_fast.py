@@ -1,0 +1,205 @@
+"""The faster backward (docs/training.md, benchmarks/train/NOTES.md): z kept from the forward kernel, the fused
+dZ kernel for pointwise epilogues, the backward GEMMs' operand preparation. CPU interpreter, odd sizes
+(37 x 70 -> 129); GPU tests marked `gpu`."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from kfuse_testing import SEEDS, SMALL, write_problem
+from test_training import compile_to, gradient_contract, pair, region_problem
+from kfuse.gradients import run_backward
+from kfuse.load import load_problem
+
+
+def no_recompute(module, monkeypatch) -> list:
+    """Make the generated file's z recomputation record its calls (the saved z should make it unneeded)."""
+    calls = []
+    orig = module.FusedGemmFn.recompute_z
+
+    def counting(*a):
+        calls.append(1)
+        return orig(*a)
+    monkeypatch.setattr(module.FusedGemmFn, "recompute_z", staticmethod(counting))
+    return calls
+
+
+@pytest.mark.parametrize("case", ["epilogue_mul_leaky", "epilogue_two_outputs", "matmul_no_bias", "groupnorm",
+                                  "groupnorm_wide", "batchnorm_scale"])
+def test_forward_keeps_z(tmp_path, monkeypatch, case):
+    """Training-mode backward uses the z the forward kernel stored: no GEMM recomputed, gradients in contract."""
+    prob = region_problem(tmp_path, case)
+    compiled, module = compile_to(prob, tmp_path)
+    assert "def launch_z(" in compiled.source
+    calls = no_recompute(module, monkeypatch)
+    gradient_contract(prob, module, train=True, draws=1)
+    assert not calls
+
+
+def test_batchnorm_eval_recomputes_z(tmp_path, monkeypatch):
+    """Eval mode folds the BatchNorm into W (no z formed): backward falls back to recomputing z, still exact."""
+    prob = region_problem(tmp_path, "batchnorm_scale")
+    _, module = compile_to(prob, tmp_path)
+    calls = no_recompute(module, monkeypatch)
+    gradient_contract(prob, module, train=False, draws=1)
+    assert calls
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_saved_z_is_the_gemm_output(tmp_path, name):
+    """The z a launcher returns with save_z=True is x W^T + b (fp32 accurate), and the outputs are unchanged."""
+    prob = load_problem(SEEDS / f"{name}.py", SMALL[name])
+    _, module = compile_to(prob, tmp_path)
+    _, new, _ = pair(prob, module)
+    new.train()
+    fn = next(v for k, v in vars(module).items() if k.endswith("Fn") and getattr(v, "launch_z", None))
+    x = prob.inputs()[0]
+    with torch.no_grad():
+        outs, z = fn.launch_z(new, x)
+        plain = fn.launch(new, x)
+    lin = next(m for m in new.modules() if isinstance(m, torch.nn.Linear))
+    want = x.double() @ lin.weight.double().t() + lin.bias.double()
+    assert z.dtype == x.dtype and z.shape == want.shape
+    torch.testing.assert_close(z.double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[0], plain if torch.is_tensor(plain) else plain[0], atol=1e-6, rtol=1e-6)
+
+
+# ---- the fused epilogue backward (kfuse/backward_epilogue.py) --------------------------------------------
+LIN = "self.lin = nn.Linear(in_features, out_features)"
+PARAMS = LIN + "\nself.s = nn.Parameter(torch.rand(out_features) + 0.5)\nself.a = nn.Parameter(torch.tensor(1.5))"
+DZ_CASES = {  # together they use every row of DERIVATIVES, column and single parameters, a detach, two outputs
+    "abs_neg_div_exp": (PARAMS, "y = self.lin(x)\nreturn torch.abs(-y) / self.s - torch.exp(y * 0.1) * self.a"),
+    "hard_clamps": (LIN, "y = self.lin(x)\n"
+                    "return F.hardswish(y) + F.hardsigmoid(y) * torch.clamp(y, min=-0.5) - torch.clamp(y, max=0.3)"),
+    "smooth": (LIN, "y = self.lin(x)\nreturn F.softplus(y, beta=2.0, threshold=1.0) + F.mish(y) + F.silu(y) + F.gelu(y)"),
+    "kinks": (LIN, "y = self.lin(x) * 3.0\n"
+              "return torch.tanh(y) * torch.sigmoid(y) + F.hardtanh(y, -0.5, 0.5) + torch.relu(y) - F.leaky_relu(y, 0.2)"),
+    "square_detach_two_outputs": (PARAMS, "y = self.lin(x)\nd = y.clone().detach()\nu = y * y * self.s + d\n"
+                                  "return u, u - y * self.a"),
+}
+
+
+def _fns(module) -> list:
+    return [v for k, v in vars(module).items() if k.endswith("Fn") and getattr(v, "fused_dz", None)]
+
+
+@pytest.mark.parametrize("case", sorted(DZ_CASES))
+def test_fused_dz_matches_float64_autograd(tmp_path, case):
+    """The generated dZ kernel against torch autograd of the region's own float64 epilogue, same z: dZ to the
+    last fp32 bit, db and the parameter gradients to float64 rounding."""
+    init, forward = DZ_CASES[case]
+    prob = load_problem(write_problem(tmp_path, init, forward, name=case))
+    compiled, module = compile_to(prob, tmp_path)
+    assert [r.kind for r in compiled.regions] == ["gemm_epilogue"]
+    (fn,) = _fns(module)
+    torch.manual_seed(3)
+    model = prob.build(cls=module.ModelNew)
+    m64 = copy.deepcopy(model).double()
+    x = prob.inputs()[0]
+    with torch.no_grad():
+        outs, z = fn.launch_z(model, x)
+    grads = tuple(torch.randn_like(o) for o in outs)
+    dz, db, pairs = fn.fused_dz(model, z, grads)
+    z64 = z.double().requires_grad_(True)
+    p64 = dict(m64.named_parameters())
+    names = {id(p): k for k, p in model.named_parameters()}
+    ref_outs = fn.epilogue(m64, None, lambda t: t, z64)
+    ref_outs = ref_outs if isinstance(ref_outs, tuple) else (ref_outs,)
+    wrt = [z64] + [p64[names[id(p)]] for p, _ in pairs]
+    ref = torch.autograd.grad(ref_outs, wrt, [g.double() for g in grads], allow_unused=True)
+    torch.testing.assert_close(dz, ref[0].float(), atol=1e-30, rtol=3e-7)
+    torch.testing.assert_close(db, ref[0].sum(0), atol=1e-10, rtol=1e-10)
+    assert bool(pairs) == ("self.s" in init)  # the parameters' gradients come from the kernel
+    for (p, g), r in zip(pairs, ref[1:]):
+        assert g.dtype == torch.float64 and g.shape == p.shape
+        torch.testing.assert_close(g, r if r is not None else torch.zeros_like(g), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("case", sorted(DZ_CASES))
+def test_fused_dz_gradients_meet_contract(tmp_path, case):
+    init, forward = DZ_CASES[case]
+    prob = load_problem(write_problem(tmp_path, init, forward, name=case))
+    _, module = compile_to(prob, tmp_path)
+    assert _fns(module)
+    gradient_contract(prob, module, train=True, draws=2)
+
+
+def test_epilogues_without_a_derivative_row_use_torch(tmp_path):
+    """An op without a DERIVATIVES row (tanh-GELU) keeps the float64 torch epilogue backward."""
+    prob = load_problem(write_problem(tmp_path, LIN, "return F.gelu(self.lin(x), approximate='tanh')", name="gt"))
+    compiled, module = compile_to(prob, tmp_path)
+    assert compiled.regions[0].kind == "gemm_epilogue" and not _fns(module)
+    gradient_contract(prob, module, train=True, draws=1)
+
+
+# ---- the backward GEMMs' operands ------------------------------------------------------------------------
+@pytest.mark.parametrize("r,c", [(37, 70), (129, 37), (1, 5), (70, 129)])
+def test_split_of_a_transposed_view_is_split_x(r, c):
+    """dW's operands (dZ^T, X^T) split by two tiled passes over their storage: bit for bit split_x's parts of
+    the same values, over rows spanning six orders of magnitude."""
+    from kfuse.kernels.backward_ops import split_rows_any
+    from kfuse.kernels.gemm_core import split_x
+    g = torch.Generator().manual_seed(r * c)
+    u = torch.randn(c, r, generator=g) * torch.logspace(-3, 3, r)[None, :]
+    u[:, 0] = 0.0  # an all-zero row of u^T: the scale is clamped, as split_x clamps it
+    for got, want in zip(split_rows_any(u.t()), split_x(u.t().contiguous())):
+        assert torch.equal(got, want)
+
+
+# ---- GPU: compiled kernels (TRITON_INTERPRET=0 pytest -m gpu tests/test_training_fast.py) ----------------
+def _on_gpu() -> bool:
+    import os
+    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+gpu = pytest.mark.skipif(not _on_gpu(), reason="needs a CUDA GPU and TRITON_INTERPRET=0")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m,k,n", [(1024, 2048, 1536), (300, 257, 129)])
+def test_gpu_backward_gemms_within_twice_cublas_error(m, k, n):
+    """dX = dZ W and dW = dZ^T X by gemm_nt (fp16x3p, tuned config, transposed splits) vs float64: max error
+    at most 2x cuBLAS fp32's own + 1e-7 (rule 3), and allclose to cuBLAS (rule 2)."""
+    from kfuse.kernels.backward import gemm_nt
+    torch.backends.cuda.matmul.allow_tf32 = False
+    g = torch.Generator(device="cuda").manual_seed(m + k + n)
+    x = torch.randn(m, k, device="cuda", generator=g)
+    w = torch.randn(n, k, device="cuda", generator=g) / k ** 0.5
+    dz = torch.randn(m, n, device="cuda", generator=g)
+    for got, eager, exact in (
+            (gemm_nt(dz, w.t(), cache=(w, "dx")), dz @ w, dz.double() @ w.double()),
+            (gemm_nt(dz.t(), x.t()), dz.t() @ x, dz.t().double() @ x.double())):
+        err, ref = (got.double() - exact).abs().max().item(), (eager.double() - exact).abs().max().item()
+        assert err <= 2 * ref + 1e-7, (err, ref)
+        torch.testing.assert_close(got, eager, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_split_of_a_transposed_view_is_split_x():
+    from kfuse.kernels.backward_ops import split_rows_any
+    from kfuse.kernels.gemm_core import split_x
+    u = torch.randn(1030, 777, device="cuda") * torch.logspace(-3, 3, 777, device="cuda")[None, :]
+    for got, want in zip(split_rows_any(u.t()), split_x(u.t().contiguous())):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_gpu_seed_gradients_meet_contract(tmp_path, name):
+    """The seeds at 512 x 1024 -> 1024 on the GPU: z kept, fused dZ (seed 12), tuned backward GEMMs; every
+    gradient, output and buffer within rules 2 and 3 (train mode)."""
+    from kfuse.gradients import gradient_contract as contract
+    from kfuse.optimize import Options, compile_problem, load_module
+    sizes = {k: (512 if "batch" in k else 1024) if k != "num_groups" else 64 for k in SMALL[name]}
+    prob = load_problem(SEEDS / f"{name}.py", sizes)
+    path = tmp_path / f"{name}_gpu.py"
+    path.write_text(compile_problem(prob, Options(device="cuda", trials=1)).source)
+    verdict = contract(prob, load_module(path).ModelNew, device="cuda", draws=2)
+    assert verdict.correct, "; ".join(verdict.failures)
