@@ -60,6 +60,13 @@ def main() -> None:
         gpu.sort()
         print(f"{name}: issue {t_queue:.4f} ms/call, wall (queued) {t_wall:.4f} ms/call, "
               f"events (synced each call) median {gpu[len(gpu) // 2]:.4f} ms")
+    # the GPU side: each kernel's time over 20 forwards (torch.profiler's CUDA activity)
+    from torch.profiler import ProfilerActivity, profile
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+        for _ in range(20):
+            fused(*inputs)
+        torch.cuda.synchronize()
+    print(tp.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
     prof = cProfile.Profile()
     with torch.no_grad():
         prof.enable()
