@@ -43,7 +43,7 @@ seeds)
     timeout 570 kfuse bench problems/seeds/*.py --json "$out/h100-seeds.json" --plot "$out/h100-seeds.png" 2>&1 | tail -12
     ;;
 train)
-    timeout 560 kfuse bench --train problems/seeds/*.py --json "$out/h100-train.json" --plot "$out/h100-train.png" 2>&1 | tail -14
+    timeout "${KFUSE_BENCH_TIMEOUT:-560}" kfuse bench --train problems/seeds/*.py --json "$out/h100-train.json" --plot "$out/h100-train.png" 2>&1 | tail -14
     ;;
 gemm)
     timeout "${KFUSE_BENCH_TIMEOUT:-570}" kfuse bench "$@" --json "$out/h100-gemm.json" --plot "$out/h100-gemm.png" \
