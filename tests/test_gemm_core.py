@@ -68,12 +68,13 @@ def test_split_range(scale, dist, split_a):
     _check("fp16x3p", C(16, 32, 32, 2, 4, 2, split_a=split_a), 37, 70, 129, seed=3, scale=scale, dist=dist)
 
 
-def test_in_kernel_row_scales_for_launch_bound_gemms():
-    """Small GEMMs compute x's row scales inside the GEMM (split_a=2, one launch fewer); large ones do not."""
-    small, large = gc.default_config(1000, 999, 1000, "fp16x3p"), gc.default_config(1024, 8192, 8192, "fp16x3p")
-    assert small.split_a == 2 and small.short().endswith("_ksc") and large.split_a is False
-    assert small in gc.valid_configs(1000, 999, 1000, "fp16x3p")
+def test_in_kernel_row_scales_are_tuning_candidates_for_launch_bound_gemms():
+    """The tuner may pick split_a=2 (x's row scales inside the GEMM: one launch fewer) for small GEMMs only; the
+    untuned default stays pre-split (split_a=2 was measured slow at 1000 x 1000 -> 999 on the H100)."""
+    small = [c for c in gc.valid_configs(1000, 999, 1000, "fp16x3p") if c.split_a == 2]
+    assert small and all(c.short().endswith("_ksc") for c in small)
     assert not any(c.split_a == 2 for c in gc.valid_configs(1024, 8192, 8192, "fp16x3p"))
+    assert gc.default_config(1000, 999, 1000, "fp16x3p").split_a is False
 
 
 # Skinny GEMMs (a batch of 1 to SKINNY_M rows) run the "fp64" scheme on a GPU: float64 products and sums.
@@ -110,13 +111,14 @@ def test_split_is_exact_power_of_two_scaling():
 
 
 GPU_SCRIPT = r"""
-import sys, torch
+import dataclasses, sys, torch
 sys.path.insert(0, sys.argv[1])
 import gemm_core as gc
 from kfuse.kernels import skinny as sk
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.manual_seed(0)
 for (M, K, N) in [(37, 70, 129), (1, 33, 17), (300, 1000, 515), (1000, 1000, 999), (1024, 2048, 1024)]:
+  for split_a in (False, 2):
     for scheme in ("ieee", "tf32x3", "fp16x3p") + (("fp64",) if M <= 37 else ()):
         x = torch.rand(M, K, device="cuda"); b0 = 1 / K ** 0.5
         w = torch.empty(N, K, device="cuda").uniform_(-b0, b0); b = torch.empty(N, device="cuda").uniform_(-b0, b0)
@@ -126,14 +128,16 @@ for (M, K, N) in [(37, 70, 129), (1, 33, 17), (300, 1000, 515), (1000, 1000, 999
         wp = w if scheme in ("ieee", "tf32x3", "fp64") else gc.split_weight(w)
         out = torch.full((M, N), float("nan"), device="cuda")
         cfg = gc.default_config(M, N, K, scheme)
+        if scheme == "fp16x3p":  # pre-split x, and x split in the kernel with its row scales computed there
+            cfg = dataclasses.replace(cfg, split_a=split_a)
         parts = sk.fp64_partials(x, w, cfg) if scheme == "fp64" and cfg.k_slices else None
         gc.gemm_bias_mul_leakyrelu(x, wp, b, 2.0, 0.1, scheme, cfg, x_parts=parts, out=out)
         err = (out.double() - ref).abs().max().item()
         # "ieee" sums K sequentially in fp32 (measured 2.5-3x cuBLAS's error at K=1000-2048): reference only
         tol = (4 * e_err + 1e-6) if scheme == "ieee" else (2 * e_err + 1e-7)
         ok = bool(torch.isfinite(out).all()) and err <= tol and torch.allclose(out, eager, atol=1e-4, rtol=1e-4)
-        print(M, K, N, scheme, err, e_err, ok)
-        assert ok, (M, K, N, scheme, err, e_err)
+        print(M, K, N, scheme, cfg.short(), err, e_err, ok)
+        assert ok, (M, K, N, scheme, cfg.short(), err, e_err)
 print("GPU OK")
 """
 

@@ -715,7 +715,7 @@ def skinny_configs(M: int) -> list[GemmConfig]:
 
 RECOMMENDED_SCHEME = "fp16x3p"
 # GEMMs this small (problems/gemm/33: 1000 x 1000 -> 999, 2 GFLOP of fp16 products, ~10 us of tensor-core work)
-# are set by launch overhead, not by the GPU: one launch fewer (SPLIT_A=2) beats re-reading x once more.
+# should be set by launch overhead, not by the GPU: the tuner also tries SPLIT_A=2 (one launch fewer) there.
 LAUNCH_BOUND_MNK = 2 ** 31
 
 
@@ -732,9 +732,11 @@ def default_config(M: int, N: int, K: int, scheme: str) -> GemmConfig:
     if scheme in ("ieee", "tf32x3"):
         return GemmConfig(64, 64, 32, 8, 4, 3) if small else GemmConfig(128, 128, 32, 8, 8, 3)
     if scheme in ("fp16x3p", "fp16x3d", "fp16x3c"):
-        split = 2 if launch_bound(M, N, K) else False
-        return GemmConfig(64, 128, 64, 8, 4, 3, split_a=split) if small else GemmConfig(128, 128, 64, 8, 8, 3,
-                                                                                         split_a=split)
+        # not SPLIT_A=2 here, though it saves a launch: on the H100 problem 33's GEMM (1000 x 1000 -> 999) took
+        # 236 us per call with it (torch.profiler, benchmarks/overhead/NOTES.md), cause not yet profiled; the
+        # tuner still times it for launch-bound shapes (valid_configs) and keeps it only where it is faster
+        return GemmConfig(64, 128, 64, 8, 4, 3, split_a=False) if small else GemmConfig(128, 128, 64, 8, 8, 3,
+                                                                                         split_a=False)
     return GemmConfig(64, 128, 64, 8, 4, 3, split_a=False) if small else GemmConfig(128, 256, 64, 8, 8, 3,
                                                                                      split_a=False)
 
