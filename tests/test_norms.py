@@ -48,6 +48,18 @@ def test_groupnorm_one_kernel_refuses_groups_it_cannot_tile(tmp_path):
             new(x)
 
 
+def test_modelnew_missing_a_parameter_it_was_generated_with_says_so(tmp_path):
+    """A ModelNew generated for an affine GroupNorm whose GroupNorm has no weight at run time (built non-affine)
+    raises one clear line, not an AttributeError from inside the launcher."""
+    init = "self.lin = nn.Linear(in_features, out_features)\nself.gn = nn.GroupNorm(8, out_features)"
+    path = write_problem(tmp_path, init, "return self.gn(self.lin(x))", n=128)
+    result = optimize(load_problem(path), CPU, workdir=tmp_path)
+    new = load_module(result.candidate_path).ModelNew(70, 128)
+    new.gn.weight = None  # what nn.GroupNorm(..., affine=False) holds
+    with pytest.raises(ValueError, match="construct ModelNew with the arguments of the Model"), torch.no_grad():
+        new(torch.randn(5, 70))
+
+
 BN_FORWARD = "return torch.relu(self.bn(self.lin(x) * self.s))"
 
 

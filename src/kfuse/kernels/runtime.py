@@ -275,6 +275,9 @@ def group_slots(block_n: int, group: int) -> int:
 
 def as_vector(t: torch.Tensor) -> torch.Tensor:
     """A parameter as the contiguous 1-d vector the kernels index by column."""
+    if t is None:  # e.g. a GroupNorm built with affine=False where the captured model had affine=True
+        raise ValueError("kfuse: a parameter this ModelNew's kernels read is None: construct ModelNew with the "
+                         "arguments of the Model it was generated from")
     return t if t.dim() == 1 and t.is_contiguous() else t.reshape(-1).contiguous()
 
 
