@@ -32,7 +32,7 @@ import triton.language as tl
 
 from kfuse.kernels.backward_ops import split_rows_any
 from kfuse.kernels.gemm_core import SPLIT_SCHEMES, _tile_ids, cdiv, gemm_tile, row_scales, split_weight
-from kfuse.kernels.runtime import cached_split, gemm_scheme, tuned_gemm
+from kfuse.kernels.runtime import cached_split, gemm_scheme, tensor_key, tuned_gemm
 from kfuse.kernels.skinny import fp64_partials
 
 # --- emitted below ---
@@ -61,7 +61,7 @@ def _parts(b: torch.Tensor, cache: tuple | None) -> tuple:
     if cache is None:
         return split_rows_any(b)
     owner, tag = cache
-    key = (owner.data_ptr(), owner._version, tuple(owner.shape), owner.dtype, tag)
+    key = (tensor_key(owner), tag)
     slots = getattr(owner, "_kfuse_bwd_split", None) or {}
     hit = slots.get(tag)
     if hit is not None and hit[0] == key:

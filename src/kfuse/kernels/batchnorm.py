@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels.gemm_core import cdiv
+from kfuse.kernels.runtime import tensor_key
 
 
 def batch_norm_stats_ref(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,7 +112,7 @@ def batch_norm_fold(weight: torch.Tensor, bias: torch.Tensor | None, scales: tup
 
 
 def _version_key(t: torch.Tensor | None) -> tuple:
-    return () if t is None else (t.data_ptr(), t._version, tuple(t.shape), t.dtype)
+    return () if t is None else tensor_key(t)
 
 
 def bn_eval_fold(weight: torch.Tensor, bias: torch.Tensor | None, scales: tuple, bn: torch.nn.Module,
