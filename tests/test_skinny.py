@@ -154,18 +154,9 @@ def test_every_skinny_config_compiled(M, K, N):
 
 
 def _median_ms(fn, reps: int = 50) -> float:
-    flush = torch.empty(64 * 2 ** 20, dtype=torch.int32, device="cuda")
-    fn()
-    times = []
-    for _ in range(reps):
-        flush.zero_()  # L2 flushed before each run, as kfuse bench does
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[reps // 2]
+    """kfuse bench's method: CUDA events, L2 flushed before each run, median."""
+    from kfuse.timing import time_cuda
+    return time_cuda(fn, runs=reps).median_ms
 
 
 @requires_cuda

@@ -1,6 +1,6 @@
 """GPU time of the fp32-accurate GEMM core's configs at one small shape (default: problem 33's 1000 x 1000 -> 999),
 split modes side by side: presplit x (split_x launch + GEMM), split in the kernel with row_scales, and SPLIT_A=2
-(row scales in the kernel too). CUDA events around each launch, median of 50.
+(row scales in the kernel too). kfuse.timing.time_cuda (CUDA events, L2 flushed), median of 50.
 
     PYTHONPATH=src python3 benchmarks/overhead/gemm_configs.py [M K N]
 """
@@ -10,6 +10,7 @@ import sys
 import torch
 
 from kfuse.kernels import gemm_core as gc
+from kfuse.timing import time_cuda
 
 M, K, N = (int(v) for v in sys.argv[1:4]) if len(sys.argv) >= 4 else (1000, 1000, 999)
 x = torch.rand(M, K, device="cuda")
@@ -20,16 +21,5 @@ base = [gc.GemmConfig(128, 128, 64, 8, 8, 3), gc.GemmConfig(64, 128, 64, 8, 4, 3
 for cfg0 in base:
     for split in (False, True, 2):
         cfg = dataclasses.replace(cfg0, split_a=split)
-        fn = lambda: gc.gemm_bias_mul_leakyrelu(x, parts, b, 2.0, 0.1, "fp16x3p", cfg)  # noqa: E731
-        for _ in range(3):
-            fn()
-        ts = []
-        for _ in range(50):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            ts.append(s.elapsed_time(e))
-        ts.sort()
-        print(f"{M}x{K}->{N} {cfg.short():32s} {ts[25] * 1e3:8.1f} us")
+        t = time_cuda(lambda: gc.gemm_bias_mul_leakyrelu(x, parts, b, 2.0, 0.1, "fp16x3p", cfg), runs=50)
+        print(f"{M}x{K}->{N} {cfg.short():32s} {t.median_ms * 1e3:8.1f} us")

@@ -191,6 +191,18 @@ def row_scales(x: torch.Tensor) -> torch.Tensor:
 # the reusable tile
 # ----------------------------------------------------------------------------------------------------------------
 @triton.jit
+def _a_part(a, a_s, A_PART: tl.constexpr):
+    """The A operand one of the fp16 dot loops multiplies: 0 = `a` as loaded (pre-split fp16 hi or lo); from fp32 x,
+    1 = hi(x*s), 2 = lo(x*s) (s the row's power of two: exact)."""
+    if A_PART == 1:
+        a = (a * a_s[:, None]).to(tl.float16)
+    elif A_PART == 2:
+        av = a * a_s[:, None]
+        a = (av - av.to(tl.float16).to(tl.float32)).to(tl.float16)
+    return a
+
+
+@triton.jit
 def _fp16_dot_loop(acc, a_ptrs, b_ptrs, a_s, K, stride_ak, stride_bk,
                    BLOCK_K: tl.constexpr, A_PART: tl.constexpr, EVEN_K: tl.constexpr):
     """acc += sum over K of A_part @ B with ONE fp16 tensor-core dot per K block (Triton then keeps the wgmma
@@ -198,19 +210,8 @@ def _fp16_dot_loop(acc, a_ptrs, b_ptrs, a_s, K, stride_ak, stride_bk,
     A_PART: 0 = a_ptrs already point at fp16 (pre-split hi or lo); 1 = fp32 x, use hi(x*s); 2 = fp32 x, lo(x*s)."""
     offs_k = tl.arange(0, BLOCK_K)
     for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            k_left = K - kb * BLOCK_K
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        if A_PART == 1:
-            a = (a * a_s[:, None]).to(tl.float16)
-        elif A_PART == 2:
-            av = a * a_s[:, None]
-            a = (av - av.to(tl.float16).to(tl.float32)).to(tl.float16)
-        acc = tl.dot(a, b, acc)
+        a, b = _load_k_block(a_ptrs, b_ptrs, offs_k, kb, K, BLOCK_K, EVEN_K)
+        acc = tl.dot(_a_part(a, a_s, A_PART), b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     return acc
@@ -230,19 +231,8 @@ def _fp16_dot_loop_promoted(acc, a_ptrs, b_ptrs, a_s, K, stride_ak, stride_bk,
         part = tl.zeros_like(acc)
         kc = tl.minimum(K - c0, PROMOTE_K)
         for kb in range(0, tl.cdiv(kc, BLOCK_K)):
-            if EVEN_K:
-                a = tl.load(a_ptrs)
-                b = tl.load(b_ptrs)
-            else:
-                k_left = kc - kb * BLOCK_K
-                a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-                b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-            if A_PART == 1:
-                a = (a * a_s[:, None]).to(tl.float16)
-            elif A_PART == 2:
-                av = a * a_s[:, None]
-                a = (av - av.to(tl.float16).to(tl.float32)).to(tl.float16)
-            part = tl.dot(a, b, part)
+            a, b = _load_k_block(a_ptrs, b_ptrs, offs_k, kb, kc, BLOCK_K, EVEN_K)
+            part = tl.dot(_a_part(a, a_s, A_PART), b, part)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
         acc += part
