@@ -1,6 +1,6 @@
 """Where a generated ModelNew's per-call time goes on a GPU: wall time per call with the GPU kept busy
 (calls queued back to back, one sync at the end) against GPU time per call (CUDA events), and a cProfile of
-the Python side. For small problems (problems/gemm/33: 1000 x 1000 -> 999) launch and launcher overhead,
+the Python side (of the launches, without the CUDA graph). For small problems (problems/gemm/33: 1000 x 1000 -> 999) launch and launcher overhead,
 not the kernels, can set the pace.
 
     PYTHONPATH=src python3 benchmarks/profile_calls.py problems/gemm/33_gemm_layernorm_relu_odd.py [--calls 200]
@@ -37,7 +37,11 @@ def main() -> None:
     fused = prob.build(cls=mod.ModelNew, device="cuda")
     fused.load_state_dict(eager.state_dict())
     inputs = prob.inputs(device="cuda")
-    for name, model in (("eager", eager), ("kfuse", fused)):
+    models = [("eager", eager), ("kfuse", fused)]
+    launches = getattr(fused, "fused_forward", None)  # a graphed ModelNew: its launches without the CUDA graph
+    if launches is not None:
+        models.append(("kfuse launches", launches))
+    for name, model in models:
         with torch.no_grad():
             for _ in range(10):
                 model(*inputs)  # compile, tune, warm
@@ -71,7 +75,7 @@ def main() -> None:
     with torch.no_grad():
         prof.enable()
         for _ in range(args.calls):
-            fused(*inputs)
+            (launches or fused)(*inputs)
         prof.disable()
     torch.cuda.synchronize()
     out = io.StringIO()

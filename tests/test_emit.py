@@ -15,7 +15,7 @@ from kfuse.load import load_problem
 from kfuse.optimize import Options, load_module, optimize
 
 ALLOWED_IMPORTS = {"torch", "triton", "dataclasses", "os", "math", "json", "hashlib", "pathlib", "time",
-                   "typing", "__future__", "functools", "itertools", "collections", "warnings"}
+                   "typing", "__future__", "functools", "itertools", "collections", "warnings", "weakref"}
 
 
 @pytest.fixture(scope="module", params=sorted(SMALL))

@@ -110,6 +110,20 @@ def test_split_is_exact_power_of_two_scaling():
     assert ((rec - x.double()).abs() <= x.double().abs() * 2.0 ** -21 + 1e-45).all()
 
 
+@pytest.mark.parametrize("C", [40, 64, 70])
+def test_split_rows_are_zero_padded(C):
+    """Split parts' rows run on to padded_k(C) with zeros, so a GEMM of two pre-split operands may run its K loop
+    there unmasked (EVEN_K); the (R, C) views hold the split itself."""
+    x = torch.randn(3, C) + 0.5
+    hi, lo, s = gc.split_x(x)
+    cp = gc.padded_k(C)
+    assert cp % gc.PAD_K == 0 and C <= cp < C + gc.PAD_K and hi.shape == lo.shape == (3, C)
+    assert hi.stride() == lo.stride() == (2 * cp, 1)
+    rows = hi.as_strided((3, 2 * cp), (2 * cp, 1))  # the whole parts tensor: [hi | pad | lo | pad]
+    assert torch.equal(rows[:, cp:cp + C], lo)
+    assert not rows[:, C:cp].any() and not rows[:, cp + C:].any()
+
+
 GPU_SCRIPT = r"""
 import dataclasses, sys, torch
 sys.path.insert(0, sys.argv[1])

@@ -73,7 +73,10 @@ def op_spelling(n: Node) -> str | None:
         return f"torch.{n.op}({args[0]}, {n.attrs['dim']})"
     if n.op == "layer_norm" and "normalized_shape" in n.attrs:
         x, w, b, eps = args
-        return f"torch.nn.functional.layer_norm({x}, {tuple(n.attrs['normalized_shape'])}, {w}, {b}, {eps})"
+        shape = tuple(n.attrs["normalized_shape"])
+        # over the last dim (what the fused row norm computes) at whatever width the model is built with
+        spelled = f"({x}.shape[-1],)" if len(shape) == 1 else str(shape)
+        return f"torch.nn.functional.layer_norm({x}, {spelled}, {w}, {b}, {eps})"
     if n.op == "instance_norm":  # a 2-d input is one unbatched (C, L) sample, as nn.InstanceNorm1d reads it
         x, w, b, eps = args
         return (f"torch.nn.functional.instance_norm({x}.unsqueeze(0) if {x}.dim() == 2 else {x}, None, None, {w}, "

@@ -64,6 +64,7 @@ class BenchResult:
     rules: dict[str, Any]
     errors: dict[str, str] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)  # the gradient contract's findings (--train)
+    cuda_graph: bool | None = None  # whether kfuse's timed forward was a CUDA graph replay (kernels/graphs.py)
 
     def ms(self, model: str) -> float:
         t = self.timings.get(model)
@@ -98,6 +99,7 @@ def result_json(r: BenchResult) -> dict[str, Any]:
     out["compile_s"] = {m: round(s, 3) for m, s in r.compile_s.items()}
     out["kfuse_first_call_s"] = _num(round(r.kfuse_first_call_s, 3))
     out["tune_s"] = round(r.tune_s, 3)
+    out["kfuse_cuda_graph"] = r.cuda_graph
     out["tuned"] = r.tuned
     out["contract_rules"] = r.rules
     out["constants"] = r.constants
@@ -238,6 +240,13 @@ def load_kfuse(problem: Problem, device: str, workdir: Path) -> Any:
     return load_module(path)
 
 
+def graph_replayed(module: Any, model: torch.nn.Module) -> bool:
+    """Whether the generated module replays `model`'s forward as a CUDA graph (kernels/graphs.py: only where it
+    measured faster than the launches)."""
+    graphs = getattr(module, "_GRAPHS", {}).get(model)
+    return graphs is not None and any(entry is not None for entry in graphs.graphs.values())
+
+
 def upstream_grads(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """A fixed random gradient for each output of `model` (one forward to learn their shapes)."""
     from kfuse.verify import flatten
@@ -349,7 +358,8 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
     constants = {k: v for k, v in problem.constants().items()}
     if not train:
         return BenchResult(name, constants, timings, compile_s, first, tune_s, tuned, contract.correct,
-                           contract.max_abs_err, contract.ref_max_abs_err, dict(contract.rules), errors)
+                           contract.max_abs_err, contract.ref_max_abs_err, dict(contract.rules), errors,
+                           cuda_graph=graph_replayed(module, fused))
     return BenchResult(name, constants, timings, compile_s, first, tune_s, tuned, contract.correct and grads.correct,
                        grads.max_abs_err, grads.ref_max_abs_err, {**contract.rules, **grads.rules}, errors,
                        grads.failures)

@@ -27,7 +27,7 @@ from kfuse.regions.common import RegionCode
 
 KERNELS = Path(__file__).parent / "kernels"
 CORE_ROOTS = ("SPLIT_SCHEMES", "SKINNY_M", "cdiv", "gemm_tile", "_tile_ids", "GemmConfig", "default_config", "valid_configs", "split_weight",
-              "split_x", "row_scales")
+              "split_x", "row_scales", "padded_k")
 MARKER = "# --- emitted below ---"
 
 
@@ -83,7 +83,9 @@ def _split_future(source: str) -> tuple[list[str], str]:
     return future, rest
 
 
-def forward_source(g: Graph, codes: Sequence[RegionCode], params: Sequence[str]) -> str:
+def forward_source(g: Graph, codes: Sequence[RegionCode], params: Sequence[str], graphed: bool) -> str:
+    """ModelNew's forward. `graphed` (every op fused): forward hands fused_forward to replay_forward, which
+    replays it as a CUDA graph for repeated inference calls (kfuse/kernels/graphs.py)."""
     body = [ln for code in codes for ln in code.forward]
     outs = ", ".join(g.outputs)
     if g.output_structure == "single":
@@ -92,7 +94,12 @@ def forward_source(g: Graph, codes: Sequence[RegionCode], params: Sequence[str])
         ret = f"[{outs}]"
     else:
         ret = f"({outs},)" if len(g.outputs) == 1 else f"({outs})"
-    lines = [f"    def forward(self, {', '.join(params)}):"] + [f"        {ln}" for ln in body] + [f"        return {ret}"]
+    args = ", ".join(params)
+    name = "fused_forward" if graphed else "forward"
+    lines = [f"    def {name}(self, {args}):"] + [f"        {ln}" for ln in body] + [f"        return {ret}"]
+    if graphed:
+        lines = [f"    def forward(self, {args}):",
+                 f"        return replay_forward(self, self.fused_forward{', ' if args else ''}{args})", ""] + lines
     return "\n".join(lines) + "\n"
 
 
@@ -117,7 +124,7 @@ def emit(problem_source: str, problem_name: str, g: Graph, regions: Sequence[Reg
     runtime = emitted_part("runtime").replace('GEMM_SCHEME = "fp16x3p"', f'GEMM_SCHEME = "{scheme}"', 1)
     parts = [
         "\n".join(header),
-        "import dataclasses\nimport os\n\nimport torch\n\nif not torch.cuda.is_available():\n"
+        "import dataclasses\nimport os\nimport time\nimport weakref\nfrom collections import OrderedDict\n\nimport torch\n\nif not torch.cuda.is_available():\n"
         "    os.environ.setdefault(\"TRITON_INTERPRET\", \"1\")  # no GPU: Triton's interpreter runs the kernels\n"
         "import triton  # noqa: E402\nimport triton.language as tl  # noqa: E402",
         "# ---------------- the original problem, unchanged ----------------\n" + original.strip("\n"),
@@ -134,6 +141,10 @@ def emit(problem_source: str, problem_name: str, g: Graph, regions: Sequence[Reg
                      "----------------\n" + emitted_part("backward"))
         parts.append("# ---------------- training: epilogue backward launcher (kfuse/kernels/backward_ops.py) "
                      "----------------\n" + emitted_part("backward_ops"))
+    graphed = bool(fused) and not unfused
+    if graphed:
+        parts.append("# ---------------- CUDA graphs for repeated inference calls (kfuse/kernels/graphs.py) "
+                     "----------------\n" + emitted_part("graphs"))
     parts.append("# ---------------- fused regions ----------------")
     for code in codes:
         parts += [k.rstrip("\n") for k in code.kernels]
@@ -142,7 +153,7 @@ def emit(problem_source: str, problem_name: str, g: Graph, regions: Sequence[Reg
     params = list(g.inputs)
     parts.append("class ModelNew(Model):\n"
                  '    """Model with a fused forward: same constructor, parameters and buffers."""\n\n'
-                 + forward_source(g, codes, params).rstrip("\n"))
+                 + forward_source(g, codes, params, graphed).rstrip("\n"))
     return "\n\n\n".join(parts) + "\n"
 
 

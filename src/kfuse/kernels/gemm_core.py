@@ -119,15 +119,17 @@ def _pow2_inv(s):
 
 
 @triton.jit
-def split_rows_kernel(x_ptr, parts_ptr, scale_ptr, C, stride_xr, stride_xc,
+def split_rows_kernel(x_ptr, parts_ptr, scale_ptr, C, CP, stride_xr, stride_xc,
                       BLOCK_C: tl.constexpr, WRITE_PARTS: tl.constexpr):
     """One program per row r: s[r] = _pow2_scale(max |x[r, :]|); if WRITE_PARTS, hi = fp16(x*s), lo = fp16(x*s - hi)
-    into the contiguous (R, 2C) fp16 tensor parts = [hi | lo].  Reads the row once when C <= BLOCK_C (the launcher makes it so for
-    C <= 16384), else twice (second pass mostly from L2)."""
+    into the contiguous (R, 2*CP) fp16 tensor parts = [hi | lo], each CP = padded_k(C) wide, zeros past C.
+    Reads the row once when CP <= BLOCK_C (the launcher makes it so for CP <= 16384), else twice (second pass
+    mostly from L2)."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_C)
     xrow = x_ptr + row * stride_xr
-    if C <= BLOCK_C:
+    prow = parts_ptr + row * 2 * CP
+    if CP <= BLOCK_C:
         v = tl.load(xrow + offs * stride_xc, mask=offs < C, other=0.0)
         s = _pow2_scale(tl.max(tl.abs(v), axis=0))
         tl.store(scale_ptr + row, s)
@@ -135,8 +137,8 @@ def split_rows_kernel(x_ptr, parts_ptr, scale_ptr, C, stride_xr, stride_xc,
             vs = v * s
             hi = vs.to(tl.float16)
             lo = (vs - hi.to(tl.float32)).to(tl.float16)
-            tl.store(parts_ptr + row * 2 * C + offs, hi, mask=offs < C)
-            tl.store(parts_ptr + row * 2 * C + C + offs, lo, mask=offs < C)
+            tl.store(prow + offs, hi, mask=offs < CP)
+            tl.store(prow + CP + offs, lo, mask=offs < CP)
     else:
         m = tl.zeros((BLOCK_C,), dtype=tl.float32)
         for c0 in range(0, C, BLOCK_C):
@@ -145,32 +147,44 @@ def split_rows_kernel(x_ptr, parts_ptr, scale_ptr, C, stride_xr, stride_xc,
         s = _pow2_scale(tl.max(m, axis=0))
         tl.store(scale_ptr + row, s)
         if WRITE_PARTS:
-            for c0 in range(0, C, BLOCK_C):
+            for c0 in range(0, CP, BLOCK_C):
                 v = tl.load(xrow + (c0 + offs) * stride_xc, mask=c0 + offs < C, other=0.0)
                 vs = v * s
                 hi = vs.to(tl.float16)
                 lo = (vs - hi.to(tl.float32)).to(tl.float16)
-                tl.store(parts_ptr + row * 2 * C + c0 + offs, hi, mask=c0 + offs < C)
-                tl.store(parts_ptr + row * 2 * C + C + c0 + offs, lo, mask=c0 + offs < C)
+                tl.store(prow + c0 + offs, hi, mask=c0 + offs < CP)
+                tl.store(prow + CP + c0 + offs, lo, mask=c0 + offs < CP)
+
+
+PAD_K = 64  # the largest BLOCK_K of any config: split parts' rows are zero-padded to a multiple of it
+
+
+def padded_k(k: int) -> int:
+    """The K a GEMM of two pre-split operands runs to: their rows are zero-padded to a multiple of PAD_K, so
+    every K block is full (EVEN_K: unmasked, vectorized, pipelined loads). A masked K block at every step made
+    1000 x 1000 -> 999 take 80-135 us on the H100 instead of ~15 (benchmarks/overhead/NOTES.md)."""
+    return cdiv(k, PAD_K) * PAD_K
 
 
 def _split_launch(x: torch.Tensor, write_parts: bool):
     assert x.dim() == 2 and x.dtype == torch.float32
     R, C = x.shape
+    CP = padded_k(C)
     scale = torch.empty(R, device=x.device, dtype=torch.float32)
-    parts = torch.empty(R, 2 * C, device=x.device, dtype=torch.float16) if write_parts else scale
-    block_c = min(triton.next_power_of_2(max(C, 16)), 16384)
+    parts = torch.empty(R, 2 * CP, device=x.device, dtype=torch.float16) if write_parts else scale
+    block_c = min(triton.next_power_of_2(max(CP, 16)), 16384)
     num_warps = 8 if block_c >= 4096 else 4
-    split_rows_kernel[(R,)](x, parts, scale, C, x.stride(0), x.stride(1),
+    split_rows_kernel[(R,)](x, parts, scale, C, CP, x.stride(0), x.stride(1),
                             BLOCK_C=block_c, WRITE_PARTS=write_parts, num_warps=num_warps)
-    if write_parts:
-        return parts[:, :C], parts[:, C:], scale
+    if write_parts:  # (R, C) views; each row runs on in memory with zeros up to CP (padded_k)
+        return parts[:, :C], parts[:, CP:CP + C], scale
     return None, None, scale
 
 
 def split_weight(w: torch.Tensor) -> tuple:
-    """W (N, K) fp32 -> (w_hi, w_lo, w_scale).  w_hi = parts[:, :K] and w_lo = parts[:, K:] are views of ONE
-    contiguous (N, 2K) fp16 tensor (so they share strides (2K, 1)); W[n] * w_scale[n] ~= w_hi[n] + w_lo[n] to
+    """W (N, K) fp32 -> (w_hi, w_lo, w_scale).  w_hi = parts[:, :K] and w_lo = parts[:, KP:KP + K] are views of ONE
+    contiguous (N, 2 KP) fp16 tensor, KP = padded_k(K), zeros in columns K..KP of each half (so they share strides
+    (2 KP, 1), and a kernel may run K up to KP unmasked); W[n] * w_scale[n] ~= w_hi[n] + w_lo[n] to
     ~2^-22 relative; w_scale (N,) fp32 powers of two.  Done once per weight; the caller caches the tuple.
     Cost: reads 4 and writes 4 bytes per weight element (W 8192x8192: 512 MiB moved, ~0.2 ms)."""
     return _split_launch(w.float().contiguous(), True)
@@ -794,6 +808,9 @@ def gemm_bias_mul_leakyrelu(x: torch.Tensor, w_parts, bias: torch.Tensor, mult: 
         a, a_lo, a_s = x, x, x
         b, b_lo, b_s = w, w, w
     strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
+    # both operands pre-split with zero-padded rows (split_x, split_weight): run K to the padding, unmasked
+    padded = scheme in SPLIT_SCHEMES and not cfg.split_a and a.stride(0) == b.stride(0) == 2 * padded_k(K)
+    k_run = padded_k(K) if padded else K
     if scheme == "fp64" and cfg.k_slices:
         assert x_parts is not None, "fp64 with k_slices: pass x_parts = skinny.fp64_partials(x, W, config)"
         part, strides = x_parts
@@ -806,10 +823,10 @@ def gemm_bias_mul_leakyrelu(x: torch.Tensor, w_parts, bias: torch.Tensor, mult: 
     nsm = _num_sms(x.device)
     grid = (min(num_tiles, nsm),) if cfg.persistent else (num_tiles,)
     gemm_bias_mul_leakyrelu_kernel[grid](
-        a, a_lo, a_s, b, b_lo, b_s, bias, out, M, N, K, *strides, out.stride(0), out.stride(1),
+        a, a_lo, a_s, b, b_lo, b_s, bias, out, M, N, k_run, *strides, out.stride(0), out.stride(1),
         float(mult), float(slope),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        SCHEME=scheme, SPLIT_A=cfg.split_a, EVEN_K=(K % cfg.block_k == 0), PROMOTE_K=cfg.promote_k,
+        SCHEME=scheme, SPLIT_A=cfg.split_a, EVEN_K=(k_run % cfg.block_k == 0), PROMOTE_K=cfg.promote_k,
         PERSISTENT=cfg.persistent, NUM_SMS=nsm if cfg.persistent else 1, USE_TMA=use_tma, K_SLICES=cfg.k_slices,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

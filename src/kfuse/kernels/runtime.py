@@ -15,8 +15,8 @@ import triton.language as tl
 
 import dataclasses
 
-from kfuse.kernels.gemm_core import (SKINNY_M, SPLIT_SCHEMES, GemmConfig, default_config, row_scales, split_weight, split_x,
-                                    valid_configs)
+from kfuse.kernels.gemm_core import (SKINNY_M, SPLIT_SCHEMES, GemmConfig, default_config, padded_k, row_scales,
+                                    split_weight, split_x, valid_configs)
 from kfuse.kernels.skinny import fp64_partials
 
 # --- emitted below ---
@@ -238,27 +238,29 @@ def cached_gemv_sums(weight: torch.Tensor, bias: torch.Tensor | None, kn_layout:
 
 
 def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, scheme: str, cfg: GemmConfig) -> tuple:
-    """The six operand pointers and four strides gemm_tile takes, for x2 (M, K) and the weight
-    ((N, K) nn.Linear layout, or (K, N) for `x @ W` when kn_layout). Skinny "fp64" configs with k_slices run
-    the split-K pass here: the operands are then its float64 partials (kernels/skinny.py)."""
+    """(ops, k_run, strides): the six operand pointers, the K the tile kernel runs to and the four strides
+    gemm_tile takes, for x2 (M, K) and the weight ((N, K) nn.Linear layout, or (K, N) for `x @ W` when kn_layout).
+    k_run is K, or padded_k(K) where both operands are pre-split (their rows zero-padded: every K block full).
+    Skinny "fp64" configs with k_slices run the split-K pass here: the operands are then its float64 partials
+    (kernels/skinny.py)."""
+    K = x2.shape[1]
     b = weight.t() if kn_layout else weight  # (N, K) view either way
     if scheme == "ieee" and interpreting() and x2.dtype != torch.float32:
         x2, b = x2.float(), b.float()  # the interpreter mishandles bf16 dots: compute in fp32
     if scheme == "fp64" and cfg.k_slices:
         # skinny split-K: K summed first into float64 partials, which become the tile kernel's A operand
         part, strides = fp64_partials(x2, b, cfg)
-        return (part,) * 6, strides
+        return (part,) * 6, K, strides
     if scheme not in SPLIT_SCHEMES:
-        return (x2, x2, x2, b, b, b), (x2.stride(0), x2.stride(1), b.stride(0), b.stride(1))
+        return (x2, x2, x2, b, b, b), K, (x2.stride(0), x2.stride(1), b.stride(0), b.stride(1))
     w_hi, w_lo, w_scale = cached_split(weight, kn_layout)
     x2 = x2.float()
-    if cfg.split_a == 2:  # the kernel computes x's row scales itself
-        return (x2, x2, x2, w_hi, w_lo, w_scale), (x2.stride(0), x2.stride(1), w_hi.stride(0), w_hi.stride(1))
-    if cfg.split_a:
-        x_scale = row_scales(x2)
-        return (x2, x2, x_scale, w_hi, w_lo, w_scale), (x2.stride(0), x2.stride(1), w_hi.stride(0), w_hi.stride(1))
+    if cfg.split_a:  # fp32 x split in the kernel (2: its row scales too); x's own K, masked
+        x_scale = x2 if cfg.split_a == 2 else row_scales(x2)
+        return (x2, x2, x_scale, w_hi, w_lo, w_scale), K, (x2.stride(0), x2.stride(1), w_hi.stride(0), w_hi.stride(1))
     x_hi, x_lo, x_scale = split_x(x2)
-    return (x_hi, x_lo, x_scale, w_hi, w_lo, w_scale), (x_hi.stride(0), x_hi.stride(1), w_hi.stride(0), w_hi.stride(1))
+    return ((x_hi, x_lo, x_scale, w_hi, w_lo, w_scale), padded_k(K),
+            (x_hi.stride(0), x_hi.stride(1), w_hi.stride(0), w_hi.stride(1)))
 
 
 def group_slots(block_n: int, group: int) -> int:

@@ -171,7 +171,7 @@ def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: li
 
 
 LAUNCH_TAIL = ("BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SCHEME=scheme, "
-               "SPLIT_A=cfg.split_a, EVEN_K=K % cfg.block_k == 0, K_SLICES=cfg.k_slices, num_warps=cfg.num_warps, "
+               "SPLIT_A=cfg.split_a, EVEN_K=k_run % cfg.block_k == 0, K_SLICES=cfg.k_slices, num_warps=cfg.num_warps, "
                "num_stages=cfg.num_stages")
 
 
@@ -190,7 +190,7 @@ def gemm_head(anchor: Node) -> list[str]:
 
 def gemm_operand_lines(anchor: Node) -> list[str]:
     """Launcher lines for a chosen `cfg`: the GEMM operands and the tile grid."""
-    return [f"ops, strides = gemm_operands(x2, weight, {anchor.op == 'matmul'}, scheme, cfg)",
+    return [f"ops, k_run, strides = gemm_operands(x2, weight, {anchor.op == 'matmul'}, scheme, cfg)",
             "grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)"]
 
 
@@ -225,7 +225,7 @@ def gemm_region_code(region: Region, name: str, args: KernelArgs, body: list[str
     positional = "".join(f"{a}, " for a in [*outs, "z", *args.params])
     body = [f"{o} = torch.empty((M, N), device=x.device, dtype=x.dtype)" for o in outs]
     body.append(f"z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else {outs[0]}  # unused if not")
-    body.append(f"{name}_kernel[grid](*ops, {positional}M, N, K, *strides, {extra_kwargs}STORE_Z=save_z, "
+    body.append(f"{name}_kernel[grid](*ops, {positional}M, N, k_run, *strides, {extra_kwargs}STORE_Z=save_z, "
                 f"{LAUNCH_TAIL})")
     lines = [*pre, *gemm_head(anchor), *tuned_launch_lines(anchor, name, body, [*outs, "z"])]
     shaped = ", ".join(f"{o}.reshape(*lead, N)" for o in outs)

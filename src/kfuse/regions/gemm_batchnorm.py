@@ -195,7 +195,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
 
     def launch(kernel: str, outs: list[str], args: KernelArgs, extra: str = "", kw: str = "") -> str:
         ptrs = "".join(f"buf_{v}, " for v in outs)
-        return f"{kernel}_kernel[grid](*ops, {ptrs}{extra}{''.join(p + ', ' for p in args.params)}M, N, K, *strides, {kw}{LAUNCH_TAIL})"
+        return f"{kernel}_kernel[grid](*ops, {ptrs}{extra}{''.join(p + ', ' for p in args.params)}M, N, k_run, *strides, {kw}{LAUNCH_TAIL})"
 
     alloc = "{} = torch.empty((M, N), device=x.device, dtype=x.dtype)"
     shaped = ", ".join(f"buf_{v}.reshape(*lead, N)" for v in region.outputs)

@@ -184,7 +184,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
         *[full.format(f"o_{v}", "x.dtype") for v in pre_outs],
         *[full.format(f"k_{v}", "torch.float32") for v in keeps],
         "z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else pa  # unused if not",
-        f"{name}_kernel[grid](*ops, {''.join(p + ', ' for p in k1_outs + ['z'] + a1.params)}M, N, K, *strides, "
+        f"{name}_kernel[grid](*ops, {''.join(p + ', ' for p in k1_outs + ['z'] + a1.params)}M, N, k_run, *strides, "
         f"group, SLOTS=slots, STORE_Z=save_z, {LAUNCH_TAIL})"]
     lines = [
         "min_block_n = 16",

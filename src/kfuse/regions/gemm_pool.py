@@ -92,7 +92,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
                   f"pa = torch.empty((M, T), device=x.device, dtype={PARTIAL_DTYPE[STAT[red.op]]})",
                   "pb = torch.empty_like(pa)" if STAT[red.op] in TWO_PARTIALS else "pb = pa"]
     lines.append(f"{name}_kernel[grid](*ops, {''.join(o + ', ' for o in outs)}{''.join(p + ', ' for p in args.params)}"
-                 f"M, N, K, *strides, N_OUT, POOL=pool, {LAUNCH_TAIL})")
+                 f"M, N, k_run, *strides, N_OUT, POOL=pool, {LAUNCH_TAIL})")
     if red is not None:  # the partials cover N_OUT pooled features
         lines += [f"{p} = torch.empty((M,), device=x.device, dtype={'x.dtype' if p.startswith('o_') else 'torch.float32'})"
                   for p in row_stores]

@@ -259,7 +259,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     lines += [alloc_full.format(f"o_{v}", "x.dtype") for v in pre_outs]
     lines += [alloc_full.format(f"k_{v}", "torch.float32") for v in keeps]
     lines.append(f"{name}_kernel[grid](*ops, {''.join(p + ', ' for p in k1_outs)}{''.join(p + ', ' for p in a1.params)}"
-                 f"M, N, K, *strides, {LAUNCH_TAIL})")
+                 f"M, N, k_run, *strides, {LAUNCH_TAIL})")
     if not inline:
         lines += [alloc_row.format(p, "x.dtype" if p.startswith("o_") else "torch.float32") for p in row_stores]
         lines.append(f"{name}_finalize_kernel[(cdiv(M, 64),)](pa, pb, {''.join(p + ', ' for p in row_stores)}"
