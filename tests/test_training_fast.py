@@ -12,6 +12,7 @@ import torch
 
 from kfuse_testing import SEEDS, SMALL, write_problem
 from test_training import compile_to, gradient_contract, pair, region_problem
+from kfuse.gradients import gradient_contract as kfuse_contract
 from kfuse.gradients import run_backward
 from kfuse.load import load_problem
 
@@ -133,6 +134,132 @@ def test_epilogues_without_a_derivative_row_use_torch(tmp_path):
     prob = load_problem(write_problem(tmp_path, LIN, "return F.gelu(self.lin(x), approximate='tanh')", name="gt"))
     compiled, module = compile_to(prob, tmp_path)
     assert compiled.regions[0].kind == "gemm_epilogue" and not _fns(module)
+    gradient_contract(prob, module, train=True, draws=1)
+
+
+# ---- the fused GroupNorm backward (kfuse/backward_groupnorm.py) ------------------------------------------
+GEMM = Path(__file__).resolve().parent.parent / "problems" / "gemm"
+GN = "self.lin = nn.Linear(in_features, out_features)\nself.s = nn.Parameter(torch.rand(out_features) + 0.5)\n"
+GN_CASES = {  # name: (problem file or (init, forward), size overrides); channels per group in the comment
+    "62": (SEEDS / "62_matmul_groupnorm_leakyrelu_sum.py", SMALL["62_matmul_groupnorm_leakyrelu_sum"]),  # 16
+    "62_g8": (SEEDS / "62_matmul_groupnorm_leakyrelu_sum.py", {"batch_size": 37, "input_size": 70,
+                                                               "hidden_size": 256, "num_groups": 32}),
+    "08_g4": (GEMM / "08_gemm_groupnorm_hardtanh.py", {"out_features": 128, "num_groups": 32}),  # 4, after
+    "08_g128": (GEMM / "08_gemm_groupnorm_hardtanh.py", {"out_features": 256, "num_groups": 2}),  # 128
+    "09_g8": (GEMM / "09_matmul_swish_biasadd_groupnorm.py", {"out_features": 256, "num_groups": 32}),  # before
+    "09_g4_masked": (GEMM / "09_matmul_swish_biasadd_groupnorm.py", {"out_features": 72, "num_groups": 18}),
+    "27_g32": (GEMM / "27_gemm_groupnorm_swish_multiply_swish.py", {"out_features": 256, "num_groups": 8}),
+    "27_g64_masked": (GEMM / "27_gemm_groupnorm_swish_multiply_swish.py", {"out_features": 192, "num_groups": 3}),
+    "28_g64": (GEMM / "28_gemm_biasadd_hardtanh_mish_groupnorm.py", {"out_features": 128, "num_groups": 2}),
+    # affine=False, a parameter read before and after the norm, a residual of z past the norm: 16
+    "no_affine_residual": ((GN + "self.gn = nn.GroupNorm(8, out_features, affine=False)",
+                            "y = self.lin(x)\nreturn torch.tanh(self.gn(y * self.s + 0.5)) * self.s + y"), {}),
+    # two outputs, the norm's own and one after it: 32
+    "two_outputs": ((GN + "self.gn = nn.GroupNorm(4, out_features)",
+                     "u = self.gn(F.silu(self.lin(x)))\nreturn u, F.gelu(u) / self.s"), {}),
+}
+
+
+def gn_problem(tmp_path: Path, case: str):
+    src, sizes = GN_CASES[case]
+    if isinstance(src, Path):
+        return load_problem(src, sizes if src.parent == SEEDS else {"batch_size": 37, "in_features": 70} | sizes)
+    return load_problem(write_problem(tmp_path, *src, n=128, name=case))
+
+
+def gn_module(tmp_path: Path, case: str):
+    """The problem, its compiled module and its one GroupNorm Function, which must have the fused dZ."""
+    prob = gn_problem(tmp_path, case)
+    compiled, module = compile_to(prob, tmp_path)
+    assert [r.kind for r in compiled.regions] == ["gemm_groupnorm"]
+    (fn,) = _fns(module)
+    return prob, module, fn
+
+
+def perturbed(prob, cls):
+    """The model with every parameter moved off its init (GroupNorm's gamma 1, beta 0 would hide errors)."""
+    torch.manual_seed(5)
+    model = prob.build(cls=cls)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+@pytest.mark.parametrize("case", sorted(GN_CASES))
+def test_groupnorm_fused_dz_matches_float64_autograd(tmp_path, case):
+    """The generated GroupNorm dZ kernel against torch autograd of the region's float64 epilogue (the torch
+    path's math), same z: dZ to its one fp32 rounding, db, gamma, beta and the other parameters' float64
+    gradients to 1e-12."""
+    prob, module, fn = gn_module(tmp_path, case)
+    model = perturbed(prob, module.ModelNew)
+    m64 = copy.deepcopy(model).double()
+    x = prob.inputs()[0]
+    with torch.no_grad():
+        outs, z = fn.launch_z(model, x)
+    grads = tuple(torch.randn_like(o) for o in outs)
+    dz, db, pairs = fn.fused_dz(model, z, grads)
+    z64 = z.double().requires_grad_(True)
+    p64 = dict(m64.named_parameters())
+    names = {id(p): k for k, p in model.named_parameters()}
+    ref_outs = fn.epilogue(m64, None, lambda t: t, z64)
+    ref_outs = ref_outs if isinstance(ref_outs, tuple) else (ref_outs,)
+    wrt = [z64] + [p64[names[id(p)]] for p, _ in pairs]
+    ref = torch.autograd.grad(ref_outs, wrt, [g.double() for g in grads], allow_unused=True)
+    torch.testing.assert_close(dz, ref[0].float(), atol=1e-30, rtol=3e-7)
+    torch.testing.assert_close(db, ref[0].sum(0), atol=1e-12, rtol=1e-12)
+    gn = next(m for m in model.modules() if isinstance(m, torch.nn.GroupNorm))
+    affine = [t for t in (gn.weight, gn.bias) if t is not None]
+    assert all(any(p is t for p, _ in pairs) for t in affine)  # gamma's and beta's gradients from the kernel
+    for (p, g), r in zip(pairs, ref[1:]):
+        assert g.dtype == torch.float64 and g.shape == p.shape
+        torch.testing.assert_close(g, r if r is not None else torch.zeros_like(g), atol=1e-12, rtol=1e-12)
+
+
+def _model_grads(prob, module, fused: bool, monkeypatch) -> dict:
+    """x's and every parameter's gradient (fp32) from one training step, with the fused dZ or without it."""
+    fn = _fns(module)[0]
+    with monkeypatch.context() as m:
+        if not fused:
+            m.setattr(fn, "fused_dz", None)
+        model = perturbed(prob, module.ModelNew)
+        got = run_backward(model, prob.inputs(), torch.float32, seed=11)
+    return {k: v for k, v in got.items() if k.endswith(".grad")}
+
+
+def _contract_errors(prob, module, fused: bool, monkeypatch) -> dict[str, float]:
+    with monkeypatch.context() as m:
+        if not fused:
+            m.setattr(_fns(module)[0], "fused_dz", None)
+        return kfuse_contract(prob, module.ModelNew, train=True, draws=1).errors
+
+
+@pytest.mark.parametrize("case", sorted(GN_CASES))
+def test_groupnorm_fused_dz_matches_torch_backward(tmp_path, monkeypatch, case):
+    """Every gradient (x, W, b, gamma, beta, other parameters) through the fused dZ equals the float64 torch
+    path's (the fallback) up to fp32 rounding, and lies as close to float64 as that path's."""
+    prob, module, _ = gn_module(tmp_path, case)
+    fused, torch_path = (_model_grads(prob, module, f, monkeypatch) for f in (True, False))
+    assert fused.keys() == torch_path.keys() and "input0.grad" in fused
+    for k, want in torch_path.items():
+        # dZ rounds to fp32 once either way (a value on a rounding tie may land one ulp apart, dX and dW then
+        # move by about that ulp times |W| or |X|); the torch path rounds a parameter's gradient once per read
+        # of it (`cast` per use) and adds in fp32, the kernel once: a parameter read twice (s) differs by that
+        torch.testing.assert_close(fused[k], want, atol=1e-6 * want.abs().max().item(), rtol=1e-6, msg=k)
+    errs, torch_errs = (_contract_errors(prob, module, f, monkeypatch) for f in (True, False))
+    for k, e in errs.items():
+        assert e <= 1.01 * torch_errs[k] + 1e-9, (k, e, torch_errs[k])
+
+
+@pytest.mark.parametrize("forward", ["y = self.lin(x)\nreturn F.gelu(self.gn(y), approximate='tanh')",
+                                     "y = self.lin(x)\nreturn self.gn(F.gelu(y, approximate='tanh'))"])
+def test_groupnorm_without_a_derivative_row_uses_torch(tmp_path, forward):
+    """An op without a DERIVATIVES row (tanh-GELU) before or after the norm: no kernel, the float64 torch
+    backward, gradients in contract."""
+    prob = load_problem(write_problem(tmp_path, LIN + "\nself.gn = nn.GroupNorm(8, out_features)", forward,
+                                      n=128, name="gt"))
+    compiled, module = compile_to(prob, tmp_path)
+    assert [r.kind for r in compiled.regions] == ["gemm_groupnorm"] and not _fns(module)
     gradient_contract(prob, module, train=True, draws=1)
 
 

@@ -26,6 +26,7 @@ import dataclasses
 import re
 
 from kfuse.backward_epilogue import dz_kernel, dz_method, dz_supported
+from kfuse.backward_groupnorm import groupnorm_dz_kernel, groupnorm_dz_supported
 from kfuse.ir import Arg, Graph, Node, Param, Scalar
 from kfuse.ops import POINTWISE
 from kfuse.partition import Region
@@ -152,9 +153,10 @@ def class_name(stem: str, taken: set[str]) -> str:
 
 
 def function_class(region: Region, code: RegionCode, name: str, launcher_name: str,
-                   dz: tuple[str, list[str], list[str]] | None = None) -> str:
-    """The Function class source. dz: (kernel stem, parameter and scalar expressions) of a generated
-    epilogue-backward kernel (backward_epilogue.py), which then computes dZ instead of torch."""
+                   dz: tuple[str, list[str], list[str], str] | None = None) -> str:
+    """The Function class source. dz: (kernel stem, parameter and scalar expressions, extra epilogue_dz
+    arguments) of a generated epilogue-backward kernel (backward_epilogue.py, backward_groupnorm.py), which
+    then computes dZ instead of torch."""
     inputs = region_inputs(region)
     gemm = gemm_anchored(region)
     replaced = " -> ".join(n.origin for n in region.nodes)
@@ -189,6 +191,18 @@ def function_class(region: Region, code: RegionCode, name: str, launcher_name: s
     return "\n".join(lines) + "\n"
 
 
+def _dz_plan(region: Region, stem: str) -> tuple[str, tuple] | None:
+    """(stem, (kernel source, parameter expressions, scalar expressions, extra epilogue_dz arguments)) of the
+    generated dZ kernel for this region, or None where its kind or ops have none (the torch backward)."""
+    if not gemm_anchored(region):
+        return None
+    if dz_supported(region):
+        return stem, (*dz_kernel(region, stem), "")
+    if groupnorm_dz_supported(region):
+        return stem, groupnorm_dz_kernel(region, stem)
+    return None
+
+
 def with_autograd(region: Region, g: Graph, code: RegionCode, taken: set[str]) -> RegionCode:
     """The region's code with its Function class appended to the launcher and its forward lines calling it.
     Torch fallback regions are plain torch calls: autograd already flows through them."""
@@ -198,10 +212,10 @@ def with_autograd(region: Region, g: Graph, code: RegionCode, taken: set[str]) -
     launcher_name = called.group(1) if called else "_".join(n.op for n in region.nodes)
     name = class_name(launcher_name.removeprefix("fused_"), taken)
     kernels, dz = code.kernels, None
-    if gemm_anchored(region) and dz_supported(region):
-        stem = launcher_name.removeprefix("fused_")
-        src, params, scalars = dz_kernel(region, stem)
-        kernels, dz = (*kernels, src), (stem, params, scalars)
+    plan = _dz_plan(region, launcher_name.removeprefix("fused_"))
+    if plan is not None:
+        stem, (src, *how) = plan
+        kernels, dz = (*kernels, src), (stem, *how)
     cls = function_class(region, code, name, launcher_name, dz)
     call = f"{', '.join(region.outputs)} = {name}.run({', '.join(['self', *region_inputs(region)])})"
     launcher = code.launcher.rstrip("\n") + "\n\n\n" + cls if code.launcher else cls

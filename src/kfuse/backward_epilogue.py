@@ -13,9 +13,15 @@ The derivative of each op is a row of DERIVATIVES (the pointwise table's compani
 Triton expression of the local derivative over the operands {0}, {1}, ... and the op's value {y}; None where
 the operand is not differentiated (slopes, bounds: always scalars). Conventions at kinks follow torch's
 backward formulas (relu: y > 0; leaky_relu: x > 0; hardtanh: strictly inside the bounds; clamp: x >= min).
+
+`dz_kernel` takes `rules` for ops that are not pointwise (a NodeRule: forward lines, reverse lines): the
+GroupNorm of kind gemm_groupnorm is one (backward_groupnorm.py); without rules every op is pointwise.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from kfuse.ir import Node, Param, Scalar
 from kfuse.ops import POINTWISE, VIEW_OPS
@@ -64,25 +70,29 @@ def _param_ok(a: Param, n_cols: int) -> bool:
     return is_single(a) or is_column_vector(a, n_cols)
 
 
-def dz_supported(region: Region) -> bool:
-    """Every op after the GEMM has a derivative row, and every parameter it reads is a column vector or a
-    single value (the layouts the forward kernel loads)."""
-    if region.kind != "gemm_epilogue":
+def pointwise_ok(n: Node, n_cols: int) -> bool:
+    """`n` has a derivative row, and every parameter it reads is a column vector or a single value (the
+    layouts the forward kernel loads)."""
+    d = DERIVATIVES.get(_op(n))
+    if d is None or _op(n) not in POINTWISE or len(n.args) != len(d):
         return False
-    n_cols = region.anchor.shape[-1]
-    for n in region.nodes[1:]:
-        d = DERIVATIVES.get(_op(n))
-        if d is None or _op(n) not in POINTWISE or len(n.args) != len(d):
+    for a, da in zip(n.args, d):
+        if isinstance(a, Param) and (da is None or not _param_ok(a, n_cols)):
             return False
-        for a, da in zip(n.args, d):
-            if isinstance(a, Param) and (da is None or not _param_ok(a, n_cols)):
-                return False
-            if isinstance(a, str) and da is None:
-                return False
+        if isinstance(a, str) and da is None:
+            return False
     return True
 
 
-class _Operands:
+def dz_supported(region: Region) -> bool:
+    """Every op after the GEMM is pointwise with a derivative row (pointwise_ok)."""
+    if region.kind != "gemm_epilogue":
+        return False
+    n_cols = region.anchor.shape[-1]
+    return all(pointwise_ok(n, n_cols) for n in region.nodes[1:])
+
+
+class Operands:
     """Kernel names for the scalars and parameters the epilogue reads, with the expressions feeding them."""
 
     def __init__(self) -> None:
@@ -110,7 +120,7 @@ class _Operands:
         return self.params[a.expr()][0]
 
 
-def _accumulate(grads: dict[str, str], key: str, term: str, lines: list[str]) -> None:
+def accumulate(grads: dict[str, str], key: str, term: str, lines: list[str]) -> None:
     """grads[key] += term, as kernel lines (one gradient variable d_<key> per key)."""
     if key in grads:
         lines.append(f"{grads[key]} = {grads[key]} + {term}")
@@ -119,40 +129,67 @@ def _accumulate(grads: dict[str, str], key: str, term: str, lines: list[str]) ->
         lines.append(f"d_{key} = {term}")
 
 
-def dz_kernel(region: Region, name: str) -> tuple[str, list[str], list[str]]:
-    """(kernel source, parameter expressions in kernel order, scalar expressions in kernel order)."""
-    ops, env = _Operands(), {region.anchor.name: var(region.anchor.name)}
+@dataclass(frozen=True)
+class NodeRule:
+    """How a node that is not a pointwise op enters the dZ kernel (e.g. GroupNorm, backward_groupnorm.py).
+    forward(n, ops, env): kernel lines computing n (float64), binding env[n.name] to var(n.name).
+    reverse(n, ops, env, grads, lines): kernel lines adding n's operands' gradient terms to `grads` (through
+    `accumulate`), given grads[var(n.name)]."""
+
+    forward: Callable[[Node, Operands, dict[str, str]], list[str]]
+    reverse: Callable[[Node, Operands, dict[str, str], dict[str, str], list[str]], None]
+
+
+def pointwise_forward(n: Node, ops: Operands, env: dict[str, str]) -> list[str]:
+    names = [ops.name(a, env) for a in n.args]
+    env[n.name] = var(n.name)
+    return [f"{var(n.name)} = {POINTWISE[_op(n)].triton.format(*names)}  # {n.origin}"]
+
+
+def pointwise_reverse(n: Node, ops: Operands, env: dict[str, str], grads: dict[str, str], rev: list[str]) -> None:
+    """Chain rule through one pointwise op: each differentiated operand gets d_out * (local derivative)."""
+    names = [ops.name(a, env) for a in n.args]
+    for a, da, nm in zip(n.args, DERIVATIVES[_op(n)], names):
+        if da is None or isinstance(a, Scalar):
+            continue
+        accumulate(grads, nm, f"{grads[var(n.name)]} * ({da.format(*names, y=env[n.name])})", rev)
+
+
+POINTWISE_RULE = NodeRule(pointwise_forward, pointwise_reverse)
+ZERO_TILE = "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)"
+
+
+def dz_kernel(region: Region, name: str, rules: Mapping[str, NodeRule] | None = None,
+              constexprs: str = "") -> tuple[str, list[str], list[str]]:
+    """(kernel source, parameter expressions in kernel order, scalar expressions in kernel order).
+    rules: op -> NodeRule for the ops that are not pointwise (default: none, every op pointwise);
+    constexprs: more kernel constexpr parameters they need (e.g. "GROUP: tl.constexpr, ")."""
+    rules = rules or {}
+    ops, env = Operands(), {region.anchor.name: var(region.anchor.name)}
     fwd = [f"{var(region.anchor.name)} = tl.load(z_ptr + tile, mask=mask, other=0.0).to(tl.float64)"]
     for n in region.nodes[1:]:
-        names = [ops.name(a, env) for a in n.args]
-        fwd.append(f"{var(n.name)} = {POINTWISE[_op(n)].triton.format(*names)}  # {n.origin}")
-        env[n.name] = var(n.name)
+        fwd += rules.get(n.op, POINTWISE_RULE).forward(n, ops, env)
     # gradients keyed by kernel variable (v_<value> or p<i>): the prefixes keep values and parameters apart
     grads: dict[str, str] = {}
     rev: list[str] = []
     for i, out in enumerate(region.outputs):
-        _accumulate(grads, var(out), f"tl.load(g{i}_ptr + tile, mask=mask, other=0.0).to(tl.float64)", rev)
+        accumulate(grads, var(out), f"tl.load(g{i}_ptr + tile, mask=mask, other=0.0).to(tl.float64)", rev)
     for n in reversed(region.nodes[1:]):
         if var(n.name) not in grads or stops_gradient(n):
             continue
-        names = [ops.name(a, env) for a in n.args]
-        for a, da, nm in zip(n.args, DERIVATIVES[_op(n)], names):
-            if da is None or isinstance(a, Scalar):
-                continue
-            _accumulate(grads, nm, f"{grads[var(n.name)]} * ({da.format(*names, y=env[n.name])})", rev)
-    dz = grads.get(var(region.anchor.name), "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)")
+        rules.get(n.op, POINTWISE_RULE).reverse(n, ops, env, grads, rev)
+    dz = grads.get(var(region.anchor.name), ZERO_TILE)
     col = "tl.store(cols_ptr + ({j} * T + pid_m) * N + offs_n, tl.sum(tl.where(mask, {g}, 0.0), axis=0), mask=mask_n)"
     pnames = [nm for nm, _ in ops.params.values()]
     tail = [f"tl.store(dz_ptr + tile, {dz}, mask=mask)", col.format(j=0, g=dz)]
-    tail += [col.format(j=j + 1, g=grads.get(p, "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)"))
-             for j, p in enumerate(pnames)]
+    tail += [col.format(j=j + 1, g=grads.get(p, ZERO_TILE)) for j, p in enumerate(pnames)]
     gptrs = "".join(f"g{i}_ptr, " for i in range(len(region.outputs)))
     sig = "".join(f"{p}_ptr, " for p in pnames) + "".join(f"{s}_hi, {s}_lo, " for s in ops.scalars.values())
     replaced = " -> ".join(n.origin for n in region.nodes[1:])
     lines = [
         "@triton.jit",
         f"def {name}_dz_kernel(z_ptr, {gptrs}dz_ptr, cols_ptr, {sig}M, N, T, "
-        "BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):",
+        f"{constexprs}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):",
         f'    """Backward of the epilogue {replaced}: dZ from z and the upstream gradients, in float64 registers;',
         '    per row-tile float64 column sums of dZ (slot 0, the bias gradient) and of each parameter\'s gradient."""',
         "    pid_m = tl.program_id(0)",
@@ -166,9 +203,10 @@ def dz_kernel(region: Region, name: str) -> tuple[str, list[str], list[str]]:
     return "\n".join(lines) + "\n", list(ops.params), list(ops.scalars)
 
 
-def dz_method(name: str, params: list[str], scalars: list[str]) -> list[str]:
-    """The Function's `fused_dz(model, z, grads)` lines: the generated kernel through epilogue_dz."""
+def dz_method(name: str, params: list[str], scalars: list[str], extra: str = "") -> list[str]:
+    """The Function's `fused_dz(model, z, grads)` lines: the generated kernel through epilogue_dz.
+    extra: more keyword arguments of epilogue_dz (e.g. ", groups=int(self.gn.num_groups)")."""
     p = ", ".join(params) + ("," if len(params) == 1 else "")
     s = ", ".join(scalars) + ("," if len(scalars) == 1 else "")
     return ["", "    @staticmethod", "    def fused_dz(self, z, grads):",
-            f"        return epilogue_dz({name}_dz_kernel, z, grads, ({p}), ({s}))"]
+            f"        return epilogue_dz({name}_dz_kernel, z, grads, ({p}), ({s}){extra})"]

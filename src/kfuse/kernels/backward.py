@@ -258,8 +258,9 @@ class FusedGemmFn(FusedRegionFn):
 
     KN = False  # W is (K, N) (`x @ W`) rather than nn.Linear's (N, K)
     launch_z = None  # generated where the launcher can also store z: (model, x) -> (outputs tuple, z or None)
-    # generated for pointwise epilogues (kfuse/backward_epilogue.py): (model, z, grads) -> (dZ, db float64,
-    # [each epilogue parameter's float64 gradient]), one Triton pass instead of the float64 torch epilogue
+    # generated for pointwise epilogues (kfuse/backward_epilogue.py) and one-tile GroupNorms
+    # (kfuse/backward_groupnorm.py): (model, z, grads) -> (dZ, db float64, [each epilogue parameter's float64
+    # gradient]), one Triton pass instead of the float64 torch epilogue
     fused_dz = None
 
     @staticmethod

@@ -21,20 +21,33 @@ def f64_parts(v: float) -> tuple[float, float]:
     return hi, v - hi
 
 
-def epilogue_dz(kernel, z: torch.Tensor, grads: tuple, params: tuple, scalars: tuple) -> tuple:
+def dz_group(n_cols: int, groups: int) -> int:
+    """Channels per group for a GroupNorm dZ kernel: whole groups inside its 128-wide column tiles (a power of
+    two of at most 128, as the forward kernel requires; it raises the same way first)."""
+    group = n_cols // groups if groups > 0 else 0
+    if group < 1 or group * groups != n_cols or group & (group - 1) or group > 128:
+        raise ValueError(f"the fused GroupNorm backward needs power-of-two groups of at most 128 channels, not "
+                         f"{n_cols} channels in {groups} groups")
+    return group
+
+
+def epilogue_dz(kernel, z: torch.Tensor, grads: tuple, params: tuple, scalars: tuple,
+                groups: int | None = None) -> tuple:
     """Run a generated `<name>_dz_kernel` on z (M, N) and the upstream gradients (one per region output, any
     shape of M*N elements; None is zero). Returns (dZ (M, N) in z's dtype, db float64 (N,), [(parameter, its
     gradient in float64 and the parameter's shape)]). The column sums are float64 partials per row tile, added
-    here in float64 (T x N values: T = M / BLOCK_M, ~1 MiB per parameter at 1024 x 8192)."""
+    here in float64 (T x N values: T = M / BLOCK_M, ~1 MiB per parameter at 1024 x 8192).
+    groups: a GroupNorm's number of groups (kernels of kfuse/backward_groupnorm.py, constexpr GROUP)."""
     M, N = z.shape
     gs = [torch.zeros_like(z) if g is None else g.reshape(M, N).contiguous() for g in grads]
     vecs = [as_vector(p.detach()) for p in params]
     # float64 tiles: 16 x 128 over 4 warps keeps each live tile at 16 float64 registers per thread
     bm, bn = (64, 128) if interpreting() else (16, 128)
+    extra = {} if groups is None else {"GROUP": dz_group(N, groups)}  # 128 is a multiple of any such group
     T = cdiv(M, bm)
     dz = torch.empty_like(z)
     cols = torch.empty((1 + len(params), T, N), device=z.device, dtype=torch.float64)
-    kernel[(T, cdiv(N, bn))](z, *gs, dz, cols, *vecs, *scalars, M, N, T, BLOCK_M=bm, BLOCK_N=bn,
+    kernel[(T, cdiv(N, bn))](z, *gs, dz, cols, *vecs, *scalars, M, N, T, **extra, BLOCK_M=bm, BLOCK_N=bn,
                                     num_warps=4)
     sums = cols.sum(1)
     pairs = [(p, (sums[1 + i].sum() if p.numel() == 1 else sums[1 + i]).reshape(p.shape)) for i, p in enumerate(params)]
