@@ -117,6 +117,21 @@ def test_groupnorm_narrow_odd_groups_fall_back_clearly(tmp_path):
     assert result.compiled.unfused == ["nn.GroupNorm gn", "torch.relu"]
 
 
+def test_groupnorm_affine_without_bias_trains(tmp_path):
+    """nn.GroupNorm(..., bias=False): a weight and no bias (capture used to assume both with affine)."""
+    from kfuse.gradients import gradient_contract
+    from kfuse.optimize import load_module
+
+    init = f"{LINEAR}\nself.gn = nn.GroupNorm(8, out_features, bias=False)"
+    path = write_problem(tmp_path, init, "return torch.relu(self.gn(self.lin(x)))", n=128)
+    result = optimize(load_problem(path), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert [(r.kind, r.ops()) for r in result.compiled.regions] == [("gemm_groupnorm", ["linear", "group_norm", "relu"])]
+    module = load_module(result.candidate_path)
+    grads = gradient_contract(load_problem(path), module.ModelNew, device="cpu", draws=1)
+    assert grads.correct, grads.failures
+
+
 def test_batchnorm_eval_one_kernel(tmp_path):
     init = f"{LINEAR}\nself.bn = nn.BatchNorm1d(out_features)\nself.eval()"
     path = write_problem(tmp_path, init, "return torch.relu(self.bn(self.lin(x)))")

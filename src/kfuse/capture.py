@@ -219,8 +219,9 @@ def _module_softplus(path: str, m: nn.Softplus, x: Any) -> tuple:
 
 
 def _module_group_norm(path: str, m: nn.GroupNorm, x: Any) -> tuple:
-    w = Param(f"{path}.weight", tuple(m.weight.shape)) if m.affine else None
-    b = Param(f"{path}.bias", tuple(m.bias.shape)) if m.affine else None
+    # affine with bias=False (torch >= 2.x) has a weight and no bias
+    w = Param(f"{path}.weight", tuple(m.weight.shape)) if getattr(m, "weight", None) is not None else None
+    b = Param(f"{path}.bias", tuple(m.bias.shape)) if getattr(m, "bias", None) is not None else None
     return "group_norm", (x, Scalar(m.num_groups, f"{path}.num_groups"), w, b, Scalar(m.eps, f"{path}.eps")), {}
 
 
