@@ -263,6 +263,124 @@ def test_groupnorm_without_a_derivative_row_uses_torch(tmp_path, forward):
     gradient_contract(prob, module, train=True, draws=1)
 
 
+# ---- the fused training-mode BatchNorm backward (kfuse/backward_batchnorm.py) ----------------------------
+TILED = {"batch_size": 150, "in_features": 70, "out_features": 129}  # 3 row tiles of 64 (interpreter), last partial
+BN_CASES = {  # name: (problem file or (init, forward, batch), size overrides)
+    "39": (SEEDS / "39_gemm_scale_batchnorm.py", SMALL["39_gemm_scale_batchnorm"]),  # a scale before the norm
+    "39_tiles": (SEEDS / "39_gemm_scale_batchnorm.py", TILED),
+    "11": (GEMM / "11_gemm_batchnorm_groupnorm_gelu_mean_relu.py", {"out_features": 128, "num_groups": 8}),
+    "25": (GEMM / "25_gemm_batchnorm_scaling_softmax.py", {"out_features": 129}),  # a 1-element scale after
+    "30_tiles": (GEMM / "30_matmul_batchnorm_biasadd_divide_swish.py", TILED | {"divide_value": 1.7}),
+    # affine=False, momentum None, a parameter read before and after the norm
+    "no_affine": ((GN + "self.bn = nn.BatchNorm1d(out_features, affine=False, momentum=None)",
+                   "y = self.lin(x)\nreturn torch.tanh(self.bn(F.silu(y) * self.s + 0.5)) * self.s", 150), {}),
+    # no running statistics, two outputs (the norm's own and one after it)
+    "no_running_stats": ((GN + "self.bn = nn.BatchNorm1d(out_features, track_running_stats=False)",
+                          "u = self.bn(torch.relu(self.lin(x)) * self.s)\nreturn u, F.gelu(u) / self.s", 100), {}),
+}
+
+
+def bn_module(tmp_path: Path, case: str):
+    """The problem, its compiled module and its one GEMM + BatchNorm Function, which must have the fused dZ."""
+    src, sizes = BN_CASES[case]
+    if isinstance(src, Path):
+        prob = load_problem(src, sizes if src.parent == SEEDS else {"batch_size": 37, "in_features": 70} | sizes)
+    else:
+        init, forward, batch = src
+        prob = load_problem(write_problem(tmp_path, init, forward, batch=batch, name=case))
+    compiled, module = compile_to(prob, tmp_path)
+    assert compiled.regions[0].kind == "gemm_batchnorm"
+    (fn,) = _fns(module)
+    return prob, module, fn
+
+
+@pytest.mark.parametrize("case", sorted(BN_CASES))
+def test_batchnorm_fused_dz_matches_float64_autograd(tmp_path, case):
+    """The generated BatchNorm dZ kernel (three phases) against torch autograd of the region's float64 epilogue
+    with batch statistics (the torch path's math), same z: dZ to its one fp32 rounding, gamma, beta and the
+    other parameters' float64 gradients to 1e-12; db (zero in exact arithmetic: the norm removes each
+    column's mean) to float64 noise."""
+    prob, module, fn = bn_module(tmp_path, case)
+    model = perturbed(prob, module.ModelNew)
+    state = fn.state(model)
+    assert module.batch_statistics(state)
+    m64 = copy.deepcopy(model).double()
+    x = prob.inputs()[0]
+    with torch.no_grad():
+        outs, z = fn.launch_z(model, x)
+    grads = tuple(torch.randn_like(o) for o in outs)
+    dz, db, pairs = fn.fused_dz(model, z, grads)
+    z64 = z.double().requires_grad_(True)
+    p64 = dict(m64.named_parameters())
+    names = {id(p): k for k, p in model.named_parameters()}
+    ref_outs = fn.epilogue(m64, state, lambda t: t, z64)
+    ref_outs = ref_outs if isinstance(ref_outs, tuple) else (ref_outs,)
+    wrt = [z64] + [p64[names[id(p)]] for p, _ in pairs]
+    ref = torch.autograd.grad(ref_outs, wrt, [g.double() for g in grads], allow_unused=True)
+    torch.testing.assert_close(dz, ref[0].float(), atol=1e-30, rtol=3e-7)
+    torch.testing.assert_close(db, ref[0].sum(0), atol=1e-13 * ref[0].abs().max().item(), rtol=1e-12)
+    bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d))
+    affine = [t for t in (bn.weight, bn.bias) if t is not None]
+    assert all(any(p is t for p, _ in pairs) for t in affine)  # gamma's and beta's gradients from the kernel
+    for (p, g), r in zip(pairs, ref[1:]):
+        assert g.dtype == torch.float64 and g.shape == p.shape
+        torch.testing.assert_close(g, r if r is not None else torch.zeros_like(g), atol=1e-12, rtol=1e-12)
+
+
+def _counting_dz(fn, monkeypatch) -> list:
+    """Record the calls of fn's fused dZ (did backward use the kernel?)."""
+    calls, orig = [], fn.fused_dz
+
+    def counting(*a):
+        calls.append(1)
+        return orig(*a)
+    monkeypatch.setattr(fn, "fused_dz", staticmethod(counting))
+    return calls
+
+
+@pytest.mark.parametrize("case", sorted(BN_CASES))
+def test_batchnorm_fused_dz_matches_torch_backward(tmp_path, monkeypatch, case):
+    """A training step through the fused dZ (used: counted): every gradient (x, W, b, gamma, beta, other
+    parameters) equals the float64 torch path's up to fp32 rounding (b's, zero in exact arithmetic, to the
+    noise of a sum of dZ), the running statistics equal eager's, and the contract errors are the torch
+    path's."""
+    prob, module, fn = bn_module(tmp_path, case)
+    torch_path = _model_grads(prob, module, False, monkeypatch)
+    calls = _counting_dz(fn, monkeypatch)
+    fused = _model_grads(prob, module, True, monkeypatch)
+    assert calls and fused.keys() == torch_path.keys() and "input0.grad" in fused
+    scale = max(v.abs().max().item() for v in torch_path.values())
+    for k, want in torch_path.items():
+        torch.testing.assert_close(fused[k], want, atol=1e-6 * want.abs().max().item() + 1e-12 * scale,
+                                   rtol=1e-6, msg=k)
+    eager = run_backward(perturbed(prob, None), prob.inputs(), torch.float32, seed=11)
+    new = run_backward(perturbed(prob, module.ModelNew), prob.inputs(), torch.float32, seed=11)
+    buffers = [k for k in eager if k.endswith(("running_mean", "running_var", "num_batches_tracked"))]
+    assert bool(buffers) == ("track_running_stats=False" not in str(BN_CASES[case][0]))
+    for k in buffers:
+        torch.testing.assert_close(new[k], eager[k], atol=1e-6, rtol=1e-5, msg=k)
+    errs, torch_errs = (_contract_errors(prob, module, f, monkeypatch) for f in (True, False))
+    for k, e in errs.items():
+        assert e <= 1.01 * torch_errs[k] + 1e-9, (k, e, torch_errs[k])
+
+
+def test_batchnorm_eval_keeps_the_torch_backward(tmp_path, monkeypatch):
+    """Eval mode (running statistics): the fused dZ (batch statistics) is not used; gradients in contract."""
+    prob, module, fn = bn_module(tmp_path, "39_tiles")
+    calls = _counting_dz(fn, monkeypatch)
+    gradient_contract(prob, module, train=False, draws=1)
+    assert not calls
+
+
+def test_batchnorm_without_a_derivative_row_uses_torch(tmp_path):
+    """An op without a DERIVATIVES row (tanh-GELU) before the norm: no kernel, the float64 torch backward."""
+    prob = load_problem(write_problem(tmp_path, LIN + "\nself.bn = nn.BatchNorm1d(out_features)",
+                                      "return self.bn(F.gelu(self.lin(x), approximate='tanh'))", name="gt"))
+    compiled, module = compile_to(prob, tmp_path)
+    assert [r.kind for r in compiled.regions] == ["gemm_batchnorm"] and not _fns(module)
+    gradient_contract(prob, module, train=True, draws=1)
+
+
 # ---- the backward GEMMs' operands ------------------------------------------------------------------------
 @pytest.mark.parametrize("r,c", [(37, 70), (129, 37), (1, 5), (70, 129)])
 def test_split_of_a_transposed_view_is_split_x(r, c):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from kfuse.backward_batchnorm import batchnorm_dz_kernel, batchnorm_dz_supported
 from kfuse.backward_epilogue import dz_kernel, dz_method, dz_supported
 from kfuse.backward_groupnorm import groupnorm_dz_kernel, groupnorm_dz_supported
 from kfuse.ir import Arg, Graph, Node, Param, Scalar
@@ -155,7 +156,8 @@ def class_name(stem: str, taken: set[str]) -> str:
 def function_class(region: Region, code: RegionCode, name: str, launcher_name: str,
                    dz: tuple[str, list[str], list[str], str] | None = None) -> str:
     """The Function class source. dz: (kernel stem, parameter and scalar expressions, extra epilogue_dz
-    arguments) of a generated epilogue-backward kernel (backward_epilogue.py, backward_groupnorm.py), which
+    arguments) of a generated epilogue-backward kernel (backward_epilogue.py, backward_groupnorm.py,
+    backward_batchnorm.py), which
     then computes dZ instead of torch."""
     inputs = region_inputs(region)
     gemm = gemm_anchored(region)
@@ -200,6 +202,8 @@ def _dz_plan(region: Region, stem: str) -> tuple[str, tuple] | None:
         return stem, (*dz_kernel(region, stem), "")
     if groupnorm_dz_supported(region):
         return stem, groupnorm_dz_kernel(region, stem)
+    if batchnorm_dz_supported(region):
+        return stem, batchnorm_dz_kernel(region, stem)
     return None
 
 

@@ -160,10 +160,12 @@ ZERO_TILE = "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)"
 
 
 def dz_kernel(region: Region, name: str, rules: Mapping[str, NodeRule] | None = None,
-              constexprs: str = "") -> tuple[str, list[str], list[str]]:
+              constexprs: str = "", store_if: str = "") -> tuple[str, list[str], list[str]]:
     """(kernel source, parameter expressions in kernel order, scalar expressions in kernel order).
     rules: op -> NodeRule for the ops that are not pointwise (default: none, every op pointwise);
-    constexprs: more kernel constexpr parameters they need (e.g. "GROUP: tl.constexpr, ")."""
+    constexprs: more kernel parameters they need (e.g. "GROUP: tl.constexpr, ");
+    store_if: a constexpr condition for storing dZ and the column sums (a kernel launched in phases, e.g.
+    BatchNorm's "PHASE == 2", stores them only in its last)."""
     rules = rules or {}
     ops, env = Operands(), {region.anchor.name: var(region.anchor.name)}
     fwd = [f"{var(region.anchor.name)} = tl.load(z_ptr + tile, mask=mask, other=0.0).to(tl.float64)"]
@@ -183,6 +185,8 @@ def dz_kernel(region: Region, name: str, rules: Mapping[str, NodeRule] | None = 
     pnames = [nm for nm, _ in ops.params.values()]
     tail = [f"tl.store(dz_ptr + tile, {dz}, mask=mask)", col.format(j=0, g=dz)]
     tail += [col.format(j=j + 1, g=grads.get(p, ZERO_TILE)) for j, p in enumerate(pnames)]
+    if store_if:
+        tail = [f"if {store_if}:", *[f"    {ln}" for ln in tail]]
     gptrs = "".join(f"g{i}_ptr, " for i in range(len(region.outputs)))
     sig = "".join(f"{p}_ptr, " for p in pnames) + "".join(f"{s}_hi, {s}_lo, " for s in ops.scalars.values())
     replaced = " -> ".join(n.origin for n in region.nodes[1:])

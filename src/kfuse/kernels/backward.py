@@ -8,8 +8,9 @@ two bases here:
                  the accuracy contract by construction; correct for every region kind.
   FusedGemmFn    a region anchored on a GEMM z = x @ W^T + b (nn.Linear) or z = x @ W: the forward kernel also
                  stores z where the launcher can (launch_z; else backward recomputes it with `gemm_nt`), dZ
-                 comes from the generated epilogue-backward kernel (fused_dz, pointwise epilogues) or from the
-                 epilogue differentiated in torch (norms), then the two backward GEMMs run as kernels:
+                 comes from the generated epilogue-backward kernel (fused_dz: pointwise epilogues, one-tile
+                 GroupNorms, BatchNorms with batch statistics) or from the epilogue differentiated in torch
+                 (other norms, eval-mode BatchNorm), then the two backward GEMMs run as kernels:
                      dX = dZ @ W       (M x N x K)      dW = dZ^T @ X   (N x M x K)      db = sum_rows(dZ)
                  Flops: 2 x 2*M*N*K (3 x where z is recomputed), as eager's; saved activations: x and z.
 
@@ -135,6 +136,12 @@ def batch_norm_state(bn: torch.nn.Module):
     return bn.running_mean.detach().clone(), bn.running_var.detach().clone()
 
 
+def batch_statistics(state) -> bool:
+    """Did every BatchNorm of the region normalize with batch statistics (state() None, or all its entries)?
+    The fused dZ kernels compute those; running statistics (eval) keep the float64 torch backward."""
+    return state is None or all(s is None for s in state.values())
+
+
 def batch_norm_ref(y: torch.Tensor, bn: torch.nn.Module, saved, cast) -> torch.Tensor:
     """BatchNorm as the forward computed it (see batch_norm_state), leaving the running statistics alone."""
     w, b = cast(bn.weight), cast(bn.bias)
@@ -258,9 +265,10 @@ class FusedGemmFn(FusedRegionFn):
 
     KN = False  # W is (K, N) (`x @ W`) rather than nn.Linear's (N, K)
     launch_z = None  # generated where the launcher can also store z: (model, x) -> (outputs tuple, z or None)
-    # generated for pointwise epilogues (kfuse/backward_epilogue.py) and one-tile GroupNorms
-    # (kfuse/backward_groupnorm.py): (model, z, grads) -> (dZ, db float64, [each epilogue parameter's float64
-    # gradient]), one Triton pass instead of the float64 torch epilogue
+    # generated for pointwise epilogues (kfuse/backward_epilogue.py), one-tile GroupNorms
+    # (kfuse/backward_groupnorm.py) and training-mode BatchNorms (kfuse/backward_batchnorm.py, used only where
+    # the forward normalized with batch statistics): (model, z, grads) -> (dZ, db float64, [each epilogue
+    # parameter's float64 gradient]), one Triton kernel instead of the float64 torch epilogue
     fused_dz = None
 
     @staticmethod
@@ -300,7 +308,7 @@ class FusedGemmFn(FusedRegionFn):
         w_nk = weight.detach().t() if cls.KN else weight.detach()  # (N, K) either way
         z = kept[0].reshape(x2.shape[0], -1) if kept else cls.recompute_z(x2, weight, bias, cls.KN)
         n_out = z.shape[1]
-        if cls.fused_dz is not None:
+        if cls.fused_dz is not None and batch_statistics(state):
             dz2, db, epi = cls.dz_fused(model, z, grads, params)
             return cls.gemm_grads(x, x2, w_nk, weight, bias, dz2, db, epi, params, need)
         work = cls.work_dtype(x.dtype)

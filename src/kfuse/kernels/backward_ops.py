@@ -32,26 +32,54 @@ def dz_group(n_cols: int, groups: int) -> int:
 
 
 def epilogue_dz(kernel, z: torch.Tensor, grads: tuple, params: tuple, scalars: tuple,
-                groups: int | None = None) -> tuple:
+                groups: int | None = None, bn_eps: float | None = None) -> tuple:
     """Run a generated `<name>_dz_kernel` on z (M, N) and the upstream gradients (one per region output, any
     shape of M*N elements; None is zero). Returns (dZ (M, N) in z's dtype, db float64 (N,), [(parameter, its
     gradient in float64 and the parameter's shape)]). The column sums are float64 partials per row tile, added
     here in float64 (T x N values: T = M / BLOCK_M, ~1 MiB per parameter at 1024 x 8192).
-    groups: a GroupNorm's number of groups (kernels of kfuse/backward_groupnorm.py, constexpr GROUP)."""
+    groups: a GroupNorm's number of groups (kernels of kfuse/backward_groupnorm.py, constexpr GROUP);
+    bn_eps: a training-mode BatchNorm's eps (kernels of kfuse/backward_batchnorm.py: two passes first)."""
     M, N = z.shape
     gs = [torch.zeros_like(z) if g is None else g.reshape(M, N).contiguous() for g in grads]
     vecs = [as_vector(p.detach()) for p in params]
     # float64 tiles: 16 x 128 over 4 warps keeps each live tile at 16 float64 registers per thread
     bm, bn = (64, 128) if interpreting() else (16, 128)
-    extra = {} if groups is None else {"GROUP": dz_group(N, groups)}  # 128 is a multiple of any such group
     T = cdiv(M, bm)
     dz = torch.empty_like(z)
     cols = torch.empty((1 + len(params), T, N), device=z.device, dtype=torch.float64)
-    kernel[(T, cdiv(N, bn))](z, *gs, dz, cols, *vecs, *scalars, M, N, T, **extra, BLOCK_M=bm, BLOCK_N=bn,
-                                    num_warps=4)
+
+    def launch(**extra) -> None:
+        kernel[(T, cdiv(N, bn))](z, *gs, dz, cols, *vecs, *scalars, M, N, T, **extra, BLOCK_M=bm, BLOCK_N=bn,
+                                 num_warps=4)
+
+    if bn_eps is not None:
+        launch(**batch_norm_passes(launch, z, bm, bn_eps))
+    else:
+        launch(**({} if groups is None else {"GROUP": dz_group(N, groups)}))  # 128: a multiple of any group
     sums = cols.sum(1)
     pairs = [(p, (sums[1 + i].sum() if p.numel() == 1 else sums[1 + i]).reshape(p.shape)) for i, p in enumerate(params)]
     return dz, sums[0], pairs
+
+
+def batch_norm_passes(launch, z: torch.Tensor, bm: int, eps: float) -> dict:
+    """The two column-statistics passes of a BatchNorm dZ kernel (PHASE 0, 1; kfuse/backward_batchnorm.py),
+    each followed by a float64 torch merge of its (T, N) row-tile partials into stat (4, N):
+      0: the norm input u's tile means and centred sums of squares -> mean and rstd = 1 / sqrt(var + eps),
+         var biased (torch's training-mode normalization); Chan's merge, in closed form over the tiles;
+      1: sum_rows d_bn and sum_rows d_bn * xhat (beta's and gamma's gradients) -> their means over M.
+    Returns the keyword arguments of the last launch (PHASE 2: dZ)."""
+    M, N = z.shape
+    T = cdiv(M, bm)
+    part = torch.zeros((2, T, N), device=z.device, dtype=torch.float64)
+    stat = torch.zeros((4, N), device=z.device, dtype=torch.float64)
+    launch(part_ptr=part, stat_ptr=stat, PHASE=0)
+    count = (M - torch.arange(T, device=z.device, dtype=torch.float64) * bm).clamp(max=bm)[:, None]
+    mean = (count * part[0]).sum(0) / M
+    m2 = part[1].sum(0) + (count * (part[0] - mean) ** 2).sum(0)
+    stat[0], stat[1] = mean, torch.rsqrt(m2 / M + eps)
+    launch(part_ptr=part, stat_ptr=stat, PHASE=1)
+    stat[2:] = part.sum(1) / M
+    return {"part_ptr": part, "stat_ptr": stat, "PHASE": 2}
 
 
 @triton.jit

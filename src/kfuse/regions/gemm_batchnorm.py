@@ -84,7 +84,7 @@ STATS_LINES = (
 )
 
 
-def _bn_params(bn: Node, n_cols: int) -> tuple[Param | None, Param | None, Scalar]:
+def bn_params(bn: Node, n_cols: int) -> tuple[Param | None, Param | None, Scalar]:
     path = bn.module
     affine = bn.attrs.get("affine", True)
     w = Param(f"{path}.weight", (n_cols,)) if affine else None
@@ -108,7 +108,7 @@ def _eval_kernel(region: Region, name: str, bn: Node, before: list[Node], after:
                  post_outs: list[str], registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
     """Eval mode as one GEMM kernel: (y - running_mean) / sqrt(running_var + eps) * weight + bias."""
     path, n_cols, y = bn.module, region.anchor.shape[-1], bn.args[0]
-    w, b, eps = _bn_params(bn, n_cols)
+    w, b, eps = bn_params(bn, n_cols)
     args, env = KernelArgs(registry), {}
     body = linear_bias(region.anchor, env, args) + pointwise_lines(before, env, args) + _stores(pre_outs, env)
     rm = args.operand(Param(f"{path}.running_mean", (n_cols,)), env)
@@ -153,7 +153,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     at = next(i for i, n in enumerate(region.nodes) if n.op == "batch_norm")
     bn = region.nodes[at]
     n_cols = region.anchor.shape[-1]
-    w, b, eps = _bn_params(bn, n_cols)
+    w, b, eps = bn_params(bn, n_cols)
     before, after = list(region.nodes[1:at]), list(region.nodes[at + 1:])
     pre_names = {n.name for n in region.nodes[:at]}
     pre_outs = [v for v in region.outputs if v in pre_names]

@@ -1,0 +1,115 @@
+"""The fused backward of a GEMM + training-mode BatchNorm1d region (kind gemm_batchnorm): dZ in three launches
+of one generated Triton kernel.
+
+For z = x W^T + b -> pointwise ops -> BatchNorm1d (batch statistics) -> pointwise ops -> outputs, the norm's
+statistics are per column over ALL M rows, which no tile sees: the generated `<name>_dz_kernel` runs over
+(BLOCK_M x BLOCK_N) tiles three times (constexpr PHASE; `batch_norm_passes` in kernels/backward_ops.py merges
+each phase's float64 (T, N) row-tile partials in torch between launches), all in float64 registers:
+  PHASE 0  u = (ops before the norm)(z); per tile and column the mean of u and its centred sum of squares
+           -> mean, rstd = 1 / sqrt(var + eps) (biased variance, torch's training-mode normalization);
+  PHASE 1  xhat = (u - mean) * rstd; bn = xhat * gamma + beta; outputs = (ops after the norm)(bn); upstream
+           gradients -> post-norm chain backward -> d_bn; per tile and column sum d_bn and sum d_bn * xhat
+           (beta's and gamma's gradients) -> their means m1, m2 over M;
+  PHASE 2  all of it again, then du = rstd * gamma * (d_bn - m1 - xhat * m2) (torch's batch_norm backward),
+           pre-norm chain backward -> dz, written in x's dtype, and per-tile float64 column sums of dz (the
+           Linear bias's gradient), d_gamma, d_beta and every other vector parameter's gradient, which
+           `epilogue_dz` adds up.
+Why recompute the statistics rather than take the forward's: the forward keeps fp32 statistics of its fp32 u;
+the float64 torch backward (the reference) normalizes with float64 statistics of u recomputed from z, and the
+gradients match it to float64 rounding only with those. Recomputing d_bn in PHASE 2 is cheaper than storing
+an M x N float64 tile of it.
+Bytes at fp32 for one output: z (PHASE 0), z + dY (PHASE 1), z + dY read and dZ written (PHASE 2): 24 bytes
+per element, plus (3 + parameters) x T x N float64 partials (T = M / BLOCK_M row tiles), where the float64
+torch epilogue moved ~10 float64 passes over M x N.
+
+The pointwise parts are backward_epilogue.py's generator; this module adds the BatchNorm node's NodeRule.
+A region whose ops are not all covered (an op without a derivative row, more than one norm) gets no kernel:
+its Function keeps the float64 torch backward. Eval mode (running statistics) also keeps it:
+FusedGemmFn.region_backward uses the fused dZ only where every BatchNorm of the region used batch statistics.
+"""
+
+from __future__ import annotations
+
+from kfuse.backward_epilogue import NodeRule, Operands, accumulate, dz_kernel, pointwise_ok
+from kfuse.ir import Node
+from kfuse.partition import Region
+from kfuse.regions.common import var
+from kfuse.regions.gemm_batchnorm import bn_params
+
+# part_ptr: (2, T, N) float64 row-tile partials of PHASE 0 and 1; stat_ptr: (4, N) float64 mean, rstd, m1, m2
+PHASE_ARGS = "part_ptr, stat_ptr, PHASE: tl.constexpr, "
+# kernel variables of the norm (one per region): no value (v_<name>), parameter (p<i>), scalar (s<i>) or
+# gradient (d_...) variable starts with bn_
+XHAT, DOUT = "bn_xhat", "bn_dout"
+
+
+def _stat(row: int) -> str:
+    """Row `row` of stat (mean, rstd, m1, m2) for this tile's columns, broadcast over its rows."""
+    return f"tl.load(stat_ptr + {row} * N + offs_n, mask=mask_n, other=0.0)[None, :]"
+
+
+def _store_partials(first: str, second: str) -> list[str]:
+    """This row tile's column sums `first` and `second` into part[0, pid_m] and part[1, pid_m]."""
+    return [f"tl.store(part_ptr + pid_m * N + offs_n, {first}, mask=mask_n)",
+            f"tl.store(part_ptr + (T + pid_m) * N + offs_n, {second}, mask=mask_n)"]
+
+
+def batchnorm_dz_supported(region: Region) -> bool:
+    """One BatchNorm (a module, one value input) over a 2-d GEMM output, every other op after the GEMM
+    pointwise with a derivative row."""
+    if region.kind != "gemm_batchnorm" or len(region.anchor.shape) != 2:
+        return False
+    n_cols = region.anchor.shape[-1]
+    norms = [n for n in region.nodes[1:] if n.op == "batch_norm"]
+    if len(norms) != 1 or not norms[0].module or len(norms[0].args) != 1 or not isinstance(norms[0].args[0], str):
+        return False
+    return all(n.op == "batch_norm" or pointwise_ok(n, n_cols) for n in region.nodes[1:])
+
+
+def batchnorm_forward(n: Node, ops: Operands, env: dict[str, str]) -> list[str]:
+    """PHASE 0's tile statistics of the norm input; then the norm with the merged ones (stat rows 0, 1)."""
+    (x,) = n.args
+    weight, bias, _eps = bn_params(n, n.shape[-1])
+    out = var(n.name)
+    # padding (past M or N) holds the ops' values at z = 0, which may not be finite (1 / z): zeros keep the
+    # statistics and the column sums of d_bn * xhat (0 * inf) clean
+    lines = [f"# BatchNorm ({n.origin}), batch statistics: PHASE 0 stores this tile's share (centred on its mean)",
+             f"bn_u = tl.where(mask, {env[x]}, 0.0)",
+             "if PHASE == 0:",
+             "    bn_tmean = tl.sum(bn_u, axis=0) / tl.minimum(M - pid_m * BLOCK_M, BLOCK_M).to(tl.float64)",
+             "    bn_tdev = tl.where(mask, bn_u - bn_tmean[None, :], 0.0)",
+             *[f"    {ln}" for ln in _store_partials("bn_tmean", "tl.sum(bn_tdev * bn_tdev, axis=0)")],
+             f"bn_rstd = {_stat(1)}",
+             f"{XHAT} = (bn_u - {_stat(0)}) * bn_rstd",
+             f"{out} = {XHAT}"]
+    if weight is not None:
+        lines.append(f"{out} = {out} * {ops.name(weight, env)} + {ops.name(bias, env)}")
+    env[n.name] = out
+    return lines
+
+
+def batchnorm_reverse(n: Node, ops: Operands, env: dict[str, str], grads: dict[str, str], rev: list[str]) -> None:
+    """PHASE 1's column sums of d_bn and d_bn * xhat; gamma's and beta's gradient tiles (summed by the kernel's
+    tail); du = rstd * gamma * (d_bn - m1 - xhat * m2) with m1, m2 their means over M (stat rows 2, 3)."""
+    (x,) = n.args
+    weight, bias, _eps = bn_params(n, n.shape[-1])
+    # zeros outside the tile's valid part: padding rows must not reach the column sums
+    rev += [f"{DOUT} = tl.where(mask, {grads[var(n.name)]}, 0.0)  # backward of {n.origin}",
+            "if PHASE == 1:",
+            *[f"    {ln}" for ln in _store_partials(f"tl.sum({DOUT}, axis=0)", f"tl.sum({DOUT} * {XHAT}, axis=0)")]]
+    if weight is not None:
+        accumulate(grads, ops.name(weight, env), f"{DOUT} * {XHAT}", rev)
+        accumulate(grads, ops.name(bias, env), DOUT, rev)
+    scale = f"bn_rstd * {ops.name(weight, env)}" if weight is not None else "bn_rstd"
+    accumulate(grads, env[x], f"{scale} * ({DOUT} - {_stat(2)} - {XHAT} * {_stat(3)})", rev)
+
+
+BATCHNORM_RULE = NodeRule(batchnorm_forward, batchnorm_reverse)
+
+
+def batchnorm_dz_kernel(region: Region, name: str) -> tuple[str, list[str], list[str], str]:
+    """(kernel source, parameter and scalar expressions in kernel order, the extra epilogue_dz argument that
+    runs the statistics phases with the norm's eps)."""
+    src, params, scalars = dz_kernel(region, name, {"batch_norm": BATCHNORM_RULE}, PHASE_ARGS, "PHASE == 2")
+    norm = next(n for n in region.nodes if n.op == "batch_norm")
+    return src, params, scalars, f", bn_eps=float(self.{norm.module}.eps)"
