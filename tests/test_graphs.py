@@ -47,6 +47,10 @@ def test_key_follows_inputs_parameters_and_attributes():
     assert k3 != k2
     m.ln.eps = 1e-3
     assert graphs.graph_key(m, (x,)) != k3
+    m.sizes = [2, 4]
+    k_list = graphs.graph_key(m, (x,))
+    m.sizes[1] = 8  # a list of settings changed in place
+    assert graphs.graph_key(m, (x,)) != k_list
     m.extra = torch.zeros(2)  # a tensor attribute
     k4 = graphs.graph_key(m, (x,))
     m.extra.add_(1.0)

@@ -12,14 +12,15 @@ a replay must do exactly what the launches would, with nothing random and no sta
 
 What a graph bakes in, and so what its key holds (`graph_key`): the inputs' addresses, shapes, strides and
 dtypes; every parameter's, buffer's and tensor attribute's address, version counter (bumped by an optimizer
-step, load_state_dict, any in-place write), shape and dtype; every module's plain attributes (a scale factor,
-an eps) and mode. A key is captured the second call in a row it is seen (the first call runs the launches:
-compiles, tunes, fills the weight caches). The graph is kept only if its replays measure faster than the
-launches (`replay_pays`: a GPU-bound forward keeps its launches); it is replayed from then on. The outputs are
-copied out of the graph's memory, so a result the caller keeps is never overwritten by a later call. An entry
-keeps the tensors of its key alive, so their addresses cannot be taken by other tensors while the key can
-match. Writes through `param.data` bypass the version counter (as for the weight caches): call
-`forget_graphs(model)` after one.
+step, load_state_dict, any in-place write), shape and dtype; every module's mode and plain attributes (a scale
+factor, an eps, a list of sizes: numbers, strings, and tuples or lists of them; other objects are not looked
+into). A key is captured the second call in a row it is seen (the first call runs the launches: compiles,
+tunes, fills the weight caches). The graph is kept only if its replays measure faster than the launches
+(`replay_pays`: a GPU-bound forward keeps its launches); it is replayed from then on. The outputs are copied
+out of the graph's memory, so a result the caller keeps is never overwritten by a later call. An entry keeps
+the tensors of its key alive, so their addresses cannot be taken by other tensors while the key can match.
+Writes through `param.data` bypass the version counter (as for the weight caches): call `forget_graphs(model)`
+after one.
 
 KFUSE_CUDA_GRAPHS=0 turns graphs off.
 """
@@ -50,7 +51,8 @@ def _tensor_sig(t: torch.Tensor | None) -> tuple | None:
 
 
 def _plain(v) -> bool:
-    return isinstance(v, _SCALARS) or (type(v) is tuple and all(isinstance(e, _SCALARS) for e in v))
+    """A number, string, bool or None, or a tuple or list of them: what a forward may read as a setting."""
+    return isinstance(v, _SCALARS) or (type(v) in (tuple, list) and all(isinstance(e, _SCALARS) for e in v))
 
 
 def graph_key(model: torch.nn.Module, inputs: tuple) -> tuple | None:
@@ -61,7 +63,7 @@ def graph_key(model: torch.nn.Module, inputs: tuple) -> tuple | None:
         if isinstance(x, torch.Tensor):
             key.append(_tensor_sig(x))
         elif _plain(x):
-            key.append(x)
+            key.append(tuple(x) if type(x) is list else x)
         else:
             return None
     for m in model.modules():
@@ -74,7 +76,7 @@ def graph_key(model: torch.nn.Module, inputs: tuple) -> tuple | None:
             if isinstance(v, torch.Tensor):
                 key.append((name, _tensor_sig(v)))
             elif _plain(v):
-                key.append((name, v))
+                key.append((name, tuple(v) if type(v) is list else v))
     return tuple(key)
 
 
