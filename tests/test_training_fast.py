@@ -88,19 +88,10 @@ def _fns(module) -> list:
     return [v for k, v in vars(module).items() if k.endswith("Fn") and getattr(v, "fused_dz", None)]
 
 
-@pytest.mark.parametrize("case", sorted(DZ_CASES))
-def test_fused_dz_matches_float64_autograd(tmp_path, case):
-    """The generated dZ kernel against torch autograd of the region's own float64 epilogue, same z: dZ to the
-    last fp32 bit, db and the parameter gradients to float64 rounding."""
-    init, forward = DZ_CASES[case]
-    prob = load_problem(write_problem(tmp_path, init, forward, name=case))
-    compiled, module = compile_to(prob, tmp_path)
-    assert [r.kind for r in compiled.regions] == ["gemm_epilogue"]
-    (fn,) = _fns(module)
-    torch.manual_seed(3)
-    model = prob.build(cls=module.ModelNew)
+def fused_dz_and_float64_reference(fn, model, x) -> tuple:
+    """(dz, db, pairs) from the Function's generated dZ kernel for a random upstream gradient, and torch autograd
+    of the region's own epilogue in float64 on the same saved z: (d z, then d each parameter in `pairs`)."""
     m64 = copy.deepcopy(model).double()
-    x = prob.inputs()[0]
     with torch.no_grad():
         outs, z = fn.launch_z(model, x)
     grads = tuple(torch.randn_like(o) for o in outs)
@@ -112,6 +103,21 @@ def test_fused_dz_matches_float64_autograd(tmp_path, case):
     ref_outs = ref_outs if isinstance(ref_outs, tuple) else (ref_outs,)
     wrt = [z64] + [p64[names[id(p)]] for p, _ in pairs]
     ref = torch.autograd.grad(ref_outs, wrt, [g.double() for g in grads], allow_unused=True)
+    return dz, db, pairs, ref
+
+
+@pytest.mark.parametrize("case", sorted(DZ_CASES))
+def test_fused_dz_matches_float64_autograd(tmp_path, case):
+    """The generated dZ kernel against torch autograd of the region's own float64 epilogue, same z: dZ to the
+    last fp32 bit, db and the parameter gradients to float64 rounding."""
+    init, forward = DZ_CASES[case]
+    prob = load_problem(write_problem(tmp_path, init, forward, name=case))
+    compiled, module = compile_to(prob, tmp_path)
+    assert [r.kind for r in compiled.regions] == ["gemm_epilogue"]
+    (fn,) = _fns(module)
+    torch.manual_seed(3)
+    model = prob.build(cls=module.ModelNew)
+    dz, db, pairs, ref = fused_dz_and_float64_reference(fn, model, prob.inputs()[0])
     torch.testing.assert_close(dz, ref[0].float(), atol=1e-30, rtol=3e-7)
     torch.testing.assert_close(db, ref[0].sum(0), atol=1e-10, rtol=1e-10)
     assert bool(pairs) == ("self.s" in init)  # the parameters' gradients come from the kernel
@@ -193,19 +199,7 @@ def test_groupnorm_fused_dz_matches_float64_autograd(tmp_path, case):
     gradients to 1e-12."""
     prob, module, fn = gn_module(tmp_path, case)
     model = perturbed(prob, module.ModelNew)
-    m64 = copy.deepcopy(model).double()
-    x = prob.inputs()[0]
-    with torch.no_grad():
-        outs, z = fn.launch_z(model, x)
-    grads = tuple(torch.randn_like(o) for o in outs)
-    dz, db, pairs = fn.fused_dz(model, z, grads)
-    z64 = z.double().requires_grad_(True)
-    p64 = dict(m64.named_parameters())
-    names = {id(p): k for k, p in model.named_parameters()}
-    ref_outs = fn.epilogue(m64, None, lambda t: t, z64)
-    ref_outs = ref_outs if isinstance(ref_outs, tuple) else (ref_outs,)
-    wrt = [z64] + [p64[names[id(p)]] for p, _ in pairs]
-    ref = torch.autograd.grad(ref_outs, wrt, [g.double() for g in grads], allow_unused=True)
+    dz, db, pairs, ref = fused_dz_and_float64_reference(fn, model, prob.inputs()[0])
     torch.testing.assert_close(dz, ref[0].float(), atol=1e-30, rtol=3e-7)
     torch.testing.assert_close(db, ref[0].sum(0), atol=1e-12, rtol=1e-12)
     gn = next(m for m in model.modules() if isinstance(m, torch.nn.GroupNorm))
