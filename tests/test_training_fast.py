@@ -88,9 +88,10 @@ def _fns(module) -> list:
     return [v for k, v in vars(module).items() if k.endswith("Fn") and getattr(v, "fused_dz", None)]
 
 
-def fused_dz_and_float64_reference(fn, model, x) -> tuple:
+def fused_dz_and_float64_reference(fn, model, x, state=None) -> tuple:
     """(dz, db, pairs) from the Function's generated dZ kernel for a random upstream gradient, and torch autograd
-    of the region's own epilogue in float64 on the same saved z: (d z, then d each parameter in `pairs`)."""
+    of the region's own epilogue in float64 on the same saved z: (d z, then d each parameter in `pairs`).
+    `state`: what the epilogue reads as the forward saw it (BatchNorm's), None where it reads none."""
     m64 = copy.deepcopy(model).double()
     with torch.no_grad():
         outs, z = fn.launch_z(model, x)
@@ -99,7 +100,7 @@ def fused_dz_and_float64_reference(fn, model, x) -> tuple:
     z64 = z.double().requires_grad_(True)
     p64 = dict(m64.named_parameters())
     names = {id(p): k for k, p in model.named_parameters()}
-    ref_outs = fn.epilogue(m64, None, lambda t: t, z64)
+    ref_outs = fn.epilogue(m64, state, lambda t: t, z64)
     ref_outs = ref_outs if isinstance(ref_outs, tuple) else (ref_outs,)
     wrt = [z64] + [p64[names[id(p)]] for p, _ in pairs]
     ref = torch.autograd.grad(ref_outs, wrt, [g.double() for g in grads], allow_unused=True)
@@ -298,19 +299,7 @@ def test_batchnorm_fused_dz_matches_float64_autograd(tmp_path, case):
     model = perturbed(prob, module.ModelNew)
     state = fn.state(model)
     assert module.batch_statistics(state)
-    m64 = copy.deepcopy(model).double()
-    x = prob.inputs()[0]
-    with torch.no_grad():
-        outs, z = fn.launch_z(model, x)
-    grads = tuple(torch.randn_like(o) for o in outs)
-    dz, db, pairs = fn.fused_dz(model, z, grads)
-    z64 = z.double().requires_grad_(True)
-    p64 = dict(m64.named_parameters())
-    names = {id(p): k for k, p in model.named_parameters()}
-    ref_outs = fn.epilogue(m64, state, lambda t: t, z64)
-    ref_outs = ref_outs if isinstance(ref_outs, tuple) else (ref_outs,)
-    wrt = [z64] + [p64[names[id(p)]] for p, _ in pairs]
-    ref = torch.autograd.grad(ref_outs, wrt, [g.double() for g in grads], allow_unused=True)
+    dz, db, pairs, ref = fused_dz_and_float64_reference(fn, model, prob.inputs()[0], state)
     torch.testing.assert_close(dz, ref[0].float(), atol=1e-30, rtol=3e-7)
     torch.testing.assert_close(db, ref[0].sum(0), atol=1e-13 * ref[0].abs().max().item(), rtol=1e-12)
     bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d))
