@@ -243,8 +243,8 @@ def load_kfuse(problem: Problem, device: str, workdir: Path) -> Any:
 def graph_replayed(module: Any, model: torch.nn.Module) -> bool:
     """Whether the generated module replays `model`'s forward as a CUDA graph (kernels/graphs.py: only where it
     measured faster than the launches)."""
-    graphs = getattr(module, "_GRAPHS", {}).get(model)
-    return graphs is not None and any(entry is not None for entry in graphs.graphs.values())
+    kept = getattr(module, "graph_kept", None)  # absent where a torch fallback op keeps graphs out
+    return bool(kept and kept(model))
 
 
 def upstream_grads(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels.gemm_core import _pow2_scale, cdiv, split_x
-from kfuse.kernels.runtime import as_vector, interpreting
+from kfuse.kernels.runtime import as_vector, interpreting, tile_group
 
 # --- emitted below ---
 
@@ -19,16 +19,6 @@ def f64_parts(v: float) -> tuple[float, float]:
     """v as fp32 hi + lo (a generated kernel adds them in float64: ~48 bits of v, where one fp32 has 24)."""
     hi = float(torch.tensor(v, dtype=torch.float32))
     return hi, v - hi
-
-
-def dz_group(n_cols: int, groups: int) -> int:
-    """Channels per group for a GroupNorm dZ kernel: whole groups inside its 128-wide column tiles (a power of
-    two of at most 128, as the forward kernel requires; it raises the same way first)."""
-    group = n_cols // groups if groups > 0 else 0
-    if group < 1 or group * groups != n_cols or group & (group - 1) or group > 128:
-        raise ValueError(f"the fused GroupNorm backward needs power-of-two groups of at most 128 channels, not "
-                         f"{n_cols} channels in {groups} groups")
-    return group
 
 
 def epilogue_dz(kernel, z: torch.Tensor, grads: tuple, params: tuple, scalars: tuple,
@@ -55,7 +45,7 @@ def epilogue_dz(kernel, z: torch.Tensor, grads: tuple, params: tuple, scalars: t
     if bn_eps is not None:
         launch(**batch_norm_passes(launch, z, bm, bn_eps))
     else:
-        launch(**({} if groups is None else {"GROUP": dz_group(N, groups)}))  # 128: a multiple of any group
+        launch(**({} if groups is None else {"GROUP": tile_group(N, groups)}))  # 128: a multiple of any group
     sums = cols.sum(1)
     pairs = [(p, (sums[1 + i].sum() if p.numel() == 1 else sums[1 + i]).reshape(p.shape)) for i, p in enumerate(params)]
     return dz, sums[0], pairs

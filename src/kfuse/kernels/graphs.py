@@ -34,7 +34,7 @@ from collections import OrderedDict
 
 import torch
 
-from kfuse.kernels.runtime import interpreting
+from kfuse.kernels.runtime import interpreting, tensor_key
 
 # --- emitted below ---
 MAX_GRAPHS = 2  # per model, the most recently used keys: each graph holds its own copy of the intermediates
@@ -44,15 +44,20 @@ _SCALARS = (bool, int, float, str, type(None))
 _GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> CudaGraphs (never pickled with it)
 
 
-def _tensor_sig(t: torch.Tensor | None) -> tuple | None:
-    if t is None:
-        return None
-    return (t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device)
-
-
 def _plain(v) -> bool:
     """A number, string, bool or None, or a tuple or list of them: what a forward may read as a setting."""
     return isinstance(v, _SCALARS) or (type(v) in (tuple, list) and all(isinstance(e, _SCALARS) for e in v))
+
+
+def _setting(v):
+    """A plain value as a key part (a list, which can change in place, as a tuple of its current items)."""
+    return tuple(v) if type(v) is list else v
+
+
+def _module_tensors(m: torch.nn.Module) -> list:
+    """A module's own parameters, buffers and tensor attributes (None for an absent optional one)."""
+    return [*m._parameters.values(), *m._buffers.values(),
+            *(v for v in m.__dict__.values() if isinstance(v, torch.Tensor))]
 
 
 def graph_key(model: torch.nn.Module, inputs: tuple) -> tuple | None:
@@ -61,32 +66,23 @@ def graph_key(model: torch.nn.Module, inputs: tuple) -> tuple | None:
     key: list = []
     for x in inputs:
         if isinstance(x, torch.Tensor):
-            key.append(_tensor_sig(x))
+            key.append(tensor_key(x))
         elif _plain(x):
-            key.append(tuple(x) if type(x) is list else x)
+            key.append(_setting(x))
         else:
             return None
     for m in model.modules():
         if m.training and isinstance(m, MODE_DEPENDENT):
             return None
         key.append(id(m))
-        key += [_tensor_sig(t) for t in m._parameters.values()]
-        key += [_tensor_sig(t) for t in m._buffers.values()]
-        for name, v in m.__dict__.items():
-            if isinstance(v, torch.Tensor):
-                key.append((name, _tensor_sig(v)))
-            elif _plain(v):
-                key.append((name, tuple(v) if type(v) is list else v))
+        key += [None if t is None else tensor_key(t) for t in _module_tensors(m)]
+        key += [(name, _setting(v)) for name, v in m.__dict__.items() if _plain(v)]
     return tuple(key)
 
 
 def _key_tensors(model: torch.nn.Module) -> tuple:
     """The tensors a key's addresses point at (kept alive with the graph: see the module docstring)."""
-    ts = []
-    for m in model.modules():
-        ts += [t for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
-        ts += [v for v in m.__dict__.values() if isinstance(v, torch.Tensor)]
-    return tuple(ts)
+    return tuple(t for m in model.modules() for t in _module_tensors(m) if t is not None)
 
 
 def _copy_out(outs):
@@ -180,3 +176,9 @@ def replay_forward(model: torch.nn.Module, forward, *inputs):
 def forget_graphs(model: torch.nn.Module) -> None:
     """Drop the model's captured graphs (after a write that bypasses version counters, e.g. `param.data[...] =`)."""
     _GRAPHS.pop(model, None)
+
+
+def graph_kept(model: torch.nn.Module) -> bool:
+    """Whether a CUDA graph stands in for the model's forward for some key (one replay_pays kept)."""
+    graphs = _GRAPHS.get(model)
+    return graphs is not None and any(entry is not None for entry in graphs.graphs.values())

@@ -263,6 +263,16 @@ def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, schem
             (x_hi.stride(0), x_hi.stride(1), w_hi.stride(0), w_hi.stride(1)))
 
 
+def tile_group(n_cols: int, groups: int) -> int:
+    """Channels per group for the one-kernel GroupNorm (regions/gemm_groupnorm.py) and its fused backward: whole
+    groups inside a column tile need a power of two of at most 128 that divides the width."""
+    group = n_cols // groups if groups > 0 else 0
+    if group < 1 or group * groups != n_cols or group & (group - 1) or group > 128:
+        raise ValueError(f"this fused GroupNorm kernel needs power-of-two groups of at most 128 channels, not "
+                         f"{n_cols} channels in {groups} groups: run kfuse optimize at these sizes")
+    return group
+
+
 def group_slots(block_n: int, group: int) -> int:
     """How many GroupNorm groups of `group` channels one column tile [t * block_n, (t + 1) * block_n) can
     touch, over all t: the partial slots per tile of the two-phase GroupNorm (regions/gemm_groupnorm_wide.py).

@@ -59,10 +59,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     doc = "Fused: " + ", ".join(n.origin for n in region.nodes) + ". Column tiles hold whole groups of GROUP channels."
     # The group size is read from the module at run time, so a ModelNew built with other sizes stays right.
     pre = (f"n_out = weight.shape[{1 if region.anchor.op == 'matmul' else 0}]",
-           "group = n_out // groups",
-           "if group * groups != n_out or group & (group - 1) or group > 128:",
-           "    raise ValueError(f'this fused GroupNorm kernel needs power-of-two groups of at most 128 channels, not "
-           "{n_out} channels in {groups} groups: run kfuse optimize at these sizes')",
+           "group = tile_group(n_out, groups)",
            "min_block_n = group")
     return gemm_region_code(region, kernel_name(region), args, body, doc, extra_sig="GROUP: tl.constexpr, ",
                             extra_kwargs="GROUP=group, ", pre=pre, extra_params=("groups",),
