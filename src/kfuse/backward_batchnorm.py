@@ -44,12 +44,12 @@ XHAT, DOUT = "bn_xhat", "bn_dout"
 
 
 def _stat(row: int) -> str:
-    """Row `row` of stat (mean, rstd, m1, m2) for this tile's columns, broadcast over its rows."""
+    """Row `row` of stat (mean, rstd, m1, m2) for this program's columns, broadcast over the rows."""
     return f"tl.load(stat_ptr + {row} * N + offs_n, mask=mask_n, other=0.0)[None, :]"
 
 
 def _store_partials(first: str, second: str) -> list[str]:
-    """This row tile's column sums `first` and `second` into part[0, pid_m] and part[1, pid_m]."""
+    """This row block's column values `first` and `second` into part[0, pid_m] and part[1, pid_m]."""
     return [f"tl.store(part_ptr + pid_m * N + offs_n, {first}, mask=mask_n)",
             f"tl.store(part_ptr + (T + pid_m) * N + offs_n, {second}, mask=mask_n)"]
 
@@ -67,20 +67,29 @@ def batchnorm_dz_supported(region: Region) -> bool:
 
 
 def batchnorm_forward(n: Node, ops: Operands, env: dict[str, str]) -> list[str]:
-    """PHASE 0's tile statistics of the norm input; then the norm with the merged ones (stat rows 0, 1)."""
+    """PHASE 0: the norm input's count, mean and centred sum of squares over the program's rows (each row tile's,
+    merged into the running ones by Chan's formula); then the norm with the merged statistics (stat rows 0, 1)."""
     (x,) = n.args
     weight, bias, _eps = bn_params(n, n.shape[-1])
     out = var(n.name)
+    ops.pre += ["bn_n = tl.zeros((BLOCK_N,), dtype=tl.float64)", "bn_mean = tl.zeros((BLOCK_N,), dtype=tl.float64)",
+                "bn_m2 = tl.zeros((BLOCK_N,), dtype=tl.float64)",
+                f"bn_smean = {_stat(0)}", f"bn_rstd = {_stat(1)}"]
+    ops.post += ["if PHASE == 0:", *[f"    {ln}" for ln in _store_partials("bn_mean", "bn_m2")]]
     # padding (past M or N) holds the ops' values at z = 0, which may not be finite (1 / z): zeros keep the
     # statistics and the column sums of d_bn * xhat (0 * inf) clean
-    lines = [f"# BatchNorm ({n.origin}), batch statistics: PHASE 0 stores this tile's share (centred on its mean)",
+    lines = [f"# BatchNorm ({n.origin}), batch statistics: PHASE 0 merges this tile's share (centred on its mean)",
              f"bn_u = tl.where(mask, {env[x]}, 0.0)",
              "if PHASE == 0:",
-             "    bn_tmean = tl.sum(bn_u, axis=0) / tl.minimum(M - pid_m * BLOCK_M, BLOCK_M).to(tl.float64)",
+             "    bn_cnt = tl.sum(mask.to(tl.float64), axis=0)",
+             "    bn_tmean = tl.sum(bn_u, axis=0) / tl.maximum(bn_cnt, 1.0)",
              "    bn_tdev = tl.where(mask, bn_u - bn_tmean[None, :], 0.0)",
-             *[f"    {ln}" for ln in _store_partials("bn_tmean", "tl.sum(bn_tdev * bn_tdev, axis=0)")],
-             f"bn_rstd = {_stat(1)}",
-             f"{XHAT} = (bn_u - {_stat(0)}) * bn_rstd",
+             "    bn_delta = bn_tmean - bn_mean",
+             "    bn_w = bn_cnt / tl.maximum(bn_n + bn_cnt, 1.0)",
+             "    bn_mean = bn_mean + bn_delta * bn_w",
+             "    bn_m2 = bn_m2 + tl.sum(bn_tdev * bn_tdev, axis=0) + bn_delta * bn_delta * bn_n * bn_w",
+             "    bn_n = bn_n + bn_cnt",
+             f"{XHAT} = (bn_u - bn_smean) * bn_rstd",
              f"{out} = {XHAT}"]
     if weight is not None:
         lines.append(f"{out} = {out} * {ops.name(weight, env)} + {ops.name(bias, env)}")
@@ -89,19 +98,24 @@ def batchnorm_forward(n: Node, ops: Operands, env: dict[str, str]) -> list[str]:
 
 
 def batchnorm_reverse(n: Node, ops: Operands, env: dict[str, str], grads: dict[str, str], rev: list[str]) -> None:
-    """PHASE 1's column sums of d_bn and d_bn * xhat; gamma's and beta's gradient tiles (summed by the kernel's
-    tail); du = rstd * gamma * (d_bn - m1 - xhat * m2) with m1, m2 their means over M (stat rows 2, 3)."""
+    """PHASE 1's column sums of d_bn and d_bn * xhat over the program's rows; gamma's and beta's gradient tiles
+    (summed by the kernel's tail); du = rstd * gamma * (d_bn - m1 - xhat * m2) with m1, m2 their means over M
+    (stat rows 2, 3)."""
     (x,) = n.args
     weight, bias, _eps = bn_params(n, n.shape[-1])
+    ops.pre += ["bn_s1 = tl.zeros((BLOCK_N,), dtype=tl.float64)", "bn_s2 = tl.zeros((BLOCK_N,), dtype=tl.float64)",
+                f"bn_m1 = {_stat(2)}", f"bn_m2s = {_stat(3)}"]
+    ops.post += ["if PHASE == 1:", *[f"    {ln}" for ln in _store_partials("bn_s1", "bn_s2")]]
     # zeros outside the tile's valid part: padding rows must not reach the column sums
     rev += [f"{DOUT} = tl.where(mask, {grads[var(n.name)]}, 0.0)  # backward of {n.origin}",
             "if PHASE == 1:",
-            *[f"    {ln}" for ln in _store_partials(f"tl.sum({DOUT}, axis=0)", f"tl.sum({DOUT} * {XHAT}, axis=0)")]]
+            f"    bn_s1 = bn_s1 + tl.sum({DOUT}, axis=0)",
+            f"    bn_s2 = bn_s2 + tl.sum({DOUT} * {XHAT}, axis=0)"]
     if weight is not None:
         accumulate(grads, ops.name(weight, env), f"{DOUT} * {XHAT}", rev)
         accumulate(grads, ops.name(bias, env), DOUT, rev)
     scale = f"bn_rstd * {ops.name(weight, env)}" if weight is not None else "bn_rstd"
-    accumulate(grads, env[x], f"{scale} * ({DOUT} - {_stat(2)} - {XHAT} * {_stat(3)})", rev)
+    accumulate(grads, env[x], f"{scale} * ({DOUT} - bn_m1 - {XHAT} * bn_m2s)", rev)
 
 
 BATCHNORM_RULE = NodeRule(batchnorm_forward, batchnorm_reverse)

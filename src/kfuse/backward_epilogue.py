@@ -99,6 +99,10 @@ class Operands:
         self.params: dict[str, tuple[str, Param]] = {}  # expr -> (kernel name, param)
         self.scalars: dict[str, str] = {}  # expr -> kernel name
         self.loads: list[str] = []
+        # a NodeRule's lines before and after the kernel's loop over its row tiles (accumulators it sets up,
+        # then stores): e.g. BatchNorm's column statistics (backward_batchnorm.py)
+        self.pre: list[str] = []
+        self.post: list[str] = []
 
     def name(self, a, env: dict[str, str]) -> str:
         if isinstance(a, str):
@@ -181,11 +185,13 @@ def dz_kernel(region: Region, name: str, rules: Mapping[str, NodeRule] | None = 
             continue
         rules.get(n.op, POINTWISE_RULE).reverse(n, ops, env, grads, rev)
     dz = grads.get(var(region.anchor.name), ZERO_TILE)
-    col = "tl.store(cols_ptr + ({j} * T + pid_m) * N + offs_n, tl.sum(tl.where(mask, {g}, 0.0), axis=0), mask=mask_n)"
     pnames = [nm for nm, _ in ops.params.values()]
-    tail = [f"tl.store(dz_ptr + tile, {dz}, mask=mask)", col.format(j=0, g=dz)]
-    tail += [col.format(j=j + 1, g=grads.get(p, ZERO_TILE)) for j, p in enumerate(pnames)]
+    sums = [dz] + [grads.get(p, ZERO_TILE) for p in pnames]  # column-sum slot j: dZ (the bias), then each parameter
+    body = [f"tl.store(dz_ptr + tile, {dz}, mask=mask)",
+            *[f"col{j} += tl.sum(tl.where(mask, {g}, 0.0), axis=0)" for j, g in enumerate(sums)]]
+    tail = [f"tl.store(cols_ptr + ({j} * T + pid_m) * N + offs_n, col{j}, mask=mask_n)" for j in range(len(sums))]
     if store_if:
+        body = [f"if {store_if}:", *[f"    {ln}" for ln in body]]
         tail = [f"if {store_if}:", *[f"    {ln}" for ln in tail]]
     gptrs = "".join(f"g{i}_ptr, " for i in range(len(region.outputs)))
     sig = "".join(f"{p}_ptr, " for p in pnames) + "".join(f"{s}_hi, {s}_lo, " for s in ops.scalars.values())
@@ -193,17 +199,24 @@ def dz_kernel(region: Region, name: str, rules: Mapping[str, NodeRule] | None = 
     lines = [
         "@triton.jit",
         f"def {name}_dz_kernel(z_ptr, {gptrs}dz_ptr, cols_ptr, {sig}M, N, T, "
-        f"{constexprs}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):",
+        f"{constexprs}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROW_TILES: tl.constexpr):",
         f'    """Backward of the epilogue {replaced}: dZ from z and the upstream gradients, in float64 registers;',
-        '    per row-tile float64 column sums of dZ (slot 0, the bias gradient) and of each parameter\'s gradient."""',
+        "    per row block (ROW_TILES tiles of BLOCK_M rows) float64 column sums of dZ (slot 0, the bias gradient)",
+        '    and of each parameter\'s gradient."""',
         "    pid_m = tl.program_id(0)",
-        "    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         "    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
         "    mask_n = offs_n < N",
-        "    mask = (offs_m < M)[:, None] & mask_n[None, :]",
-        "    tile = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]",
     ]
-    lines += [f"    {ln}" for ln in [*ops.loads, *fwd, "# reverse", *rev, *tail]]
+    lines += [f"    {ln}" for ln in [*ops.loads, *[f"col{j} = tl.zeros((BLOCK_N,), dtype=tl.float64)"
+                                                  for j in range(len(sums))], *ops.pre]]
+    # the column sums stay in registers across the row tiles (tl.sum over a tile's rows is within each thread
+    # when BLOCK_M rows sit in one thread: epilogue_dz's tiles), so a row block writes one partial per column
+    lines += ["    for r in range(ROW_TILES):",
+              "        offs_m = (pid_m * ROW_TILES + r) * BLOCK_M + tl.arange(0, BLOCK_M)",
+              "        mask = (offs_m < M)[:, None] & mask_n[None, :]",
+              "        tile = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]"]
+    lines += [f"        {ln}" for ln in [*fwd, "# reverse", *rev, *body]]
+    lines += [f"    {ln}" for ln in [*tail, *ops.post]]
     return "\n".join(lines) + "\n", list(ops.params), list(ops.scalars)
 
 

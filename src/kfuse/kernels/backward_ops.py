@@ -5,6 +5,8 @@ of a transposed operand (dW = dZ^T X reads dZ and X along their columns) in two 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -21,29 +23,62 @@ def f64_parts(v: float) -> tuple[float, float]:
     return hi, v - hi
 
 
+@dataclasses.dataclass(frozen=True)
+class DzTiles:
+    """How a generated dZ kernel covers (M, N): programs of block_n columns and row_tiles x block_m rows, looping
+    over their row tiles with the column sums in registers (one float64 partial per column and row block)."""
+    block_m: int
+    block_n: int
+    row_tiles: int
+    num_warps: int
+
+    @property
+    def rows(self) -> int:
+        return self.block_m * self.row_tiles
+
+
+DZ_PROGRAMS = 1024  # enough programs to keep an H100's 132 SMs streaming (~8 each)
+
+
+def dz_tiles(M: int, N: int) -> DzTiles:
+    """Tiles of 4 rows x 4 columns per thread (block_n = 128 x warps): each thread holds whole columns of its
+    tile, so a tile's column sums need no shared memory (the 16 x 128 tiles before, over 4 warps, reduced
+    across warps 2-4 times per tile: seed 39's three passes took 1.48 ms for ~1.9 GB). Row blocks grow until
+    there are ~DZ_PROGRAMS programs, which also shrinks the float64 partials. The interpreter gets larger tiles
+    (fewer Python-level steps) and still two row tiles per program, so CPU tests run the loop."""
+    if interpreting():
+        return DzTiles(32, 128, 2, 4)
+    block_n = 512 if N >= 512 else (256 if N >= 256 else 128)
+    blocks_m = max(1, DZ_PROGRAMS // cdiv(N, block_n))
+    row_tiles = 1
+    while row_tiles < 64 and 4 * row_tiles * 2 * blocks_m <= M:
+        row_tiles *= 2
+    return DzTiles(4, block_n, row_tiles, block_n // 128)
+
+
 def epilogue_dz(kernel, z: torch.Tensor, grads: tuple, params: tuple, scalars: tuple,
                 groups: int | None = None, bn_eps: float | None = None) -> tuple:
     """Run a generated `<name>_dz_kernel` on z (M, N) and the upstream gradients (one per region output, any
     shape of M*N elements; None is zero). Returns (dZ (M, N) in z's dtype, db float64 (N,), [(parameter, its
-    gradient in float64 and the parameter's shape)]). The column sums are float64 partials per row tile, added
-    here in float64 (T x N values: T = M / BLOCK_M, ~1 MiB per parameter at 1024 x 8192).
+    gradient in float64 and the parameter's shape)]). The column sums are float64 partials per row block, added
+    here in float64 (T x N values: T = M / rows per program).
     groups: a GroupNorm's number of groups (kernels of kfuse/backward_groupnorm.py, constexpr GROUP);
     bn_eps: a training-mode BatchNorm's eps (kernels of kfuse/backward_batchnorm.py: two passes first)."""
     M, N = z.shape
     gs = [torch.zeros_like(z) if g is None else g.reshape(M, N).contiguous() for g in grads]
     vecs = [as_vector(p.detach()) for p in params]
-    # float64 tiles: 16 x 128 over 4 warps keeps each live tile at 16 float64 registers per thread
-    bm, bn = (64, 128) if interpreting() else (16, 128)
-    T = cdiv(M, bm)
+    tiles = dz_tiles(M, N)
+    T = cdiv(M, tiles.rows)
     dz = torch.empty_like(z)
     cols = torch.empty((1 + len(params), T, N), device=z.device, dtype=torch.float64)
 
     def launch(**extra) -> None:
-        kernel[(T, cdiv(N, bn))](z, *gs, dz, cols, *vecs, *scalars, M, N, T, **extra, BLOCK_M=bm, BLOCK_N=bn,
-                                 num_warps=4)
+        kernel[(T, cdiv(N, tiles.block_n))](z, *gs, dz, cols, *vecs, *scalars, M, N, T, **extra,
+                                            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+                                            ROW_TILES=tiles.row_tiles, num_warps=tiles.num_warps)
 
     if bn_eps is not None:
-        launch(**batch_norm_passes(launch, z, bm, bn_eps))
+        launch(**batch_norm_passes(launch, z, tiles.rows, bn_eps))
     else:
         launch(**({} if groups is None else {"GROUP": tile_group(N, groups)}))  # 128: a multiple of any group
     sums = cols.sum(1)
@@ -51,19 +86,19 @@ def epilogue_dz(kernel, z: torch.Tensor, grads: tuple, params: tuple, scalars: t
     return dz, sums[0], pairs
 
 
-def batch_norm_passes(launch, z: torch.Tensor, bm: int, eps: float) -> dict:
+def batch_norm_passes(launch, z: torch.Tensor, rows: int, eps: float) -> dict:
     """The two column-statistics passes of a BatchNorm dZ kernel (PHASE 0, 1; kfuse/backward_batchnorm.py),
-    each followed by a float64 torch merge of its (T, N) row-tile partials into stat (4, N):
-      0: the norm input u's tile means and centred sums of squares -> mean and rstd = 1 / sqrt(var + eps),
-         var biased (torch's training-mode normalization); Chan's merge, in closed form over the tiles;
+    each followed by a float64 torch merge of its (T, N) row-block partials (`rows` rows each) into stat (4, N):
+      0: the norm input u's block means and centred sums of squares -> mean and rstd = 1 / sqrt(var + eps),
+         var biased (torch's training-mode normalization); Chan's merge, in closed form over the blocks;
       1: sum_rows d_bn and sum_rows d_bn * xhat (beta's and gamma's gradients) -> their means over M.
     Returns the keyword arguments of the last launch (PHASE 2: dZ)."""
     M, N = z.shape
-    T = cdiv(M, bm)
+    T = cdiv(M, rows)
     part = torch.zeros((2, T, N), device=z.device, dtype=torch.float64)
     stat = torch.zeros((4, N), device=z.device, dtype=torch.float64)
     launch(part_ptr=part, stat_ptr=stat, PHASE=0)
-    count = (M - torch.arange(T, device=z.device, dtype=torch.float64) * bm).clamp(max=bm)[:, None]
+    count = (M - torch.arange(T, device=z.device, dtype=torch.float64) * rows).clamp(max=rows)[:, None]
     mean = (count * part[0]).sum(0) / M
     m2 = part[1].sum(0) + (count * (part[0] - mean) ** 2).sum(0)
     stat[0], stat[1] = mean, torch.rsqrt(m2 / M + eps)
