@@ -30,6 +30,8 @@ FusedGemmFn.region_backward uses the fused dZ only where every BatchNorm of the 
 
 from __future__ import annotations
 
+from functools import partial
+
 from kfuse.backward_epilogue import NodeRule, Operands, accumulate, dz_kernel, pointwise_ok
 from kfuse.ir import Node
 from kfuse.partition import Region
@@ -48,10 +50,9 @@ def _stat(row: int) -> str:
     return f"tl.load(stat_ptr + {row} * N + offs_n, mask=mask_n, other=0.0)[None, :]"
 
 
-def _store_partials(first: str, second: str) -> list[str]:
-    """This row block's column values `first` and `second` into part[0, pid_m] and part[1, pid_m]."""
-    return [f"tl.store(part_ptr + pid_m * N + offs_n, {first}, mask=mask_n)",
-            f"tl.store(part_ptr + (T + pid_m) * N + offs_n, {second}, mask=mask_n)"]
+def _store_partials(*values: str) -> list[str]:
+    """This row block's column values into part[0, pid_m], part[1, pid_m], ..."""
+    return [f"tl.store(part_ptr + ({j} * T + pid_m) * N + offs_n, {v}, mask=mask_n)" for j, v in enumerate(values)]
 
 
 def batchnorm_dz_supported(region: Region) -> bool:
@@ -66,16 +67,18 @@ def batchnorm_dz_supported(region: Region) -> bool:
     return all(n.op == "batch_norm" or pointwise_ok(n, n_cols) for n in region.nodes[1:])
 
 
-def batchnorm_forward(n: Node, ops: Operands, env: dict[str, str]) -> list[str]:
+def batchnorm_forward(n: Node, ops: Operands, env: dict[str, str], merged: bool = False) -> list[str]:
     """PHASE 0: the norm input's count, mean and centred sum of squares over the program's rows (each row tile's,
-    merged into the running ones by Chan's formula); then the norm with the merged statistics (stat rows 0, 1)."""
+    merged into the running ones by Chan's formula); then the norm with the merged statistics (stat rows 0, 1).
+    merged (the norm is the region's last op): PHASE 0 also takes PHASE 1's sums (see batchnorm_reverse)."""
     (x,) = n.args
     weight, bias, _eps = bn_params(n, n.shape[-1])
     out = var(n.name)
     ops.pre += ["bn_n = tl.zeros((BLOCK_N,), dtype=tl.float64)", "bn_mean = tl.zeros((BLOCK_N,), dtype=tl.float64)",
                 "bn_m2 = tl.zeros((BLOCK_N,), dtype=tl.float64)",
                 f"bn_smean = {_stat(0)}", f"bn_rstd = {_stat(1)}"]
-    ops.post += ["if PHASE == 0:", *[f"    {ln}" for ln in _store_partials("bn_mean", "bn_m2")]]
+    if not merged:
+        ops.post += ["if PHASE == 0:", *[f"    {ln}" for ln in _store_partials("bn_mean", "bn_m2")]]
     # padding (past M or N) holds the ops' values at z = 0, which may not be finite (1 / z): zeros keep the
     # statistics and the column sums of d_bn * xhat (0 * inf) clean
     lines = [f"# BatchNorm ({n.origin}), batch statistics: PHASE 0 merges this tile's share (centred on its mean)",
@@ -97,20 +100,34 @@ def batchnorm_forward(n: Node, ops: Operands, env: dict[str, str]) -> list[str]:
     return lines
 
 
-def batchnorm_reverse(n: Node, ops: Operands, env: dict[str, str], grads: dict[str, str], rev: list[str]) -> None:
+def batchnorm_reverse(n: Node, ops: Operands, env: dict[str, str], grads: dict[str, str], rev: list[str],
+                      merged: bool = False) -> None:
     """PHASE 1's column sums of d_bn and d_bn * xhat over the program's rows; gamma's and beta's gradient tiles
     (summed by the kernel's tail); du = rstd * gamma * (d_bn - m1 - xhat * m2) with m1, m2 their means over M
-    (stat rows 2, 3)."""
+    (stat rows 2, 3).
+    merged: d_bn is the upstream gradient itself (no op after the norm), so it needs no statistics and PHASE 0
+    sums it too: S = sum d_bn and D = sum d_bn * (u - the block's mean), from each row tile's
+    sum d_bn * (u - tile mean) + tile mean * sum d_bn (float64: the cancellation costs ~2^-53 |mean| / std).
+    batch_norm_passes then gets sum d_bn * xhat = rstd * sum over blocks (D + (block mean - mean) S) without a
+    PHASE 1 launch (one read of z and dY fewer)."""
     (x,) = n.args
     weight, bias, _eps = bn_params(n, n.shape[-1])
     ops.pre += ["bn_s1 = tl.zeros((BLOCK_N,), dtype=tl.float64)", "bn_s2 = tl.zeros((BLOCK_N,), dtype=tl.float64)",
                 f"bn_m1 = {_stat(2)}", f"bn_m2s = {_stat(3)}"]
-    ops.post += ["if PHASE == 1:", *[f"    {ln}" for ln in _store_partials("bn_s1", "bn_s2")]]
     # zeros outside the tile's valid part: padding rows must not reach the column sums
-    rev += [f"{DOUT} = tl.where(mask, {grads[var(n.name)]}, 0.0)  # backward of {n.origin}",
-            "if PHASE == 1:",
-            f"    bn_s1 = bn_s1 + tl.sum({DOUT}, axis=0)",
-            f"    bn_s2 = bn_s2 + tl.sum({DOUT} * {XHAT}, axis=0)"]
+    rev.append(f"{DOUT} = tl.where(mask, {grads[var(n.name)]}, 0.0)  # backward of {n.origin}")
+    if merged:
+        ops.post += ["if PHASE == 0:", *[f"    {ln}" for ln in _store_partials(
+            "bn_mean", "bn_m2", "bn_s1", "bn_s2 - bn_mean * bn_s1")]]
+        rev += ["if PHASE == 0:",
+                f"    bn_sd = tl.sum({DOUT}, axis=0)",
+                "    bn_s1 = bn_s1 + bn_sd",
+                f"    bn_s2 = bn_s2 + tl.sum({DOUT} * bn_tdev, axis=0) + bn_tmean * bn_sd"]
+    else:
+        ops.post += ["if PHASE == 1:", *[f"    {ln}" for ln in _store_partials("bn_s1", "bn_s2")]]
+        rev += ["if PHASE == 1:",
+                f"    bn_s1 = bn_s1 + tl.sum({DOUT}, axis=0)",
+                f"    bn_s2 = bn_s2 + tl.sum({DOUT} * {XHAT}, axis=0)"]
     if weight is not None:
         accumulate(grads, ops.name(weight, env), f"{DOUT} * {XHAT}", rev)
         accumulate(grads, ops.name(bias, env), DOUT, rev)
@@ -118,12 +135,16 @@ def batchnorm_reverse(n: Node, ops: Operands, env: dict[str, str], grads: dict[s
     accumulate(grads, env[x], f"{scale} * ({DOUT} - bn_m1 - {XHAT} * bn_m2s)", rev)
 
 
-BATCHNORM_RULE = NodeRule(batchnorm_forward, batchnorm_reverse)
+def batchnorm_rule(region: Region) -> NodeRule:
+    """The norm's NodeRule; merged statistics passes where the norm is the region's last op."""
+    merged = region.nodes[-1].op == "batch_norm"
+    return NodeRule(partial(batchnorm_forward, merged=merged), partial(batchnorm_reverse, merged=merged))
 
 
 def batchnorm_dz_kernel(region: Region, name: str) -> tuple[str, list[str], list[str], str]:
     """(kernel source, parameter and scalar expressions in kernel order, the extra epilogue_dz argument that
     runs the statistics phases with the norm's eps)."""
-    src, params, scalars = dz_kernel(region, name, {"batch_norm": BATCHNORM_RULE}, PHASE_ARGS, "PHASE == 2")
+    src, params, scalars = dz_kernel(region, name, {"batch_norm": batchnorm_rule(region)}, PHASE_ARGS, "PHASE == 2")
     norm = next(n for n in region.nodes if n.op == "batch_norm")
-    return src, params, scalars, f", bn_eps=float(self.{norm.module}.eps)"
+    merged = ", bn_merged=True" if region.nodes[-1] is norm else ""
+    return src, params, scalars, f", bn_eps=float(self.{norm.module}.eps){merged}"

@@ -188,8 +188,12 @@ def dz_kernel(region: Region, name: str, rules: Mapping[str, NodeRule] | None = 
     pnames = [nm for nm, _ in ops.params.values()]
     sums = [dz] + [grads.get(p, ZERO_TILE) for p in pnames]  # column-sum slot j: dZ (the bias), then each parameter
     body = [f"tl.store(dz_ptr + tile, {dz}, mask=mask)",
-            *[f"col{j} += tl.sum(tl.where(mask, {g}, 0.0), axis=0)" for j, g in enumerate(sums)]]
+            *[f"col{j} += tl.sum(tl.where(mask, {g}, 0.0), axis=0)" for j, g in enumerate(sums)],
+            f"dz_amax = tl.maximum(dz_amax, tl.max(tl.where(mask, tl.abs({dz}), 0.0), axis=0).to(tl.float32))"]
+    # the column maxima of |dZ| (as stored: rounding is monotonic) for the split of dZ^T in dW = dZ^T X
+    # (backward_ops.split_rows_any), which then skips its own pass over dZ
     tail = [f"tl.store(cols_ptr + ({j} * T + pid_m) * N + offs_n, col{j}, mask=mask_n)" for j in range(len(sums))]
+    tail.append("tl.atomic_max(amax_ptr + offs_n, dz_amax, mask=mask_n)")
     if store_if:
         body = [f"if {store_if}:", *[f"    {ln}" for ln in body]]
         tail = [f"if {store_if}:", *[f"    {ln}" for ln in tail]]
@@ -198,17 +202,18 @@ def dz_kernel(region: Region, name: str, rules: Mapping[str, NodeRule] | None = 
     replaced = " -> ".join(n.origin for n in region.nodes[1:])
     lines = [
         "@triton.jit",
-        f"def {name}_dz_kernel(z_ptr, {gptrs}dz_ptr, cols_ptr, {sig}M, N, T, "
+        f"def {name}_dz_kernel(z_ptr, {gptrs}dz_ptr, cols_ptr, amax_ptr, {sig}M, N, T, "
         f"{constexprs}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROW_TILES: tl.constexpr):",
         f'    """Backward of the epilogue {replaced}: dZ from z and the upstream gradients, in float64 registers;',
         "    per row block (ROW_TILES tiles of BLOCK_M rows) float64 column sums of dZ (slot 0, the bias gradient)",
-        '    and of each parameter\'s gradient."""',
+        '    and of each parameter\'s gradient; the column maxima of |dZ| into amax (atomic max)."""',
         "    pid_m = tl.program_id(0)",
         "    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
         "    mask_n = offs_n < N",
     ]
     lines += [f"    {ln}" for ln in [*ops.loads, *[f"col{j} = tl.zeros((BLOCK_N,), dtype=tl.float64)"
-                                                  for j in range(len(sums))], *ops.pre]]
+                                                  for j in range(len(sums))],
+                                                 "dz_amax = tl.zeros((BLOCK_N,), dtype=tl.float32)", *ops.pre]]
     # the column sums stay in registers across the row tiles (tl.sum over a tile's rows is within each thread
     # when BLOCK_M rows sit in one thread: epilogue_dz's tiles), so a row block writes one partial per column
     lines += ["    for r in range(ROW_TILES):",

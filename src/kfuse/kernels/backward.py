@@ -74,9 +74,11 @@ def _parts(b: torch.Tensor, cache: tuple | None) -> tuple:
     return parts
 
 
-def gemm_nt(a: torch.Tensor, b: torch.Tensor, cache: tuple | None = None, b_parts: tuple | None = None) -> torch.Tensor:
+def gemm_nt(a: torch.Tensor, b: torch.Tensor, cache: tuple | None = None, b_parts: tuple | None = None,
+            a_amax: torch.Tensor | None = None) -> torch.Tensor:
     """a (M, K) @ b (N, K)^T -> (M, N) fp32, any strides (transposed views are fine), no autograd.
-    `cache`: (parameter, tag) to keep b's split on; `b_parts`: b's split when the caller has it.
+    `cache`: (parameter, tag) to keep b's split on; `b_parts`: b's split when the caller has it; `a_amax`:
+    max |a[m, :]| per row where the caller has it (split_rows_any).
     The tile config comes from the forward's autotuner (runtime.tuned_gemm: timed once per shape on a GPU,
     kept on disk), so dX and dW run the config measured fastest for their own shapes."""
     M, K = a.shape
@@ -104,7 +106,7 @@ def gemm_nt(a: torch.Tensor, b: torch.Tensor, cache: tuple | None = None, b_part
                 strides = (*a.stride(), *b_hi.stride())
             else:
                 if not a_split:
-                    a_split.append(split_rows_any(a))
+                    a_split.append(split_rows_any(a, a_amax))
                 a_hi, a_lo, a_s = a_split[0]
                 ops, strides = (a_hi, a_lo, a_s, b_hi, b_lo, b_s), (*a_hi.stride(), *b_hi.stride())
         out = torch.empty((M, N), device=a.device, dtype=torch.float32)
@@ -309,8 +311,8 @@ class FusedGemmFn(FusedRegionFn):
         z = kept[0].reshape(x2.shape[0], -1) if kept else cls.recompute_z(x2, weight, bias, cls.KN)
         n_out = z.shape[1]
         if cls.fused_dz is not None and batch_statistics(state):
-            dz2, db, epi = cls.dz_fused(model, z, grads, params)
-            return cls.gemm_grads(x, x2, w_nk, weight, bias, dz2, db, epi, params, need)
+            dz2, db, epi, dz_amax = cls.dz_fused(model, z, grads, params)
+            return cls.gemm_grads(x, x2, w_nk, weight, bias, dz2, db, epi, params, need, dz_amax)
         work = cls.work_dtype(x.dtype)
         with torch.enable_grad():
             # z rounded to x's dtype, as the forward's kernel stored its values, then widened for the epilogue
@@ -326,18 +328,20 @@ class FusedGemmFn(FusedRegionFn):
     @classmethod
     def dz_fused(cls, model, z: torch.Tensor, grads: tuple, params: list) -> tuple:
         """dZ, db and the epilogue parameters' gradients (float64, summed per distinct parameter, None for a
-        parameter the epilogue does not read) from the generated epilogue-backward kernel."""
-        dz2, db, pairs = cls.fused_dz(model, z.detach(), grads)
+        parameter the epilogue does not read) from the generated epilogue-backward kernel, and max_rows |dZ|."""
+        dz2, db, pairs, dz_amax = cls.fused_dz(model, z.detach(), grads)
         epi = [None] * len(params)
         for t, g in pairs:  # matched by identity: the objects params() returns
             i = next(j for j, p in enumerate(params) if p is t)
             epi[i] = g if epi[i] is None else epi[i] + g
-        return dz2, db, epi
+        return dz2, db, epi, dz_amax
 
     @classmethod
-    def gemm_grads(cls, x, x2, w_nk, weight, bias, dz2, db, epi: list, params: list, need: list) -> list:
+    def gemm_grads(cls, x, x2, w_nk, weight, bias, dz2, db, epi: list, params: list, need: list,
+                   dz_amax: torch.Tensor | None = None) -> list:
         """dX = dZ W and dW = dZ^T X by gemm_nt; db and the epilogue's parameter gradients (`epi`, float64 or
-        the parameter's dtype) added per parameter and rounded once to its dtype."""
+        the parameter's dtype) added per parameter and rounded once to its dtype. `dz_amax`: max_rows |dZ| per
+        column where the dZ kernel gave it (the split of dZ^T for dW then skips a pass)."""
         dx = None
         if need[0]:
             dx = gemm_nt(dz2, w_nk.t(), cache=(weight, ("dx", cls.KN))).to(x.dtype).reshape(x.shape)
@@ -348,7 +352,7 @@ class FusedGemmFn(FusedRegionFn):
                 continue
             extra = None
             if p is weight:
-                extra = gemm_nt(x2.t(), dz2.t()) if cls.KN else gemm_nt(dz2.t(), x2.t())
+                extra = gemm_nt(x2.t(), dz2.t()) if cls.KN else gemm_nt(dz2.t(), x2.t(), a_amax=dz_amax)
             elif p is bias:
                 extra = db
             if extra is not None:

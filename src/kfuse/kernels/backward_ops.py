@@ -57,13 +57,14 @@ def dz_tiles(M: int, N: int) -> DzTiles:
 
 
 def epilogue_dz(kernel, z: torch.Tensor, grads: tuple, params: tuple, scalars: tuple,
-                groups: int | None = None, bn_eps: float | None = None) -> tuple:
+                groups: int | None = None, bn_eps: float | None = None, bn_merged: bool = False) -> tuple:
     """Run a generated `<name>_dz_kernel` on z (M, N) and the upstream gradients (one per region output, any
     shape of M*N elements; None is zero). Returns (dZ (M, N) in z's dtype, db float64 (N,), [(parameter, its
-    gradient in float64 and the parameter's shape)]). The column sums are float64 partials per row block, added
+    gradient in float64 and the parameter's shape)], max_rows |dZ| (N,) fp32). The column sums are float64 partials per row block, added
     here in float64 (T x N values: T = M / rows per program).
     groups: a GroupNorm's number of groups (kernels of kfuse/backward_groupnorm.py, constexpr GROUP);
-    bn_eps: a training-mode BatchNorm's eps (kernels of kfuse/backward_batchnorm.py: two passes first)."""
+    bn_eps: a training-mode BatchNorm's eps (kernels of kfuse/backward_batchnorm.py: two passes first, or one
+    where bn_merged: the norm is the region's last op)."""
     M, N = z.shape
     gs = [torch.zeros_like(z) if g is None else g.reshape(M, N).contiguous() for g in grads]
     vecs = [as_vector(p.detach()) for p in params]
@@ -71,39 +72,46 @@ def epilogue_dz(kernel, z: torch.Tensor, grads: tuple, params: tuple, scalars: t
     T = cdiv(M, tiles.rows)
     dz = torch.empty_like(z)
     cols = torch.empty((1 + len(params), T, N), device=z.device, dtype=torch.float64)
+    amax = torch.zeros(N, device=z.device, dtype=torch.float32)
 
     def launch(**extra) -> None:
-        kernel[(T, cdiv(N, tiles.block_n))](z, *gs, dz, cols, *vecs, *scalars, M, N, T, **extra,
+        kernel[(T, cdiv(N, tiles.block_n))](z, *gs, dz, cols, amax, *vecs, *scalars, M, N, T, **extra,
                                             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                                             ROW_TILES=tiles.row_tiles, num_warps=tiles.num_warps)
 
     if bn_eps is not None:
-        launch(**batch_norm_passes(launch, z, tiles.rows, bn_eps))
+        launch(**batch_norm_passes(launch, z, tiles.rows, bn_eps, bn_merged))
     else:
         launch(**({} if groups is None else {"GROUP": tile_group(N, groups)}))  # 128: a multiple of any group
     sums = cols.sum(1)
     pairs = [(p, (sums[1 + i].sum() if p.numel() == 1 else sums[1 + i]).reshape(p.shape)) for i, p in enumerate(params)]
-    return dz, sums[0], pairs
+    return dz, sums[0], pairs, amax
 
 
-def batch_norm_passes(launch, z: torch.Tensor, rows: int, eps: float) -> dict:
+def batch_norm_passes(launch, z: torch.Tensor, rows: int, eps: float, merged: bool = False) -> dict:
     """The two column-statistics passes of a BatchNorm dZ kernel (PHASE 0, 1; kfuse/backward_batchnorm.py),
     each followed by a float64 torch merge of its (T, N) row-block partials (`rows` rows each) into stat (4, N):
       0: the norm input u's block means and centred sums of squares -> mean and rstd = 1 / sqrt(var + eps),
          var biased (torch's training-mode normalization); Chan's merge, in closed form over the blocks;
       1: sum_rows d_bn and sum_rows d_bn * xhat (beta's and gamma's gradients) -> their means over M.
+    merged: PHASE 0 also wrote each block's S = sum d_bn and D = sum d_bn * (u - block mean) (partial rows 2, 3),
+    so sum d_bn * xhat = rstd * sum_blocks (D + (block mean - mean) * S) and PHASE 1 is not launched.
     Returns the keyword arguments of the last launch (PHASE 2: dZ)."""
     M, N = z.shape
     T = cdiv(M, rows)
-    part = torch.zeros((2, T, N), device=z.device, dtype=torch.float64)
+    part = torch.zeros((4 if merged else 2, T, N), device=z.device, dtype=torch.float64)
     stat = torch.zeros((4, N), device=z.device, dtype=torch.float64)
     launch(part_ptr=part, stat_ptr=stat, PHASE=0)
     count = (M - torch.arange(T, device=z.device, dtype=torch.float64) * rows).clamp(max=rows)[:, None]
     mean = (count * part[0]).sum(0) / M
     m2 = part[1].sum(0) + (count * (part[0] - mean) ** 2).sum(0)
     stat[0], stat[1] = mean, torch.rsqrt(m2 / M + eps)
-    launch(part_ptr=part, stat_ptr=stat, PHASE=1)
-    stat[2:] = part.sum(1) / M
+    if merged:
+        stat[2] = part[2].sum(0) / M
+        stat[3] = stat[1] * (part[3] + (part[0] - mean) * part[2]).sum(0) / M
+    else:
+        launch(part_ptr=part, stat_ptr=stat, PHASE=1)
+        stat[2:] = part.sum(1) / M
     return {"part_ptr": part, "stat_ptr": stat, "PHASE": 2}
 
 
@@ -140,18 +148,20 @@ def split_t_kernel(t_ptr, amax_ptr, parts_ptr, scale_ptr, R, C, stride_c,
     tl.store(parts_ptr + out + C, lo, mask=mask)
 
 
-def split_rows_any(t: torch.Tensor) -> tuple:
+def split_rows_any(t: torch.Tensor, amax: torch.Tensor | None = None) -> tuple:
     """(hi, lo, scale) of t's rows as split_x / split_weight give them (bit for bit), for any 2-d fp32 t:
     row-major t through split_x; a transposed view (unit row stride: dZ^T, X^T for dW) through two tiled
-    passes reading along its columns, never a torch transpose copy."""
+    passes reading along its columns, never a torch transpose copy. `amax`: max |t[r, :]| per row where the
+    caller has it (a generated dZ kernel's column maxima of dZ): the first pass is skipped."""
     if t.stride(1) == 1 or t.stride(0) != 1:
         return split_x(t if t.stride(1) == 1 else t.contiguous())
     R, C = t.shape
-    amax = torch.zeros(R, device=t.device, dtype=torch.float32)
     parts = torch.empty((R, 2 * C), device=t.device, dtype=torch.float16)
     scale = torch.empty(R, device=t.device, dtype=torch.float32)
     br, bc = 64, 64
     grid = (cdiv(R, br), cdiv(C, bc))
-    col_amax_kernel[grid](t, amax, R, C, t.stride(1), BLOCK_R=br, BLOCK_C=bc, num_warps=4)
+    if amax is None:
+        amax = torch.zeros(R, device=t.device, dtype=torch.float32)
+        col_amax_kernel[grid](t, amax, R, C, t.stride(1), BLOCK_R=br, BLOCK_C=bc, num_warps=4)
     split_t_kernel[grid](t, amax, parts, scale, R, C, t.stride(1), BLOCK_R=br, BLOCK_C=bc, num_warps=4)
     return parts[:, :C], parts[:, C:], scale
