@@ -1,26 +1,29 @@
-"""The fused backward of a GEMM + training-mode BatchNorm1d region (kind gemm_batchnorm): dZ in three launches
-of one generated Triton kernel.
+"""The fused backward of a GEMM + training-mode BatchNorm1d region (kind gemm_batchnorm): dZ in two or three
+launches of one generated Triton kernel.
 
 For z = x W^T + b -> pointwise ops -> BatchNorm1d (batch statistics) -> pointwise ops -> outputs, the norm's
-statistics are per column over ALL M rows, which no tile sees: the generated `<name>_dz_kernel` runs over
-(BLOCK_M x BLOCK_N) tiles three times (constexpr PHASE; `batch_norm_passes` in kernels/backward_ops.py merges
-each phase's float64 (T, N) row-tile partials in torch between launches), all in float64 registers:
-  PHASE 0  u = (ops before the norm)(z); per tile and column the mean of u and its centred sum of squares
-           -> mean, rstd = 1 / sqrt(var + eps) (biased variance, torch's training-mode normalization);
+statistics are per column over ALL M rows, which no program sees: the generated `<name>_dz_kernel` runs over
+(rows x BLOCK_N) blocks, each looping over its row tiles (backward_epilogue.dz_kernel), up to three times
+(constexpr PHASE; `batch_norm_passes` in kernels/backward_ops.py merges each phase's float64 (T, N) row-block
+partials in torch between launches), all in float64 registers:
+  PHASE 0  u = (ops before the norm)(z); per block and column the count, mean and centred sum of squares of u
+           (each row tile's merged into the block's by Chan's formula) -> mean, rstd = 1 / sqrt(var + eps)
+           (biased variance, torch's training-mode normalization);
   PHASE 1  xhat = (u - mean) * rstd; bn = xhat * gamma + beta; outputs = (ops after the norm)(bn); upstream
-           gradients -> post-norm chain backward -> d_bn; per tile and column sum d_bn and sum d_bn * xhat
-           (beta's and gamma's gradients) -> their means m1, m2 over M;
+           gradients -> post-norm chain backward -> d_bn; per block and column sum d_bn and sum d_bn * xhat
+           (beta's and gamma's gradients) -> their means m1, m2 over M. Where the norm is the region's last op,
+           d_bn is the upstream gradient itself and PHASE 0 takes these sums too (no PHASE 1 launch);
   PHASE 2  all of it again, then du = rstd * gamma * (d_bn - m1 - xhat * m2) (torch's batch_norm backward),
-           pre-norm chain backward -> dz, written in x's dtype, and per-tile float64 column sums of dz (the
+           pre-norm chain backward -> dz, written in x's dtype, and per-block float64 column sums of dz (the
            Linear bias's gradient), d_gamma, d_beta and every other vector parameter's gradient, which
-           `epilogue_dz` adds up.
+           `epilogue_dz` adds up, and the column maxima of |dz| (for dW's split of dZ^T).
 Why recompute the statistics rather than take the forward's: the forward keeps fp32 statistics of its fp32 u;
 the float64 torch backward (the reference) normalizes with float64 statistics of u recomputed from z, and the
 gradients match it to float64 rounding only with those. Recomputing d_bn in PHASE 2 is cheaper than storing
 an M x N float64 tile of it.
-Bytes at fp32 for one output: z (PHASE 0), z + dY (PHASE 1), z + dY read and dZ written (PHASE 2): 24 bytes
-per element, plus (3 + parameters) x T x N float64 partials (T = M / BLOCK_M row tiles), where the float64
-torch epilogue moved ~10 float64 passes over M x N.
+Bytes at fp32 for one output: z + dY (PHASE 0; z alone where PHASE 1 runs), z + dY (PHASE 1), z + dY read and dZ
+written (PHASE 2): 20 bytes per element (seed 39), 24 with PHASE 1, plus small float64 partials (T = M / rows
+per block, ~128 blocks). Seed 39 on the H100: 0.565 ms for the two launches (benchmarks/train/NOTES.md).
 
 The pointwise parts are backward_epilogue.py's generator; this module adds the BatchNorm node's NodeRule.
 A region whose ops are not all covered (an op without a derivative row, more than one norm) gets no kernel:
@@ -38,7 +41,7 @@ from kfuse.partition import Region
 from kfuse.regions.common import var
 from kfuse.regions.gemm_batchnorm import bn_params
 
-# part_ptr: (2, T, N) float64 row-tile partials of PHASE 0 and 1; stat_ptr: (4, N) float64 mean, rstd, m1, m2
+# part_ptr: (2, T, N) float64 row-block partials of PHASE 0 and 1 ((4, T, N) merged); stat_ptr: (4, N) float64 mean, rstd, m1, m2
 PHASE_ARGS = "part_ptr, stat_ptr, PHASE: tl.constexpr, "
 # kernel variables of the norm (one per region): no value (v_<name>), parameter (p<i>), scalar (s<i>) or
 # gradient (d_...) variable starts with bn_

@@ -4,8 +4,10 @@ For a region z = x W^T + b -> pointwise ops -> outputs, backward needs dZ = d(ou
 gradients, the epilogue parameters' gradients (scale vectors: sums over the rows) and db = sum_rows dZ. The
 generated `<name>_dz_kernel` reads z (saved by the forward kernel) and the upstream gradients once, recomputes
 the pointwise chain and runs its reverse in float64 registers (why float64: docs/training.md "Precision of the
-backward" -- fp32 torch ops put the gradients at eager's noise level), writes dZ once (x's dtype) and per-tile
-float64 column sums (db and each parameter), which kernels/backward_ops.py's `epilogue_dz` adds up.
+backward" -- fp32 torch ops put the gradients at eager's noise level), writes dZ once (x's dtype) and per-block
+float64 column sums (db and each parameter), which kernels/backward_ops.py's `epilogue_dz` adds up, and the
+column maxima of |dZ|. A program owns a block of rows (ROW_TILES tiles of BLOCK_M) and BLOCK_N columns and keeps
+its column sums in registers across its row tiles (tiles from backward_ops.dz_tiles).
 Bytes: z + one M*N gradient per output read, dZ written: 12 bytes per element for one output (seed 12:
 96 MiB, ~0.035 ms on an H100) where the torch epilogue moved ~8 float64 passes.
 

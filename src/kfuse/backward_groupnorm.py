@@ -10,11 +10,12 @@ multiple of G, in float64 registers:
   reverse   upstream gradients -> post-norm chain backward -> d_gn; d_gamma += d_gn * xhat, d_beta += d_gn;
             dxhat = d_gn * gamma; du = rstd * (dxhat - mean_g(dxhat) - xhat * mean_g(dxhat * xhat));
             pre-norm chain backward -> dz, written in x's dtype;
-and per-tile float64 column sums of dz (the Linear bias's gradient), d_gamma, d_beta and every other vector
-parameter's gradient, which `epilogue_dz` (kernels/backward_ops.py) adds up.
+and float64 column sums of dz (the Linear bias's gradient), d_gamma, d_beta and every other vector
+parameter's gradient, kept across the program's row tiles and written once per row block, which `epilogue_dz`
+(kernels/backward_ops.py) adds up.
 Bytes: z + one M*N gradient per output read, dZ written: 12 bytes per element at fp32 for one output, plus
-(1 + parameters) x T x N float64 partials (T = M / BLOCK_M row tiles), where the float64 torch epilogue
-moved ~10 float64 passes over M x N.
+(1 + parameters) x T x N float64 partials (T row blocks), where the float64 torch epilogue moved ~10 float64
+passes over M x N.
 
 The pointwise parts (their forward lines, the DERIVATIVES table, the chain rule, the column sums) are
 backward_epilogue.py's; this module adds the GroupNorm node's NodeRule. A region whose ops are not all

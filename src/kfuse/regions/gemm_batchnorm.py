@@ -178,8 +178,9 @@ def generate(region: Region, g: Graph) -> RegionCode:
                  "rstd = tl.load(rstd_ptr + offs_n, mask=mask_n, other=1.0)[None, :]"]
     env3[bn.name] = var(bn.name)
     body3 += pointwise_lines(after, env3, a3) + _stores(post_outs, env3)
-    apply = pointwise_kernel(f"{name}_apply", f"Training-mode pass 3 of: {replaced}.", ["y", "mean", "rstd"],
-                             [f"buf_{v}" for v in post_outs], a3, body3)
+    # mean and rstd are (N,) vectors (loaded above), not tiles: pointers after y that pointwise_kernel leaves alone
+    apply = pointwise_kernel(f"{name}_apply", f"Training-mode pass 3 of: {replaced}.", ["y"],
+                             ["mean", "rstd", *[f"buf_{v}" for v in post_outs]], a3, body3)
 
     # eval: the norm folded into W and b where fold_plan allows, else one kernel with the running statistics
     # as per-column constants (neither without running statistics)
