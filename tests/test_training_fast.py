@@ -316,6 +316,26 @@ def test_batchnorm_fused_dz_matches_float64_autograd(tmp_path, case):
         torch.testing.assert_close(g, r if r is not None else torch.zeros_like(g), atol=1e-12, rtol=1e-12)
 
 
+@pytest.mark.parametrize("case", ["39", "25", "no_running_stats"])
+def test_batchnorm_training_forward_from_z_matches_the_plain_launch(tmp_path, case):
+    """A training forward that keeps z for backward writes z alone and its apply pass runs the ops before the
+    norm again from z (FROM_Z): outputs and running statistics equal the plain launch's bit for bit."""
+    prob, module, fn = bn_module(tmp_path, case)
+    assert "FROM_Z=from_z" in Path(module.__file__).read_text()
+    plain = perturbed(prob, module.ModelNew)
+    keeping = copy.deepcopy(plain)
+    x = prob.inputs()[0]
+    with torch.no_grad():
+        outs = fn.launch(plain, x)
+        kept_outs, z = fn.launch_z(keeping, x)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    assert z is not None and len(outs) == len(kept_outs)
+    for a, b in zip(outs, kept_outs):
+        assert torch.equal(a, b)
+    for a, b in zip(plain.buffers(), keeping.buffers()):
+        assert torch.equal(a, b)
+
+
 def _counting_dz(fn, monkeypatch) -> list:
     """Record the calls of fn's fused dZ (did backward use the kernel?)."""
     calls, orig = [], fn.fused_dz

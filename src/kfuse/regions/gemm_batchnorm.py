@@ -7,7 +7,9 @@ single tile sees. Three launches:
   2. `batch_norm_finalize_kernel`: merges the tiles per column (Chan/Welford), writes mean and 1/std and
      updates running_mean / running_var in place (num_batches_tracked is counted by the launcher);
   3. `<name>_apply_kernel`: one pass over y: (y - mean) * rstd * weight + bias, then the ops after the norm.
-Bytes beyond the GEMM: y written once and read once (2 * M * N * 4), the output written once.
+Bytes beyond the GEMM: y written once and read once (2 * M * N * 4), the output written once. A training
+forward that keeps z for backward (fp32, y read by nothing outside) writes z alone and apply recomputes y from
+it (constexprs STORE_Y, FROM_Z): z is written anyway, so y's write is saved.
 Eval mode: the running statistics are per-column constants. Where the ops between the GEMM and the norm are
 multiplications by per-feature parameters and nothing outside reads a value before the norm (`fold_plan`),
 the norm is folded into the weights (rule `bn-eval-fold`): the launcher asks `bn_eval_fold`
@@ -162,25 +164,36 @@ def generate(region: Region, g: Graph) -> RegionCode:
     registry: dict[str, tuple[str, bool]] = {}
     replaced = ", ".join(n.origin for n in region.nodes)
 
+    # y (the norm's input) can come back from z where nothing outside reads it: a training forward that keeps z
+    # for backward (fp32: z holds the GEMM's values exactly) then writes z alone, and apply runs the ops before
+    # the norm again (one M x N write fewer in the GEMM's epilogue)
+    from_z_ok = y not in pre_outs
+
     # 1. GEMM + ops before the norm, y and the per-tile partials
     a1, env1 = KernelArgs(registry), {}
     body1 = linear_bias(region.anchor, env1, a1) + pointwise_lines(before, env1, a1)
     stats_outs = list(dict.fromkeys([y, *pre_outs]))
-    body1 += _stores(stats_outs, env1) + [ln.format(y=env1[y]) for ln in STATS_LINES]
+    store_y, *store_rest = _stores(stats_outs, env1)
+    body1 += ["if STORE_Y:", f"    {store_y}", *store_rest] + [ln.format(y=env1[y]) for ln in STATS_LINES]
     stats = gemm_kernel(f"{name}_stats", f"Training-mode pass 1 of: {replaced}.",
                         [f"buf_{v}" for v in stats_outs] + ["mean_part", "m2_part"], a1, body1,
-                        z_var=var(region.anchor.name))
+                        extra_sig="STORE_Y: tl.constexpr, ", z_var=var(region.anchor.name))
 
     # 3. apply: normalize y with the batch statistics, then the ops after the norm
     a3, env3 = KernelArgs(registry), {y: "v_y"}
-    body3 = _normalize(var(bn.name), "(v_y - mean)", "rstd", w, b, env3, a3)
+    env_z = {region.anchor.name: var(region.anchor.name)}
+    again = pointwise_lines(before, env_z, a3)
+    body3 = ["if FROM_Z:  # y_ptr holds z: the ops before the norm again, as the stats kernel ran them",
+             f"    {var(region.anchor.name)} = v_y", *[f"    {ln}" for ln in again], f"    v_y = {env_z[y]}"]
+    body3 += _normalize(var(bn.name), "(v_y - mean)", "rstd", w, b, env3, a3)
     a3.loads += ["mean = tl.load(mean_ptr + offs_n, mask=mask_n, other=0.0)[None, :]",
                  "rstd = tl.load(rstd_ptr + offs_n, mask=mask_n, other=1.0)[None, :]"]
     env3[bn.name] = var(bn.name)
     body3 += pointwise_lines(after, env3, a3) + _stores(post_outs, env3)
     # mean and rstd are (N,) vectors (loaded above), not tiles: pointers after y that pointwise_kernel leaves alone
     apply = pointwise_kernel(f"{name}_apply", f"Training-mode pass 3 of: {replaced}.", ["y"],
-                             ["mean", "rstd", *[f"buf_{v}" for v in post_outs]], a3, body3)
+                             ["mean", "rstd", *[f"buf_{v}" for v in post_outs]], a3, body3,
+                             extra_sig="FROM_Z: tl.constexpr, ")
 
     # eval: the norm folded into W and b where fold_plan allows, else one kernel with the running statistics
     # as per-column constants (neither without running statistics)
@@ -217,18 +230,23 @@ def generate(region: Region, g: Graph) -> RegionCode:
                       *[f"    {ln}" for ln in tuned_launch_lines(region.anchor, name + "_eval", eval_body, eval_outs)],
                       f"    {ret}"]
     # y stays fp32 when only the apply pass reads it (exact for fp32 models, better for bf16 ones)
-    stats_body = [*[alloc.format("buf_" + v) if v in region.outputs else
-                    f"buf_{v} = torch.empty((M, N), device=x.device, dtype=torch.float32)" for v in stats_outs],
-                  "num_tiles = cdiv(M, cfg.block_m)",
+    allocs = [alloc.format("buf_" + v) if v in region.outputs else
+              f"buf_{v} = torch.empty((M, N), device=x.device, dtype=torch.float32)" for v in stats_outs]
+    allocs[0] = f"buf_{y} = z if from_z else {allocs[0].split(' = ', 1)[1]}"
+    stats_body = ["num_tiles = cdiv(M, cfg.block_m)",
                   "mean_part = torch.empty((num_tiles, N), device=x.device, dtype=torch.float32)",
                   "m2_part = torch.empty_like(mean_part)",
                   "z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else m2_part  # unused if not",
-                  launch(name + "_stats", stats_outs, a1, "mean_part, m2_part, z, ", "STORE_Z=save_z, ")]
+                  *allocs,
+                  launch(name + "_stats", stats_outs, a1, "mean_part, m2_part, z, ",
+                         "STORE_Z=save_z, STORE_Y=not from_z, ")]
     stats_results = [f"buf_{v}" for v in stats_outs] + ["mean_part", "m2_part", "z"]
     lines = ["min_block_n = 16", *gemm_head(region.anchor), *eval_lines,
              "if M < 2:",
              "    raise ValueError(f'Expected more than 1 value per channel when training, got input size {tuple(x.shape)}')",
              "factor = batch_norm_momentum(bn)  # counts the batch, as torch does",
+             # z is y's source where it is kept at fp32 and nothing outside reads y (from_z_ok)
+             f"from_z = {from_z_ok} and save_z and x.dtype == torch.float32",
              # the stats kernel writes only its own buffers: tuning may run it more than once
              *tuned_launch_lines(region.anchor, name + "_stats", stats_body, stats_results),
              "mean, rstd = batch_norm_stats(mean_part, m2_part, M, cfg.block_m, bn, factor)",
@@ -236,7 +254,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
              "bm, bn_ = (32, 128) if interpreting() else (16, 256)",
              f"{name}_apply_kernel[(cdiv(M, bm), cdiv(N, bn_))](buf_{y}, mean, rstd, "
              + "".join(f"buf_{v}, " for v in post_outs) + "".join(p + ", " for p in a3.params)
-             + "M, N, BLOCK_M=bm, BLOCK_N=bn_, num_warps=4)",
+             + "M, N, FROM_Z=from_z, BLOCK_M=bm, BLOCK_N=bn_, num_warps=4)",
              f"return ({shaped}, z.reshape(*lead, N)) if save_z else ({shaped})"]
     in_eval = "running statistics folded into W and b in eval" if plan else "running statistics in eval"
     launch_src = launcher(f"fused_{name}", ["x", "weight", "bn", *params, "save_z=False"], lines,
