@@ -48,12 +48,13 @@ def dz_tiles(M: int, N: int) -> DzTiles:
     (fewer Python-level steps) and still two row tiles per program, so CPU tests run the loop."""
     if interpreting():
         return DzTiles(32, 128, 2, 4)
+    block_m = 4
     block_n = 512 if N >= 512 else (256 if N >= 256 else 128)
-    blocks_m = max(1, DZ_PROGRAMS // cdiv(N, block_n))
+    blocks_m = max(1, DZ_PROGRAMS // cdiv(N, block_n))  # row blocks wanted
     row_tiles = 1
-    while row_tiles < 64 and 4 * row_tiles * 2 * blocks_m <= M:
+    while row_tiles < 64 and block_m * row_tiles * 2 * blocks_m <= M:
         row_tiles *= 2
-    return DzTiles(4, block_n, row_tiles, block_n // 128)
+    return DzTiles(block_m, block_n, row_tiles, block_n // 128)
 
 
 def epilogue_dz(kernel, z: torch.Tensor, grads: tuple, params: tuple, scalars: tuple,

@@ -230,9 +230,9 @@ def generate(region: Region, g: Graph) -> RegionCode:
                       *[f"    {ln}" for ln in tuned_launch_lines(region.anchor, name + "_eval", eval_body, eval_outs)],
                       f"    {ret}"]
     # y stays fp32 when only the apply pass reads it (exact for fp32 models, better for bf16 ones)
-    allocs = [alloc.format("buf_" + v) if v in region.outputs else
-              f"buf_{v} = torch.empty((M, N), device=x.device, dtype=torch.float32)" for v in stats_outs]
-    allocs[0] = f"buf_{y} = z if from_z else {allocs[0].split(' = ', 1)[1]}"
+    def empty(v: str) -> str:
+        return f"torch.empty((M, N), device=x.device, dtype={'x.dtype' if v in region.outputs else 'torch.float32'})"
+    allocs = [f"buf_{y} = z if from_z else {empty(y)}", *[f"buf_{v} = {empty(v)}" for v in stats_outs[1:]]]
     stats_body = ["num_tiles = cdiv(M, cfg.block_m)",
                   "mean_part = torch.empty((num_tiles, N), device=x.device, dtype=torch.float32)",
                   "m2_part = torch.empty_like(mean_part)",
@@ -245,8 +245,8 @@ def generate(region: Region, g: Graph) -> RegionCode:
              "if M < 2:",
              "    raise ValueError(f'Expected more than 1 value per channel when training, got input size {tuple(x.shape)}')",
              "factor = batch_norm_momentum(bn)  # counts the batch, as torch does",
-             # z is y's source where it is kept at fp32 and nothing outside reads y (from_z_ok)
-             f"from_z = {from_z_ok} and save_z and x.dtype == torch.float32",
+             ("from_z = save_z and x.dtype == torch.float32  # apply recomputes y from z (kept at fp32)" if from_z_ok
+              else "from_z = False  # y is read outside the region: the stats kernel stores it"),
              # the stats kernel writes only its own buffers: tuning may run it more than once
              *tuned_launch_lines(region.anchor, name + "_stats", stats_body, stats_results),
              "mean, rstd = batch_norm_stats(mean_part, m2_part, M, cfg.block_m, bn, factor)",
