@@ -108,6 +108,17 @@ def fused_dz_and_float64_reference(fn, model, x, state=None) -> tuple:
     return dz, db, pairs, ref
 
 
+def assert_norm_parameter_grads(model, norm_type, pairs, ref) -> None:
+    """The dZ kernel gave the norm's gamma and beta gradients, and every parameter's float64 gradient (pairs)
+    equals the float64 reference's (ref[1:], None: zero) to 1e-12."""
+    norm = next(m for m in model.modules() if isinstance(m, norm_type))
+    affine = [t for t in (norm.weight, norm.bias) if t is not None]
+    assert all(any(p is t for p, _ in pairs) for t in affine)  # gamma's and beta's gradients from the kernel
+    for (p, g), r in zip(pairs, ref[1:]):
+        assert g.dtype == torch.float64 and g.shape == p.shape
+        torch.testing.assert_close(g, r if r is not None else torch.zeros_like(g), atol=1e-12, rtol=1e-12)
+
+
 @pytest.mark.parametrize("case", sorted(DZ_CASES))
 def test_fused_dz_matches_float64_autograd(tmp_path, case):
     """The generated dZ kernel against torch autograd of the region's own float64 epilogue, same z: dZ to the
@@ -204,12 +215,7 @@ def test_groupnorm_fused_dz_matches_float64_autograd(tmp_path, case):
     dz, db, pairs, ref = fused_dz_and_float64_reference(fn, model, prob.inputs()[0])
     torch.testing.assert_close(dz, ref[0].float(), atol=1e-30, rtol=3e-7)
     torch.testing.assert_close(db, ref[0].sum(0), atol=1e-12, rtol=1e-12)
-    gn = next(m for m in model.modules() if isinstance(m, torch.nn.GroupNorm))
-    affine = [t for t in (gn.weight, gn.bias) if t is not None]
-    assert all(any(p is t for p, _ in pairs) for t in affine)  # gamma's and beta's gradients from the kernel
-    for (p, g), r in zip(pairs, ref[1:]):
-        assert g.dtype == torch.float64 and g.shape == p.shape
-        torch.testing.assert_close(g, r if r is not None else torch.zeros_like(g), atol=1e-12, rtol=1e-12)
+    assert_norm_parameter_grads(model, torch.nn.GroupNorm, pairs, ref)
 
 
 def _model_grads(prob, module, fused: bool, monkeypatch) -> dict:
@@ -308,12 +314,7 @@ def test_batchnorm_fused_dz_matches_float64_autograd(tmp_path, case):
     dz, db, pairs, ref = fused_dz_and_float64_reference(fn, model, prob.inputs()[0], state)
     torch.testing.assert_close(dz, ref[0].float(), atol=1e-30, rtol=3e-7)
     torch.testing.assert_close(db, ref[0].sum(0), atol=1e-13 * ref[0].abs().max().item(), rtol=1e-12)
-    bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d))
-    affine = [t for t in (bn.weight, bn.bias) if t is not None]
-    assert all(any(p is t for p, _ in pairs) for t in affine)  # gamma's and beta's gradients from the kernel
-    for (p, g), r in zip(pairs, ref[1:]):
-        assert g.dtype == torch.float64 and g.shape == p.shape
-        torch.testing.assert_close(g, r if r is not None else torch.zeros_like(g), atol=1e-12, rtol=1e-12)
+    assert_norm_parameter_grads(model, torch.nn.BatchNorm1d, pairs, ref)
 
 
 @pytest.mark.parametrize("case", ["39", "25", "no_running_stats"])

@@ -32,6 +32,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from kfuse.kernels import gemm_core as gc  # noqa: E402
+from kfuse.timing import time_cuda  # noqa: E402
 
 SEG = 64  # K segment of each part in the k3 layout (= gc.PAD_K, so 3 * padded K is a multiple of 3 * SEG)
 
@@ -151,25 +152,11 @@ def cpu_main() -> int:
 def gpu_main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda")
-    flush = torch.empty(256 * 1024 * 1024 // 4, device=dev)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__, "rows": []}
     print(res["device"], res["torch"], res["triton"], flush=True)
 
-    def bench(fn, reps=args.reps):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        ev = []
-        for _ in range(reps):
-            flush.zero_()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            ev.append((s, e))
-        torch.cuda.synchronize()
-        t = sorted(a.elapsed_time(b) for a, b in ev)
-        return t[len(t) // 2]
+    def bench(fn) -> float:  # kfuse's timing (CUDA events, L2 flushed before each run), median ms
+        return time_cuda(fn, runs=args.reps).median_ms
 
     C = (128, 128, 128, 8, 8, 3, 1, False, 0)
     variants = [
