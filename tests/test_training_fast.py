@@ -60,7 +60,7 @@ def test_saved_z_is_the_gemm_output(tmp_path, name):
     fn = next(v for k, v in vars(module).items() if k.endswith("Fn") and getattr(v, "launch_z", None))
     x = prob.inputs()[0]
     with torch.no_grad():
-        outs, z = fn.launch_z(new, x)
+        outs, (z, *_) = fn.launch_z(new, x)  # kept: z, then x's split where the GEMM made one
         plain = fn.launch(new, x)
     lin = next(m for m in new.modules() if isinstance(m, torch.nn.Linear))
     want = x.double() @ lin.weight.double().t() + lin.bias.double()
@@ -94,7 +94,7 @@ def fused_dz_and_float64_reference(fn, model, x, state=None) -> tuple:
     `state`: what the epilogue reads as the forward saw it (BatchNorm's), None where it reads none."""
     m64 = copy.deepcopy(model).double()
     with torch.no_grad():
-        outs, z = fn.launch_z(model, x)
+        outs, (z, *_) = fn.launch_z(model, x)
     grads = tuple(torch.randn_like(o) for o in outs)
     dz, db, pairs, amax = fn.fused_dz(model, z, grads)
     assert torch.equal(amax, dz.abs().amax(0)), "the dZ kernel's column maxima of |dZ|"
@@ -328,7 +328,7 @@ def test_batchnorm_training_forward_from_z_matches_the_plain_launch(tmp_path, ca
     x = prob.inputs()[0]
     with torch.no_grad():
         outs = fn.launch(plain, x)
-        kept_outs, z = fn.launch_z(keeping, x)
+        kept_outs, (z, *_) = fn.launch_z(keeping, x)
     outs = outs if isinstance(outs, tuple) else (outs,)
     assert z is not None and len(outs) == len(kept_outs)
     for a, b in zip(outs, kept_outs):
@@ -405,6 +405,68 @@ def test_split_of_a_transposed_view_is_split_x(r, c):
         assert torch.equal(got, want)
 
 
+def _wide_range_operands(m: int, k: int, n: int, seed: int) -> tuple:
+    """x (m, k) with rows spanning twelve orders of magnitude, a zero row and a zero column, and dZ (m, n)
+    with columns spanning six: what dW = dZ^T X's operand splits must survive."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.logspace(-6, 6, m)[torch.randperm(m, generator=g)][:, None]
+    x[min(3, m - 1)] = 0.0
+    x[:, min(5, k - 1)] = 0.0
+    dz = torch.randn(m, n, generator=g) * torch.logspace(-3, 3, n)[None, :]
+    return x, dz
+
+
+@pytest.mark.parametrize("m,n", [(129, 37), (70, 129), (1, 5), (200, 64)])
+def test_block_split_of_dz_t_reconstructs_it(m, n):
+    """split_dzt_blocks: per (row of dZ^T, 64-long stretch of its columns) hi + lo times the stretch's inverse
+    scale gives dZ^T / x's row scales to 2^-22 of the stretch's largest value; zeros past M."""
+    from kfuse.kernels.backward_ops import split_dzt_blocks
+    from kfuse.kernels.gemm_core import split_x
+    x, dz = _wide_range_operands(m, 33, n, m * n)
+    _, _, s = split_x(x)
+    hi, lo, inv = split_dzt_blocks(dz, s)
+    assert hi.shape == lo.shape == (n, m) and hi.dtype == torch.float16 and inv.shape == (n, -(-m // 64))
+    want = (dz / s[:, None]).t().double()  # exact: s are powers of two
+    got = (hi.double() + lo.double()) * inv.double().repeat_interleave(64, dim=1)[:, :m]
+    stretch_max = torch.nn.functional.pad(want.abs(), (0, -m % 64)).reshape(n, -1, 64).amax(2)
+    bound = 2.0 ** -22 * stretch_max.repeat_interleave(64, dim=1)[:, :m]
+    assert ((got - want).abs() <= bound).all()
+    pad = hi.untyped_storage().nbytes() // (2 * n * 2) - m  # the (n, 2 MP) parts: zeros in m..MP of each half
+    if pad:
+        parts = torch.empty(0, dtype=torch.float16).set_(hi.untyped_storage()).reshape(n, -1)
+        assert not parts[:, m:m + pad].any() and not parts[:, -pad:].any()
+
+
+@pytest.mark.parametrize("m,k,n", [(129, 70, 37), (37, 129, 70), (1, 33, 17), (200, 64, 70)])
+def test_dw_from_the_forward_split_of_x(m, k, n):
+    """dW = dZ^T X from x's forward split (gemm_dw_presplit, fp16x3p in the interpreter's numpy fp16 dots)
+    against float64: within 2x eager fp32's error + 1e-7 relative to the largest |dZ^T| |X| sum (rule 3's
+    shape), and allclose to eager, with rows of x 1e12 apart, a zero row and a zero column."""
+    from kfuse.kernels.backward import gemm_dw_presplit
+    from kfuse.kernels.gemm_core import split_x
+    x, dz = _wide_range_operands(m, k, n, m + k + n)
+    got = gemm_dw_presplit(dz, split_x(x))
+    exact = dz.t().double() @ x.double()
+    eager = dz.t() @ x
+    size = (dz.t().double().abs() @ x.double().abs()).max().item()
+    err, ref = (got.double() - exact).abs().max().item(), (eager.double() - exact).abs().max().item()
+    assert got.shape == (n, k) and got.dtype == torch.float32
+    assert err <= 2 * ref + 1e-7 * size, (err, ref, size)
+    torch.testing.assert_close(got, eager, atol=1e-4 * size, rtol=1e-4)
+
+
+def test_training_forward_keeps_x_split_only_for_presplit_fp16x3p():
+    """runtime.saved_for_backward keeps x's split with z exactly where the GEMM ran fp16x3p on a pre-split x."""
+    from kfuse.kernels.gemm_core import GemmConfig
+    from kfuse.kernels.runtime import saved_for_backward
+    z, ops = torch.zeros(2, 2), tuple(torch.full((1,), float(i)) for i in range(6))
+    pre = GemmConfig(128, 128, 64, 8, 8, 3, split_a=False)
+    assert saved_for_backward(z, ops, "fp16x3p", pre) == (z, *ops[:3])
+    assert saved_for_backward(z, ops, "fp16x3p", GemmConfig(128, 128, 64, 8, 8, 3)) == (z,)  # split in the GEMM
+    for scheme in ("ieee", "fp64", "tf32x3", "fp16x3"):
+        assert saved_for_backward(z, ops, scheme, pre) == (z,)
+
+
 # ---- GPU: compiled kernels (TRITON_INTERPRET=0 pytest -m gpu tests/test_training_fast.py) ----------------
 def _on_gpu() -> bool:
     import os
@@ -432,6 +494,26 @@ def test_gpu_backward_gemms_within_twice_cublas_error(m, k, n):
         err, ref = (got.double() - exact).abs().max().item(), (eager.double() - exact).abs().max().item()
         assert err <= 2 * ref + 1e-7, (err, ref)
         torch.testing.assert_close(got, eager, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m,k,n", [(16384, 512, 384), (300, 257, 129)])
+def test_gpu_dw_from_the_forward_split_of_x(m, k, n):
+    """gemm_dw_presplit on the GPU (tuned config, block-scaled dZ^T, x's row split) vs float64: rule 3 against
+    cuBLAS fp32 and allclose to it, for randn operands and for rows of x 1e12 apart."""
+    from kfuse.kernels.backward import gemm_dw_presplit
+    from kfuse.kernels.gemm_core import split_x
+    torch.backends.cuda.matmul.allow_tf32 = False
+    g = torch.Generator(device="cuda").manual_seed(m + k + n)
+    wide = [t.cuda() for t in _wide_range_operands(m, k, n, m + k)]
+    for x, dz in ((torch.randn(m, k, device="cuda", generator=g), torch.randn(m, n, device="cuda", generator=g)),
+                  wide):
+        got, eager, exact = gemm_dw_presplit(dz, split_x(x)), dz.t() @ x, dz.t().double() @ x.double()
+        err, ref = (got.double() - exact).abs().max().item(), (eager.double() - exact).abs().max().item()
+        assert err <= 2 * ref + 1e-7, (err, ref)
+        size = (dz.t().double().abs() @ x.double().abs()).max().item()
+        torch.testing.assert_close(got, eager, atol=1e-4 * size, rtol=1e-4)
 
 
 @pytest.mark.gpu

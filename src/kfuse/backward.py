@@ -176,7 +176,7 @@ def function_class(region: Region, code: RegionCode, name: str, launcher_name: s
     lines += _method("launch", ["self", *inputs], [*code.forward, _returns(region)])
     if gemm and code.z_forward:
         outs = ", ".join(region.outputs) + ("," if len(region.outputs) == 1 else "")
-        lines += _method("launch_z", ["self", *inputs], [*code.z_forward, f"return ({outs}), z"])
+        lines += _method("launch_z", ["self", *inputs], [*code.z_forward, f"return ({outs}), kept"])
     params = param_exprs(region)
     lines += _method("params", ["self"], [f"return ({', '.join(params)}{',' if len(params) == 1 else ''})"])
     bns = [n.module for n in region.nodes if n.op == "batch_norm" and n.module]

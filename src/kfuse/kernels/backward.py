@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.backward_ops import split_rows_any
-from kfuse.kernels.gemm_core import SPLIT_SCHEMES, _tile_ids, cdiv, gemm_tile, row_scales, split_weight
+from kfuse.kernels.backward_ops import split_dzt_blocks, split_rows_any
+from kfuse.kernels.gemm_core import SPLIT_SCHEMES, _tile_ids, cdiv, default_config, gemm_tile, row_scales, split_weight
 from kfuse.kernels.runtime import cached_split, gemm_scheme, tensor_key, tuned_gemm
 from kfuse.kernels.skinny import fp64_partials
 
@@ -41,14 +41,16 @@ from kfuse.kernels.skinny import fp64_partials
 def gemm_nt_kernel(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, out_ptr, M, N, K,
                    stride_am, stride_ak, stride_bn, stride_bk,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr, K_SLICES: tl.constexpr):
+                   SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr, K_SLICES: tl.constexpr,
+                   A_BLOCKS: tl.constexpr = False):
     """out (M, N) fp32 = A (M, K) @ B (N, K)^T: the backward GEMMs. Bytes: A and B read once per tile
     row/column (shared through L2 by the grouped order), out written once; 2*M*N*K flops.
-    K_SLICES > 0 (skinny "fp64"): A is skinny.fp64_partials' float64 K-slice sums, added here."""
+    K_SLICES > 0 (skinny "fp64"): A is skinny.fp64_partials' float64 K-slice sums, added here.
+    A_BLOCKS: A split per stretch of K, B unscaled (gemm_dw_presplit; gemm_tile says how)."""
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,
                     stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K,
-                    K_SLICES=K_SLICES)
+                    K_SLICES=K_SLICES, A_BLOCKS=A_BLOCKS)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
@@ -118,6 +120,40 @@ def gemm_nt(a: torch.Tensor, b: torch.Tensor, cache: tuple | None = None, b_part
         return out
 
     return tuned_gemm(gemm_nt_kernel, a, N, scheme, 16, launch)[1]
+
+
+def gemm_dw_presplit(dz: torch.Tensor, x_split: tuple) -> torch.Tensor:
+    """dW = dZ^T X (N, K) fp32 for z = x W^T + b (nn.Linear layout), with X taken as the forward GEMM's own split
+    of x (x_split = (x_hi, x_lo, x_scale) from gemm_operands: hi + lo = x[m] * s[m], s[m] a power of two per row
+    of x) instead of a second split of X^T (col_amax + split_t: 512 MiB moved at seed 39):
+        dW[n, k] = sum_m (dZ[m, n] / s[m]) * (hi + lo)[m, k].
+    Dividing by s[m] varies along the sum, so dZ^T / s is split per (row n, SCALE_BLOCK_K-long stretch of m)
+    with its own power of two (split_dzt_blocks; one pass like split_t's) and the "fp16x3p" tile undoes each
+    stretch's scale on that K block's fresh partial (gemm_tile A_BLOCKS: an FMA instead of the FADD). Every
+    scaling is by a power of two (exact); each stretch keeps ~22 bits of its own largest value, as a per-row split
+    would. The one new limit: dZ[m, n] / s[m] must not leave fp32's range, which needs |dZ| * max|x[m, :]| beyond
+    ~2^141 (dW itself would overflow) or below ~2^-112."""
+    x_hi, x_lo, x_scale = x_split
+    M, N = dz.shape
+    K = x_hi.shape[1]
+    if M == 0 or N == 0 or K == 0:
+        return torch.zeros((N, K), device=dz.device, dtype=torch.float32)
+    a_hi, a_lo, a_inv = split_dzt_blocks(dz.float(), x_scale)
+
+    def launch(cfg):
+        if cfg.block_m * cfg.block_n > 16384 or cfg.tma:  # A_BLOCKS runs the plain 128x128 K loop only
+            cfg = default_config(N, K, M, "fp16x3p")
+        out = torch.empty((N, K), device=dz.device, dtype=torch.float32)
+        grid = (cdiv(N, cfg.block_m) * cdiv(K, cfg.block_n),)
+        gemm_nt_kernel[grid](a_hi, a_lo, a_inv, x_hi, x_lo, x_scale, out, N, K, M,
+                             a_hi.stride(0), a_hi.stride(1), x_hi.stride(1), x_hi.stride(0),
+                             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                             SCHEME="fp16x3p", SPLIT_A=False, EVEN_K=M % cfg.block_k == 0, K_SLICES=0, A_BLOCKS=True,
+                             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return out
+
+    # the same tuning key as gemm_nt's dW (same kernel and shape): its measured config, pre-split in any case
+    return tuned_gemm(gemm_nt_kernel, dz.t(), K, "fp16x3p", 16, launch)[1]
 
 
 def distinct_tensors(*ts) -> tuple:
@@ -284,11 +320,12 @@ class FusedGemmFn(FusedRegionFn):
     @classmethod
     def launch_saving(cls, model, *inputs) -> tuple:
         """The launch that also stores z = x W^T + b (M*N values of x's dtype kept until backward, which then
-        skips a whole GEMM); the plain launch where the launcher cannot, or this call's path has no z."""
+        skips a whole GEMM) and keeps x's fp16 split where the forward GEMM made one (the dW GEMM reads it:
+        gemm_dw_presplit); the plain launch where the launcher cannot, or this call's path has no z."""
         if cls.launch_z is None:
             return cls.launch(model, *inputs), ()
-        outs, z = cls.launch_z(model, *inputs)
-        return (outs[0] if len(outs) == 1 else outs), (() if z is None else (z,))
+        outs, kept = cls.launch_z(model, *inputs)  # (z, and x's split where the GEMM made one), () in eval
+        return (outs[0] if len(outs) == 1 else outs), tuple(kept)
 
     @staticmethod
     def recompute_z(x2: torch.Tensor, weight: torch.Tensor, bias, kn: bool) -> torch.Tensor:
@@ -309,10 +346,11 @@ class FusedGemmFn(FusedRegionFn):
         x2 = x.detach().reshape(-1, x.shape[-1])
         w_nk = weight.detach().t() if cls.KN else weight.detach()  # (N, K) either way
         z = kept[0].reshape(x2.shape[0], -1) if kept else cls.recompute_z(x2, weight, bias, cls.KN)
+        x_split = tuple(kept[1:]) if len(kept) == 4 and not cls.KN else None  # runtime.saved_for_backward
         n_out = z.shape[1]
         if cls.fused_dz is not None and batch_statistics(state):
             dz2, db, epi, dz_amax = cls.dz_fused(model, z, grads, params)
-            return cls.gemm_grads(x, x2, w_nk, weight, bias, dz2, db, epi, params, need, dz_amax)
+            return cls.gemm_grads(x, x2, w_nk, weight, bias, dz2, db, epi, params, need, dz_amax, x_split)
         work = cls.work_dtype(x.dtype)
         with torch.enable_grad():
             # z rounded to x's dtype, as the forward's kernel stored its values, then widened for the epilogue
@@ -323,7 +361,7 @@ class FusedGemmFn(FusedRegionFn):
             dz = torch.zeros_like(zd)
         db = dz.reshape(-1, n_out).sum(0)  # in the working dtype, rounded once below
         dz2 = dz.to(x.dtype).reshape(-1, n_out)
-        return cls.gemm_grads(x, x2, w_nk, weight, bias, dz2, db, got, params, need)
+        return cls.gemm_grads(x, x2, w_nk, weight, bias, dz2, db, got, params, need, x_split=x_split)
 
     @classmethod
     def dz_fused(cls, model, z: torch.Tensor, grads: tuple, params: list) -> tuple:
@@ -338,10 +376,11 @@ class FusedGemmFn(FusedRegionFn):
 
     @classmethod
     def gemm_grads(cls, x, x2, w_nk, weight, bias, dz2, db, epi: list, params: list, need: list,
-                   dz_amax: torch.Tensor | None = None) -> list:
+                   dz_amax: torch.Tensor | None = None, x_split: tuple | None = None) -> list:
         """dX = dZ W and dW = dZ^T X by gemm_nt; db and the epilogue's parameter gradients (`epi`, float64 or
         the parameter's dtype) added per parameter and rounded once to its dtype. `dz_amax`: max_rows |dZ| per
-        column where the dZ kernel gave it (the split of dZ^T for dW then skips a pass)."""
+        column where the dZ kernel gave it (the split of dZ^T for dW then skips a pass); `x_split`: the forward's
+        split of x where it kept one (dW then reads it: gemm_dw_presplit)."""
         dx = None
         if need[0]:
             dx = gemm_nt(dz2, w_nk.t(), cache=(weight, ("dx", cls.KN))).to(x.dtype).reshape(x.shape)
@@ -352,7 +391,12 @@ class FusedGemmFn(FusedRegionFn):
                 continue
             extra = None
             if p is weight:
-                extra = gemm_nt(x2.t(), dz2.t()) if cls.KN else gemm_nt(dz2.t(), x2.t(), a_amax=dz_amax)
+                if cls.KN:
+                    extra = gemm_nt(x2.t(), dz2.t())
+                elif x_split is not None:
+                    extra = gemm_dw_presplit(dz2, x_split)
+                else:
+                    extra = gemm_nt(dz2.t(), x2.t(), a_amax=dz_amax)
             elif p is bias:
                 extra = db
             if extra is not None:

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.gemm_core import _pow2_scale, cdiv, split_x
+from kfuse.kernels.gemm_core import SCALE_BLOCK_K, _pow2_inv, _pow2_scale, cdiv, padded_k, split_x
 from kfuse.kernels.runtime import as_vector, interpreting, tile_group
 
 # --- emitted below ---
@@ -166,3 +166,43 @@ def split_rows_any(t: torch.Tensor, amax: torch.Tensor | None = None) -> tuple:
         col_amax_kernel[grid](t, amax, R, C, t.stride(1), BLOCK_R=br, BLOCK_C=bc, num_warps=4)
     split_t_kernel[grid](t, amax, parts, scale, R, C, t.stride(1), BLOCK_R=br, BLOCK_C=bc, num_warps=4)
     return parts[:, :C], parts[:, C:], scale
+
+
+@triton.jit
+def split_t_blocks_kernel(t_ptr, x_scale_ptr, parts_ptr, inv_ptr, R, C, CP, stride_c,
+                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """For t (R, C) with unit row stride (t = dZ^T, dZ (C, R) row-major): v = t[r, c] / x_scale[c] (exact: powers
+    of two), then each (row, BLOCK_C-long stretch of columns) gets its own power of two s (_pow2_scale of the
+    stretch's max |v|): parts (R, 2 CP) fp16 = [hi | lo] of v * s (zeros past C), inv (R, CP / BLOCK_C) = 1 / s.
+    Tiles read along r (coalesced in dZ), written along c. Bytes: t read once (4 B/elem), 4 B/elem written."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_r = offs_r < R
+    mask_c = offs_c < C
+    v = tl.load(t_ptr + offs_r[:, None] + offs_c[None, :].to(tl.int64) * stride_c,
+                mask=mask_r[:, None] & mask_c[None, :], other=0.0)
+    v = v * _pow2_inv(tl.load(x_scale_ptr + offs_c, mask=mask_c, other=1.0))[None, :]
+    s = _pow2_scale(tl.max(tl.abs(v), axis=1))
+    tl.store(inv_ptr + offs_r.to(tl.int64) * (CP // BLOCK_C) + tl.program_id(1), _pow2_inv(s), mask=mask_r)
+    vs = v * s[:, None]
+    hi = vs.to(tl.float16)
+    lo = (vs - hi.to(tl.float32)).to(tl.float16)
+    out = offs_r[:, None].to(tl.int64) * 2 * CP + offs_c[None, :]
+    mask = mask_r[:, None] & (offs_c < CP)[None, :]
+    tl.store(parts_ptr + out, hi, mask=mask)
+    tl.store(parts_ptr + out + CP, lo, mask=mask)
+
+
+def split_dzt_blocks(dz: torch.Tensor, x_scale: torch.Tensor) -> tuple:
+    """(hi, lo, inv) of A = dZ^T with x's row scales divided out, split per SCALE_BLOCK_K-long stretch of each row
+    (split_t_blocks_kernel): the A operand of gemm_tile's A_BLOCKS loop, whose B is x's own forward split. hi, lo:
+    (N, M) fp16 views of one (N, 2 MP) tensor, MP = padded_k(M), zeros past M; inv: (N, MP / SCALE_BLOCK_K) fp32."""
+    dz = dz if dz.stride(1) == 1 else dz.contiguous()
+    M, N = dz.shape
+    MP, blk = padded_k(M), SCALE_BLOCK_K.value  # padded_k: a multiple of the block (PAD_K)
+    parts = torch.empty((N, 2 * MP), device=dz.device, dtype=torch.float16)
+    inv = torch.empty((N, MP // blk), device=dz.device, dtype=torch.float32)
+    br = 64
+    split_t_blocks_kernel[(cdiv(N, br), MP // blk)](dz, x_scale, parts, inv, N, M, MP, dz.stride(0),
+                                                    BLOCK_R=br, BLOCK_C=blk, num_warps=4)
+    return parts[:, :M], parts[:, MP:MP + M], inv

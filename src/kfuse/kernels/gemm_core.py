@@ -157,6 +157,8 @@ def split_rows_kernel(x_ptr, parts_ptr, scale_ptr, C, CP, stride_xr, stride_xc,
 
 
 PAD_K = 64  # the largest BLOCK_K of any config: split parts' rows are zero-padded to a multiple of it
+# K stretch of one power of two in a block-scaled A operand (gemm_tile's A_BLOCKS): one K block of the largest config
+SCALE_BLOCK_K: tl.constexpr = tl.constexpr(PAD_K)
 
 
 def padded_k(k: int) -> int:
@@ -420,7 +422,7 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr,
               PROMOTE_K: tl.constexpr = 1024, HALVES_ABOVE: tl.constexpr = 16384, INTERLEAVE: tl.constexpr = True,
-              USE_TMA: tl.constexpr = False, K_SLICES: tl.constexpr = 0):
+              USE_TMA: tl.constexpr = False, K_SLICES: tl.constexpr = 0, A_BLOCKS: tl.constexpr = False):
     """Return the fp32 (BLOCK_M, BLOCK_N) tile acc[i, j] = sum_k A[m_i, k] * B[n_j, k] (= (x @ W^T) tile) for
     rows m_i = pid_m*BLOCK_M + i, cols n_j = pid_n*BLOCK_N + j.  Rows/cols past M/N are computed from wrapped
     (valid) indices: the caller must mask its store with (offs_m < M) & (offs_n < N).
@@ -441,6 +443,11 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
     K_SLICES ("fp64" only): 0 = this tile sums K itself; S >= 1 = K was already summed by skinny.fp64_split_k_kernel
     into S float64 partials: a_ptr = P (S, M, N) float64 with stride_am = its row stride, stride_ak = its slice
     stride, stride_bn = its column stride (skinny.fp64_partials returns them); the tile adds the S slices in order.
+    A_BLOCKS ("fp16x3p", SPLIT_A=False, the plain K loop only): A is split per (row, SCALE_BLOCK_K-long stretch of K)
+    with its own power of two, and B carries no scales of its own (they were folded into A: kernels/backward.py,
+    gemm_dw_presplit): a_scale_ptr = the inverse scales, (rows of A, cdiv(K, SCALE_BLOCK_K)) row-major; each K
+    block's fresh tensor-core partial is added times its rows' inverse scales (an FMA where the plain loop adds),
+    and b_scale_ptr is not read.
     """
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -479,7 +486,12 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
             b_ptrs += BLOCK_K * stride_bk
         acc = acc64.to(tl.float32)
     else:
-        if SPLIT_A == 2:  # the rows' scales from one extra pass over this tile's rows: no row_scales launch
+        if A_BLOCKS:
+            tl.static_assert(SCHEME == "fp16x3p" and not SPLIT_A and not USE_TMA and BLOCK_M * BLOCK_N <= HALVES_ABOVE,
+                             "A_BLOCKS runs fp16x3p's plain K loop on pre-split operands")
+            tl.static_assert(SCALE_BLOCK_K % BLOCK_K == 0, "a K block must lie inside one scale block")
+            s_ptrs = a_scale_ptr + offs_am.to(tl.int64) * tl.cdiv(K, SCALE_BLOCK_K)
+        elif SPLIT_A == 2:  # the rows' scales from one extra pass over this tile's rows: no row_scales launch
             a_s = _tile_row_scales(a_ptr, offs_am, K, stride_am, stride_ak, BLOCK_M, BLOCK_K)
         else:
             a_s = tl.load(a_scale_ptr + offs_am)
@@ -557,14 +569,17 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
                     part = tl.dot(a_lo, b)
                     part = tl.dot(a_hi, b_lo, part)
                     part = tl.dot(a_hi, b, part)
-                    acc = acc + part
+                    if A_BLOCKS:  # this K block's stretch of A was scaled on its own: undo it here (exact)
+                        acc = acc + part * tl.load(s_ptrs + (kb * BLOCK_K) // SCALE_BLOCK_K)[:, None]
+                    else:
+                        acc = acc + part
                 a_ptrs += BLOCK_K * stride_ak
                 a_lo_ptrs += BLOCK_K * stride_ak
                 b_ptrs += BLOCK_K * stride_bk
                 b_lo_ptrs += BLOCK_K * stride_bk
-        # undo the row/col powers of two (exact)
-        b_s = tl.load(b_scale_ptr + offs_bn)
-        acc = acc * _pow2_inv(a_s)[:, None] * _pow2_inv(b_s)[None, :]
+        if not A_BLOCKS:  # undo the row/col powers of two (exact)
+            b_s = tl.load(b_scale_ptr + offs_bn)
+            acc = acc * _pow2_inv(a_s)[:, None] * _pow2_inv(b_s)[None, :]
     return acc
 
 

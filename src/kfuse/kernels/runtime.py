@@ -263,6 +263,15 @@ def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, schem
             (x_hi.stride(0), x_hi.stride(1), w_hi.stride(0), w_hi.stride(1)))
 
 
+def saved_for_backward(z: torch.Tensor, ops: tuple, scheme: str, cfg: GemmConfig) -> tuple:
+    """What a training forward (save_z) keeps for backward: z, and where the GEMM ran "fp16x3p" on x split
+    beforehand (gemm_operands), that split (x_hi, x_lo, x_scale: 4 bytes per element of x, kept until backward),
+    which the dW GEMM then reads instead of splitting X^T again (kernels/backward.py, gemm_dw_presplit)."""
+    if scheme == "fp16x3p" and cfg.split_a is False and not cfg.k_slices:
+        return (z, *ops[:3])
+    return (z,)
+
+
 def tile_group(n_cols: int, groups: int) -> int:
     """Channels per group for the one-kernel GroupNorm (regions/gemm_groupnorm.py) and its fused backward: whole
     groups inside a column tile need a power of two of at most 128 that divides the width."""

@@ -170,6 +170,11 @@ def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: li
     return "\n".join(lines) + "\n"
 
 
+# what a launcher called with save_z=True returns after its outputs (runtime.saved_for_backward): z = x W^T + b, and
+# x's split where the GEMM made one; the generated Function's launch_z hands it to backward
+KEPT = "saved_for_backward(z.reshape(*lead, N), ops, scheme, cfg)"
+SAVE_Z_DOC = "save_z: also return what backward keeps (z = x W^T + b and x's split: runtime.saved_for_backward)."
+
 LAUNCH_TAIL = ("BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SCHEME=scheme, "
                "SPLIT_A=cfg.split_a, EVEN_K=k_run % cfg.block_k == 0, K_SLICES=cfg.k_slices, num_warps=cfg.num_warps, "
                "num_stages=cfg.num_stages")
@@ -227,17 +232,17 @@ def gemm_region_code(region: Region, name: str, args: KernelArgs, body: list[str
     body.append(f"z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else {outs[0]}  # unused if not")
     body.append(f"{name}_kernel[grid](*ops, {positional}M, N, k_run, *strides, {extra_kwargs}STORE_Z=save_z, "
                 f"{LAUNCH_TAIL})")
-    lines = [*pre, *gemm_head(anchor), *tuned_launch_lines(anchor, name, body, [*outs, "z"])]
+    lines = [*pre, *gemm_head(anchor), *tuned_launch_lines(anchor, name, body, [*outs, "z", "ops"])]
     shaped = ", ".join(f"{o}.reshape(*lead, N)" for o in outs)
-    lines += ["if save_z:", f"    return {shaped}, z.reshape(*lead, N)", f"return {shaped}"]
+    lines += ["if save_z:", f"    return {shaped}, {KEPT}", f"return {shaped}"]
     launch = launcher(f"fused_{name}", ["x", "weight", *extra_params, *args.params, "save_z=False"], lines,
-                      doc + " save_z: also return z = x W^T + b (for backward).")
+                      doc + f" {SAVE_Z_DOC}")
     weight: Param = anchor.args[1]
     call_args = [anchor.args[0], weight.expr(), *extra_values, *args.values]
     call = f"fused_{name}({', '.join(call_args)})"
     outs_code = ", ".join(region.outputs)
     return RegionCode((kernel,), launch, (f"{outs_code} = {call}",),
-                      z_forward=(f"{outs_code}, z = {call[:-1]}, save_z=True)",))
+                      z_forward=(f"{outs_code}, kept = {call[:-1]}, save_z=True)",))
 
 
 def pointwise_kernel(name: str, doc: str, ins: list[str], outs: list[str], args: KernelArgs, body: list[str],

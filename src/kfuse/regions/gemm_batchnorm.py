@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from kfuse.ir import Graph, Node, Param, Scalar
 from kfuse.partition import Region
-from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_head, gemm_kernel, is_column_vector,
+from kfuse.regions.common import (KEPT, LAUNCH_TAIL, SAVE_Z_DOC, KernelArgs, RegionCode, gemm_head, gemm_kernel, is_column_vector,
                                   is_single, kernel_name, launcher, linear_bias, pointwise_kernel, pointwise_lines,
                                   store_line, tuned_launch_lines, var)
 
@@ -213,7 +213,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
 
     alloc = "{} = torch.empty((M, N), device=x.device, dtype=x.dtype)"
     shaped = ", ".join(f"buf_{v}.reshape(*lead, N)" for v in region.outputs)
-    ret = f"return ({shaped}, None) if save_z else ({shaped})"  # eval paths form no z
+    ret = f"return ({shaped}, ()) if save_z else ({shaped})"  # eval paths keep nothing (backward recomputes z)
     params = [n for n, _ in registry.values()]
     eval_lines = []
     if plan is not None:
@@ -240,7 +240,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
                   *allocs,
                   launch(name + "_stats", stats_outs, a1, "mean_part, m2_part, z, ",
                          "STORE_Z=save_z, STORE_Y=not from_z, ")]
-    stats_results = [f"buf_{v}" for v in stats_outs] + ["mean_part", "m2_part", "z"]
+    stats_results = [f"buf_{v}" for v in stats_outs] + ["mean_part", "m2_part", "z", "ops"]
     lines = ["min_block_n = 16", *gemm_head(region.anchor), *eval_lines,
              "if M < 2:",
              "    raise ValueError(f'Expected more than 1 value per channel when training, got input size {tuple(x.shape)}')",
@@ -255,13 +255,13 @@ def generate(region: Region, g: Graph) -> RegionCode:
              f"{name}_apply_kernel[(cdiv(M, bm), cdiv(N, bn_))](buf_{y}, mean, rstd, "
              + "".join(f"buf_{v}, " for v in post_outs) + "".join(p + ", " for p in a3.params)
              + "M, N, FROM_Z=from_z, BLOCK_M=bm, BLOCK_N=bn_, num_warps=4)",
-             f"return ({shaped}, z.reshape(*lead, N)) if save_z else ({shaped})"]
+             f"return ({shaped}, {KEPT}) if save_z else ({shaped})"]
     in_eval = "running statistics folded into W and b in eval" if plan else "running statistics in eval"
     launch_src = launcher(f"fused_{name}", ["x", "weight", "bn", *params, "save_z=False"], lines,
                           f"Fused: {replaced}. Batch statistics in training mode, {in_eval}. "
-                          "save_z: also return z = x W^T + b (None in eval) for backward.")
+                          f"{SAVE_Z_DOC} Nothing in eval.")
     weight: Param = region.anchor.args[1]
     call_args = [region.anchor.args[0], weight.expr(), f"self.{bn.module}", *registry]
     call = f"{', '.join(region.outputs)} = fused_{name}({', '.join(call_args)})"
-    z_call = f"{', '.join(region.outputs)}, z = fused_{name}({', '.join(call_args)}, save_z=True)"
+    z_call = f"{', '.join(region.outputs)}, kept = fused_{name}({', '.join(call_args)}, save_z=True)"
     return RegionCode((stats, apply) + ((evalk[0],) if evalk else ()), launch_src, (call,), z_forward=(z_call,))

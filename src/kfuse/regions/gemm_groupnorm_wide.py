@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Param
 from kfuse.partition import Region
-from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_head, gemm_kernel, kernel_name,
+from kfuse.regions.common import (KEPT, LAUNCH_TAIL, SAVE_Z_DOC, KernelArgs, RegionCode, gemm_head, gemm_kernel, kernel_name,
                                   launcher, linear_bias, pointwise_kernel, pointwise_lines, store_line,
                                   tuned_launch_lines, var)
 from kfuse.regions.gemm_groupnorm import affine_lines
@@ -176,7 +176,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     # launcher: group size from the module's num_groups at call time; tuning may pick any column tile
     params = [n for n, _ in registry.values()]
     full = "{} = torch.empty((M, N), device=x.device, dtype={})"
-    results = [buf(v) for v in pre_outs + keeps] + ["pa", "pb", "z"]
+    results = [buf(v) for v in pre_outs + keeps] + ["pa", "pb", "z", "ops"]
     launch_body = [
         "T, slots = cdiv(N, cfg.block_n), group_slots(cfg.block_n, group)",
         "pa = torch.empty((M, T, slots), device=x.device, dtype=torch.float32)",
@@ -206,15 +206,15 @@ def generate(region: Region, g: Graph) -> RegionCode:
         + "M, N, group, groups, BLOCK_M=bm, BLOCK_N=bn, num_warps=4)",
         "shaped = (" + "".join(f"o_{v}.reshape(*lead, N), " for v in outputs) + ")",
         "if save_z:",
-        "    return (*shaped, z.reshape(*lead, N))",
+        f"    return (*shaped, {KEPT})",
         "return shaped if len(shaped) > 1 else shaped[0]",
     ]
     doc = (f"Fused: {replaced}. GroupNorm over groups wider than (or straddling) a column tile: per-tile partial "
            "moments, a per-(row, group) Chan merge, one apply pass.")
     launch = launcher(f"fused_{name}", ["x", "weight", "groups", *params, "save_z=False"], lines,
-                      doc + " save_z: also return z = x W^T + b for backward.")
+                      f"{doc} {SAVE_Z_DOC}")
     weight: Param = anchor.args[1]
     call_args = [anchor.args[0], weight.expr(), f"int({norm.args[1].expr()})", *registry]
     call = f"{', '.join(outputs)} = fused_{name}({', '.join(call_args)})"
-    z_call = f"{', '.join(outputs)}, z = fused_{name}({', '.join(call_args)}, save_z=True)"
+    z_call = f"{', '.join(outputs)}, kept = fused_{name}({', '.join(call_args)}, save_z=True)"
     return RegionCode((gemm, finalize, apply), launch, (call,), z_forward=(z_call,))
