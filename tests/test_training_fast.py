@@ -438,16 +438,21 @@ def test_block_split_of_dz_t_reconstructs_it(m, n):
 
 
 @pytest.mark.parametrize("m,k,n", [(129, 70, 37), (37, 129, 70), (1, 33, 17), (200, 64, 70)])
-def test_dw_from_the_forward_split_of_x(m, k, n):
-    """dW = dZ^T X from x's forward split (gemm_dw_presplit, fp16x3p in the interpreter's numpy fp16 dots)
-    against float64: within 2x eager fp32's error + 1e-7 relative to the largest |dZ^T| |X| sum (rule 3's
-    shape), and allclose to eager, with rows of x 1e12 apart, a zero row and a zero column."""
+@pytest.mark.parametrize("kn", [False, True])
+def test_dw_from_the_forward_split_of_x(m, k, n, kn):
+    """dW = dZ^T X from x's forward split (gemm_dw_presplit, fp16x3p in the interpreter's numpy fp16 dots;
+    kn: X^T dZ for an `x @ W` weight, stored transposed by the kernel) against float64: within 2x eager fp32's
+    error + 1e-7 relative to the largest |dZ^T| |X| sum (rule 3's shape), and allclose to eager, with rows of x
+    1e12 apart, a zero row and a zero column."""
     from kfuse.kernels.backward import gemm_dw_presplit
     from kfuse.kernels.gemm_core import split_x
     x, dz = _wide_range_operands(m, k, n, m + k + n)
-    got = gemm_dw_presplit(dz, split_x(x))
+    got = gemm_dw_presplit(dz, split_x(x), kn)
     exact = dz.t().double() @ x.double()
     eager = dz.t() @ x
+    if kn:  # (k, n), written by the kernel in that layout
+        assert got.shape == (k, n) and got.is_contiguous()
+        got = got.t()
     size = (dz.t().double().abs() @ x.double().abs()).max().item()
     err, ref = (got.double() - exact).abs().max().item(), (eager.double() - exact).abs().max().item()
     assert got.shape == (n, k) and got.dtype == torch.float32
@@ -501,7 +506,8 @@ def test_gpu_backward_gemms_within_twice_cublas_error(m, k, n):
 @pytest.mark.parametrize("m,k,n", [(16384, 512, 384), (300, 257, 129)])
 def test_gpu_dw_from_the_forward_split_of_x(m, k, n):
     """gemm_dw_presplit on the GPU (tuned config, block-scaled dZ^T, x's row split) vs float64: rule 3 against
-    cuBLAS fp32 and allclose to it, for randn operands and for rows of x 1e12 apart."""
+    cuBLAS fp32 and allclose to it, for randn operands and for rows of x 1e12 apart; the transposed store of
+    `x @ W`'s dW gives the transpose."""
     from kfuse.kernels.backward import gemm_dw_presplit
     from kfuse.kernels.gemm_core import split_x
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -514,6 +520,29 @@ def test_gpu_dw_from_the_forward_split_of_x(m, k, n):
         assert err <= 2 * ref + 1e-7, (err, ref)
         size = (dz.t().double().abs() @ x.double().abs()).max().item()
         torch.testing.assert_close(got, eager, atol=1e-4 * size, rtol=1e-4)
+        assert torch.equal(gemm_dw_presplit(dz, split_x(x), kn=True), got.t())
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("name", ["36_matmul_kn_param_tanh_scale", "22_gemm_add_relu"])
+def test_gpu_dw_from_forward_split_in_a_model(tmp_path, monkeypatch, name):
+    """An `x @ W` (K, N) region (36) and an nn.Linear one (22) at 512 x 1024 -> 1024 on the GPU: backward's dW
+    comes from the forward's split of x (gemm_dw_presplit, transposed store for 36), and every gradient, output
+    and buffer meets rules 2 and 3 (train mode)."""
+    from kfuse_testing import ROOT
+    from kfuse.gradients import gradient_contract as contract
+    from kfuse.optimize import Options, compile_problem, load_module
+    prob = load_problem(ROOT / "problems" / "gemm" / f"{name}.py",
+                        {"batch_size": 512, "in_features": 1024, "out_features": 1024})
+    path = tmp_path / f"{name}_gpu.py"
+    path.write_text(compile_problem(prob, Options(device="cuda", trials=1)).source)
+    module = load_module(path)
+    calls, orig = [], module.gemm_dw_presplit
+    monkeypatch.setattr(module, "gemm_dw_presplit", lambda *a: calls.append(a[2:]) or orig(*a))
+    verdict = contract(prob, module.ModelNew, device="cuda", draws=2)
+    assert verdict.correct, "; ".join(verdict.failures)
+    assert calls and all(c == (name.startswith("36"),) for c in calls)
 
 
 @pytest.mark.gpu

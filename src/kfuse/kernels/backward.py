@@ -42,11 +42,12 @@ def gemm_nt_kernel(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, o
                    stride_am, stride_ak, stride_bn, stride_bk,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr, K_SLICES: tl.constexpr,
-                   A_BLOCKS: tl.constexpr = False):
+                   A_BLOCKS: tl.constexpr = False, TRANS_OUT: tl.constexpr = False):
     """out (M, N) fp32 = A (M, K) @ B (N, K)^T: the backward GEMMs. Bytes: A and B read once per tile
     row/column (shared through L2 by the grouped order), out written once; 2*M*N*K flops.
     K_SLICES > 0 (skinny "fp64"): A is skinny.fp64_partials' float64 K-slice sums, added here.
-    A_BLOCKS: A split per stretch of K, B unscaled (gemm_dw_presplit; gemm_tile says how)."""
+    A_BLOCKS: A split per stretch of K, B unscaled (gemm_dw_presplit; gemm_tile says how). TRANS_OUT: out is
+    stored transposed, (N, M) row-major (dW of an `x @ W` region, whose W is (K, N))."""
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,
                     stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K,
@@ -54,7 +55,10 @@ def gemm_nt_kernel(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, o
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :], acc, mask=mask)
+    if TRANS_OUT:
+        tl.store(out_ptr + offs_n[None, :].to(tl.int64) * M + offs_m[:, None], acc, mask=mask)
+    else:
+        tl.store(out_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :], acc, mask=mask)
 
 
 def _parts(b: torch.Tensor, cache: tuple | None) -> tuple:
@@ -122,8 +126,9 @@ def gemm_nt(a: torch.Tensor, b: torch.Tensor, cache: tuple | None = None, b_part
     return tuned_gemm(gemm_nt_kernel, a, N, scheme, 16, launch)[1]
 
 
-def gemm_dw_presplit(dz: torch.Tensor, x_split: tuple) -> torch.Tensor:
-    """dW = dZ^T X (N, K) fp32 for z = x W^T + b (nn.Linear layout), with X taken as the forward GEMM's own split
+def gemm_dw_presplit(dz: torch.Tensor, x_split: tuple, kn: bool = False) -> torch.Tensor:
+    """dW = dZ^T X (N, K) fp32 for z = x W^T + b (nn.Linear layout), or its transpose X^T dZ (K, N) for z = x W
+    (kn: W is (K, N); the kernel stores the tile transposed), with X taken as the forward GEMM's own split
     of x (x_split = (x_hi, x_lo, x_scale) from gemm_operands: hi + lo = x[m] * s[m], s[m] a power of two per row
     of x) instead of a second split of X^T (col_amax + split_t: 512 MiB moved at seed 39):
         dW[n, k] = sum_m (dZ[m, n] / s[m]) * (hi + lo)[m, k].
@@ -136,20 +141,21 @@ def gemm_dw_presplit(dz: torch.Tensor, x_split: tuple) -> torch.Tensor:
     x_hi, x_lo, x_scale = x_split
     M, N = dz.shape
     K = x_hi.shape[1]
+    shape = (K, N) if kn else (N, K)
     if M == 0 or N == 0 or K == 0:
-        return torch.zeros((N, K), device=dz.device, dtype=torch.float32)
+        return torch.zeros(shape, device=dz.device, dtype=torch.float32)
     a_hi, a_lo, a_inv = split_dzt_blocks(dz.float(), x_scale)
 
     def launch(cfg):
         if cfg.block_m * cfg.block_n > 16384 or cfg.tma:  # A_BLOCKS runs the plain 128x128 K loop only
             cfg = default_config(N, K, M, "fp16x3p")
-        out = torch.empty((N, K), device=dz.device, dtype=torch.float32)
+        out = torch.empty(shape, device=dz.device, dtype=torch.float32)
         grid = (cdiv(N, cfg.block_m) * cdiv(K, cfg.block_n),)
         gemm_nt_kernel[grid](a_hi, a_lo, a_inv, x_hi, x_lo, x_scale, out, N, K, M,
                              a_hi.stride(0), a_hi.stride(1), x_hi.stride(1), x_hi.stride(0),
                              BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                              SCHEME="fp16x3p", SPLIT_A=False, EVEN_K=M % cfg.block_k == 0, K_SLICES=0, A_BLOCKS=True,
-                             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                             TRANS_OUT=kn, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return out
 
     # the same tuning key as gemm_nt's dW (same kernel and shape): its measured config, pre-split in any case
@@ -346,7 +352,7 @@ class FusedGemmFn(FusedRegionFn):
         x2 = x.detach().reshape(-1, x.shape[-1])
         w_nk = weight.detach().t() if cls.KN else weight.detach()  # (N, K) either way
         z = kept[0].reshape(x2.shape[0], -1) if kept else cls.recompute_z(x2, weight, bias, cls.KN)
-        x_split = tuple(kept[1:]) if len(kept) == 4 and not cls.KN else None  # runtime.saved_for_backward
+        x_split = tuple(kept[1:]) if len(kept) == 4 else None  # runtime.saved_for_backward
         n_out = z.shape[1]
         if cls.fused_dz is not None and batch_statistics(state):
             dz2, db, epi, dz_amax = cls.dz_fused(model, z, grads, params)
@@ -391,10 +397,10 @@ class FusedGemmFn(FusedRegionFn):
                 continue
             extra = None
             if p is weight:
-                if cls.KN:
+                if x_split is not None:
+                    extra = gemm_dw_presplit(dz2, x_split, cls.KN)
+                elif cls.KN:
                     extra = gemm_nt(x2.t(), dz2.t())
-                elif x_split is not None:
-                    extra = gemm_dw_presplit(dz2, x_split)
                 else:
                     extra = gemm_nt(dz2.t(), x2.t(), a_amax=dz_amax)
             elif p is bias:
