@@ -529,8 +529,10 @@ def test_gpu_dw_from_the_forward_split_of_x(m, k, n):
 def test_gpu_dw_from_forward_split_in_a_model(tmp_path, monkeypatch, name):
     """An `x @ W` (K, N) region (36) and an nn.Linear one (22) at 512 x 1024 -> 1024 on the GPU: backward's dW
     comes from the forward's split of x (gemm_dw_presplit, transposed store for 36), and every gradient, output
-    and buffer meets rules 2 and 3 (train mode)."""
+    and buffer meets rules 2 and 3 (train mode). Untuned (the default, pre-split config): at this launch-bound
+    size the tuner picks the in-register split of x (SPLIT_A=2), which keeps no split for backward."""
     from kfuse_testing import ROOT
+    monkeypatch.setenv("KFUSE_AUTOTUNE", "0")
     from kfuse.gradients import gradient_contract as contract
     from kfuse.optimize import Options, compile_problem, load_module
     prob = load_problem(ROOT / "problems" / "gemm" / f"{name}.py",
