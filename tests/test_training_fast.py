@@ -460,6 +460,21 @@ def test_dw_from_the_forward_split_of_x(m, k, n, kn):
     torch.testing.assert_close(got, eager, atol=1e-4 * size, rtol=1e-4)
 
 
+def test_frozen_weight_keeps_no_x_split(tmp_path, monkeypatch):
+    """The forward keeps x's split only while the GEMM's weight needs a gradient (with a frozen W, backward runs no
+    dW and the split would only hold memory). The CPU path keeps no split: one is faked in its place."""
+    prob = region_problem(tmp_path, "epilogue_mul_leaky")
+    _, module = compile_to(prob, tmp_path)
+    fn = next(v for v in _fns(module))
+    monkeypatch.setattr(module, "saved_for_backward", lambda z, *a: (z, z[:, :1], z[:, :1], z[:, 0]))
+    model = prob.build(cls=module.ModelNew)
+    x = prob.inputs()[0]
+    with torch.no_grad():
+        assert len(fn.launch_saving(model, x)[1]) == 4
+        model.lin.weight.requires_grad_(False)
+        assert len(fn.launch_saving(model, x)[1]) == 1
+
+
 def test_training_forward_keeps_x_split_only_for_presplit_fp16x3p():
     """runtime.saved_for_backward keeps x's split with z exactly where the GEMM ran fp16x3p on a pre-split x."""
     from kfuse.kernels.gemm_core import GemmConfig

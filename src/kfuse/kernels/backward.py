@@ -331,6 +331,8 @@ class FusedGemmFn(FusedRegionFn):
         if cls.launch_z is None:
             return cls.launch(model, *inputs), ()
         outs, kept = cls.launch_z(model, *inputs)  # (z, and x's split where the GEMM made one), () in eval
+        if not cls.gemm(model)[0].requires_grad:
+            kept = kept[:1]  # a frozen W needs no dW: x's split would only hold memory until backward
         return (outs[0] if len(outs) == 1 else outs), tuple(kept)
 
     @staticmethod
