@@ -8,13 +8,10 @@ its gradients compared with the default tiles' (they must agree to float64-summa
 from __future__ import annotations
 
 import sys
-import tempfile
-from pathlib import Path
 
 import torch
+from steps import training_steps
 
-from kfuse.bench import load_kfuse, step_fn, upstream_grads
-from kfuse.load import load_problem
 from kfuse.timing import time_cuda
 
 CANDIDATES = [(4, 512, 32, 4), (4, 512, 8, 4), (4, 512, 64, 4), (2, 512, 64, 4), (4, 256, 32, 2),
@@ -22,16 +19,11 @@ CANDIDATES = [(4, 512, 32, 4), (4, 512, 8, 4), (4, 512, 64, 4), (2, 512, 64, 4),
 
 
 def main() -> None:
-    prob = load_problem(Path(sys.argv[1]))
-    module = load_kfuse(prob, "cuda", Path(tempfile.mkdtemp()))
-    torch.manual_seed(0)
-    fused = prob.build(cls=module.ModelNew, device="cuda")
-    inputs = prob.inputs(device="cuda")
-    ups = upstream_grads(fused, inputs)
-    step = step_fn(fused, inputs, ups)
+    s = training_steps(sys.argv[1])
+    module, fused, inputs, step = s.module, s.fused, s.inputs, s.fused_step
     default = module.dz_tiles
     shape = next(iter(fused.parameters())).shape
-    print(prob.name, "default tiles", default(inputs[0].shape[0], shape[0]))
+    print(s.name, "default tiles", default(inputs[0].shape[0], shape[0]))
     base = None
     for cand in [None, *CANDIDATES]:
         if cand is not None:

@@ -17,10 +17,9 @@ import traceback
 from pathlib import Path
 
 import torch
+from steps import training_steps
 from torch.profiler import ProfilerActivity, profile
 
-from kfuse.bench import load_kfuse, step_fn, upstream_grads
-from kfuse.load import load_problem
 from kfuse.timing import L2_FLUSH_BYTES
 
 STEPS = 5
@@ -58,21 +57,17 @@ def describe(step: list) -> str:
 
 def main() -> None:
     for arg in sys.argv[1:]:
-        prob = load_problem(Path(arg))
-        module = load_kfuse(prob, "cuda", Path(tempfile.mkdtemp()))
-        torch.manual_seed(0)
-        fused = prob.build(cls=module.ModelNew, device="cuda")
-        inputs = prob.inputs(device="cuda")
-        step = step_fn(fused, inputs, upstream_grads(fused, inputs))
+        run = training_steps(arg)
+        step = run.fused_step
         for _ in range(3):
             step()
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
             step()
-            print(f"{prob.name}: no host synchronization inside a step")
+            print(f"{run.name}: no host synchronization inside a step")
         except RuntimeError:
-            print(f"{prob.name}: a step synchronizes the host here:")
+            print(f"{run.name}: a step synchronizes the host here:")
             traceback.print_exc(limit=12)
         finally:
             torch.cuda.set_sync_debug_mode(0)
@@ -82,7 +77,7 @@ def main() -> None:
             step()
         host = (time.perf_counter() - t0) / 10 * 1e3
         torch.cuda.synchronize()
-        print(f"{prob.name}: host time per step {host:.3f} ms (10 steps launched back to back)")
+        print(f"{run.name}: host time per step {host:.3f} ms (10 steps launched back to back)")
         flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(STEPS):
@@ -95,7 +90,7 @@ def main() -> None:
         longest = max((e - s for s, e, n in evs if "Fill" in n or "emset" in n), default=0.0)
         for i, st in enumerate(steps_between_flushes(evs, 0.8 * longest)):
             if st:
-                print(f"{prob.name} step {i}: {describe(st)}")
+                print(f"{run.name} step {i}: {describe(st)}")
 
 
 if __name__ == "__main__":

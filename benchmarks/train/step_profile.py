@@ -8,26 +8,18 @@ not bench numbers).
 from __future__ import annotations
 
 import sys
-import tempfile
-from pathlib import Path
 
 import torch
+from steps import training_steps
 from torch.profiler import ProfilerActivity, profile
-
-from kfuse.bench import load_kfuse, step_fn, upstream_grads
-from kfuse.load import load_problem
 
 STEPS = 5
 
 
 def main() -> None:
     for arg in sys.argv[1:]:
-        prob = load_problem(Path(arg))
-        module = load_kfuse(prob, "cuda", Path(tempfile.mkdtemp()))
-        torch.manual_seed(0)
-        fused = prob.build(cls=module.ModelNew, device="cuda")
-        inputs = prob.inputs(device="cuda")
-        step = step_fn(fused, inputs, upstream_grads(fused, inputs))
+        s = training_steps(arg)
+        step = s.fused_step
         for _ in range(3):
             step()
         torch.cuda.synchronize()
@@ -39,7 +31,7 @@ def main() -> None:
                 if e.device_time_total > 0]
         rows.sort(key=lambda r: -r[1])
         total = sum(r[1] for r in rows)
-        print(f"{prob.name}: GPU time per step {total:.3f} ms (kernels, under the profiler)")
+        print(f"{s.name}: GPU time per step {total:.3f} ms (kernels, under the profiler)")
         for key, ms, n in rows[:20]:
             print(f"  {ms:8.3f} ms  x{n:<3} {key[:110]}")
 

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
+from steps import training_steps
 
-from kfuse.bench import load_kfuse, step_fn, upstream_grads
-from kfuse.load import load_problem
 from kfuse.timing import L2_FLUSH_BYTES, MIN_RUNS
 
 
@@ -43,15 +40,8 @@ def show(label: str, t: list[float]) -> None:
 
 
 def main() -> None:
-    prob = load_problem(Path(sys.argv[1]))
-    module = load_kfuse(prob, "cuda", Path(tempfile.mkdtemp()))
-    torch.manual_seed(0)
-    eager = prob.build(device="cuda")
-    fused = prob.build(cls=module.ModelNew, device="cuda")
-    fused.load_state_dict(eager.state_dict())
-    inputs = prob.inputs(device="cuda")
-    ups = upstream_grads(eager, inputs)
-    k, e = step_fn(fused, inputs, ups), step_fn(eager, inputs, ups)
+    s = training_steps(sys.argv[1])
+    k, e = s.fused_step, s.eager_step
     k()
     torch.cuda.synchronize()
     time.sleep(5)

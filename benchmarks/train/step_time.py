@@ -8,29 +8,17 @@ method without the torch.compile baselines, for a quick check of one backward ch
 from __future__ import annotations
 
 import sys
-import tempfile
-from pathlib import Path
 
-import torch
+from steps import training_steps
 
-from kfuse.bench import load_kfuse, step_fn, upstream_grads
-from kfuse.load import load_problem
 from kfuse.timing import time_cuda
 
 
 def main() -> None:
     for arg in sys.argv[1:]:
-        prob = load_problem(Path(arg))
-        module = load_kfuse(prob, "cuda", Path(tempfile.mkdtemp()))
-        torch.manual_seed(0)
-        eager = prob.build(device="cuda")
-        fused = prob.build(cls=module.ModelNew, device="cuda")
-        fused.load_state_dict(eager.state_dict())
-        inputs = prob.inputs(device="cuda")
-        ups = upstream_grads(eager, inputs)
-        times = {name: time_cuda(step_fn(m, inputs, ups)) for name, m in (("eager", eager), ("kfuse", fused))}
-        e, k = times["eager"].median_ms, times["kfuse"].median_ms
-        print(f"{prob.name}: training step eager {e:.3f} ms, kfuse {k:.3f} ms, {e / k:.2f}x")
+        s = training_steps(arg)
+        e, k = time_cuda(s.eager_step).median_ms, time_cuda(s.fused_step).median_ms
+        print(f"{s.name}: training step eager {e:.3f} ms, kfuse {k:.3f} ms, {e / k:.2f}x")
 
 
 if __name__ == "__main__":
