@@ -58,10 +58,7 @@ def describe(step: list) -> str:
 def main() -> None:
     for arg in sys.argv[1:]:
         run = training_steps(arg)
-        step = run.fused_step
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
+        step = run.warm_fused()
         torch.cuda.set_sync_debug_mode("error")
         try:
             step()

@@ -19,10 +19,7 @@ STEPS = 5
 def main() -> None:
     for arg in sys.argv[1:]:
         s = training_steps(arg)
-        step = s.fused_step
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
+        step = s.warm_fused()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(STEPS):
                 step()

@@ -27,6 +27,13 @@ class Steps:
     eager_step: Callable[[], Any]
     fused_step: Callable[[], Any]
 
+    def warm_fused(self, steps: int = 3) -> Callable[[], Any]:
+        """ModelNew's step after `steps` untimed calls (compilation, autotuning, caches) and a sync."""
+        for _ in range(steps):
+            self.fused_step()
+        torch.cuda.synchronize()
+        return self.fused_step
+
 
 def training_steps(path: str, device: str = "cuda") -> Steps:
     """Optimize the problem at `path` (kfuse's own pipeline, into a temporary folder) and build both models."""
