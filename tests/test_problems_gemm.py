@@ -36,14 +36,15 @@ KINDS = {
     "38_gemm_batchnorm_eval_relu": ["gemm_batchnorm"],
     "40_gemm_mean_gelu_odd": ["gemm_rowreduce"],
     "42_gemm_layernorm_sigmoid_gate": ["gemm_rowreduce"],
+    "43_gemm_groupnorm_narrow_tanh": ["gemm_groupnorm_wide"],
 }
 
 
 def small(path: Path) -> dict[str, int]:
     """Batch 9 (1 where the problem is about a batch of 1), K = 20, N = 72 (two column tiles, not a multiple
     of 16). Where N is grouped: 18 groups of 4 (one-kernel GroupNorm) for 09, 11, 27; 2 groups of 36 for 08
-    and 4 groups of 18 for 28 (two-phase GroupNorm: groups straddle the column tiles); 8 groups of 9 channels
-    elsewhere (a group size no fused GroupNorm takes: the torch fallback)."""
+    and 4 groups of 18 for 28 (two-phase GroupNorm: groups straddle the column tiles); 8 groups of 9 for the
+    others (43: two-phase, a tile touching up to (BLOCK_N - 1) // 9 + 2 groups)."""
     src = path.read_text()
     out = {"batch_size": 1 if "batch1" in path.stem else 9, "in_features": 20, "out_features": 72}
     if "num_groups" in src:

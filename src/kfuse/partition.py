@@ -33,10 +33,11 @@ from kfuse.ops import POINTWISE, POOL_OPS, REDUCE_OPS, ROW_NORM_OPS, VIEW_OPS
 GROUP_MAX = 128  # widest group (channels) fused into one column tile: on an H100 no 256-wide tile config of
 # the fp16x3p GroupNorm kernel compiled (kfuse autotune: "no config ran", problem 27, 1024x8192x8192), so wider
 # groups take the two-phase kind
-# Narrowest group the two-phase GroupNorm takes: a column tile stores one partial per group it touches (one
-# masked reduction each), so groups much narrower than a tile would multiply that work; those that are not
-# a power of two stay torch calls.
-WIDE_GROUP_MIN = 16
+# Narrowest group the two-phase GroupNorm takes. A column tile stores one partial per group it touches (one
+# masked reduction each: 16 slots for groups of 9 in a 128-wide tile, next to the tile's 3 x K / 16 tensor-core
+# steps; measured in benchmarks/gemm/NOTES.md, problem 43). Groups of 3 (the only size below this that is not
+# a power of two) would need up to 87 slots in a 256-wide tile: they stay torch calls.
+WIDE_GROUP_MIN = 4
 POOL_MAX = 64  # widest pooling window fused into one column tile
 
 
