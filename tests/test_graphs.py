@@ -101,11 +101,16 @@ FUSED = ("self.gemm = nn.Linear(in_features, out_features)\nself.ln = nn.LayerNo
 def test_forward_is_graphed_only_when_every_op_is_fused(tmp_path):
     _, compiled, _ = _generate(tmp_path, *FUSED, "fused")
     assert "return replay_forward(self, self.fused_forward, x)" in compiled.source
-    unfused = ("self.gemm = nn.Linear(in_features, out_features)\nself.drop = nn.Dropout(0.0001)",
-               "return torch.relu(self.drop(self.gemm(x)))")
+    unfused = ("self.gemm = nn.Linear(in_features, out_features)\nself.pool = nn.AvgPool1d(3, stride=1)",
+               "return torch.relu(self.pool(self.gemm(x).unsqueeze(1)).squeeze(1))")
     _, compiled, _ = _generate(tmp_path, *unfused, "unfused")
     assert any(r.kind == "torch" for r in compiled.regions)
     assert "replay_forward" not in compiled.source and "def forward(self, x):" in compiled.source
+    # a Dropout: the training-mode forward keeps it a torch call (no graph), the eval-mode one is all fused
+    dropout = ("self.gemm = nn.Linear(in_features, out_features)\nself.drop = nn.Dropout(0.0001)",
+               "return torch.relu(self.drop(self.gemm(x)))")
+    _, compiled, _ = _generate(tmp_path, *dropout, "dropout")
+    assert "            return self.forward_train(x)\n        return replay_forward(self, self.forward_eval, x)" in compiled.source
 
 
 @requires_cuda

@@ -231,8 +231,9 @@ def _module_batch_norm(path: str, m: nn.BatchNorm1d, x: Any) -> tuple:
 
 
 def _module_dropout(path: str, m: nn.Dropout, x: Any) -> tuple:
-    # p is kept for the p == 0 rewrite; the training flag is the module's, read when it runs
-    return "dropout", (x,), {"p": float(m.p)}
+    # p is kept for the p == 0 rewrite; the training flag is the module's, read when it runs (modes.py), and
+    # the mode at capture only says which of ModelNew's forwards the contract checks
+    return "dropout", (x,), {"p": float(m.p), "captured_training": m.training}
 
 
 def _module_softmax(op: str) -> Callable[..., tuple]:
@@ -504,3 +505,24 @@ def capture(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Graph:
                 origin = rej.args[0] if rej.args else code
             nodes.append(Node(node.name, op, args, shape, attrs, module, origin, code))
     return Graph(tuple(placeholders), tuple(shapes), tuple(nodes), outputs, structure)
+
+
+def capture_with_modes(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Graph:
+    """capture(), where each F.dropout whose `training` argument follows the model's mode
+    (`F.dropout(x, p, training=self.training)`) is marked as doing so. Tracing sees only the bool, so the
+    model is captured again in the other mode: a flag that flips with it follows the mode, one that does not
+    is a literal (F.dropout(x, p) is active in eval mode too)."""
+    g = capture(model, inputs)
+    functional = [n for n in g if n.op == "dropout" and n.module is None and n.attrs.get("p", 0.0) > 0]
+    if not functional:
+        return g
+    flipped = copy.deepcopy(model).train(not model.training)
+    other = {n.name: n for n in capture(flipped, inputs)}
+    nodes = []
+    for n in g:
+        twin = other.get(n.name)
+        if n in functional and twin is not None and twin.op == "dropout" and twin.attrs.get("training") != n.attrs["training"]:
+            n = n.with_(attrs={"p": n.attrs["p"], "training": "self.training", "captured_training": model.training},
+                        fx_code=f"torch.nn.functional.dropout({n.args[0]}, p={n.attrs['p']!r}, training=self.training)")
+        nodes.append(n)
+    return g.with_nodes(nodes)

@@ -66,6 +66,10 @@ def print_report(rep: dict, result: Result) -> None:
         console.print(f"eager {t['eager']:.3f} ms, kfuse {t['kfuse']:.3f} ms ({t['eager'] / t['kfuse']:.2f}x)")
     if rep["unfused_ops"]:
         console.print(f"left as torch calls: {', '.join(rep['unfused_ops'])}")
+    for mode, other in rep["modes"].items():
+        if mode != rep["mode"]:  # the forward the contract did not run (Dropout in the other mode)
+            left = ", ".join(other["unfused_ops"]) or "none"
+            console.print(f"checked in {rep['mode']} mode; the {mode}-mode forward leaves as torch calls: {left}")
 
 
 def optimize_cmd(

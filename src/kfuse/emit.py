@@ -14,14 +14,17 @@ Subclassing Model is what makes the state_dict round trip and same-seed construc
 from __future__ import annotations
 
 import ast
+import dataclasses
+import functools
 import inspect
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import kfuse
 from kfuse.backward import with_autograd
 from kfuse.ir import Graph
-from kfuse.partition import Region
+from kfuse.modes import Variant, guards
 from kfuse.regions import generate
 from kfuse.regions.common import RegionCode
 
@@ -83,9 +86,7 @@ def _split_future(source: str) -> tuple[list[str], str]:
     return future, rest
 
 
-def forward_source(g: Graph, codes: Sequence[RegionCode], params: Sequence[str], graphed: bool) -> str:
-    """ModelNew's forward. `graphed` (every op fused): forward hands fused_forward to replay_forward, which
-    replays it as a CUDA graph for repeated inference calls (kfuse/kernels/graphs.py)."""
+def forward_method(name: str, g: Graph, codes: Sequence[RegionCode], params: Sequence[str]) -> list[str]:
     body = [ln for code in codes for ln in code.forward]
     outs = ", ".join(g.outputs)
     if g.output_structure == "single":
@@ -94,33 +95,83 @@ def forward_source(g: Graph, codes: Sequence[RegionCode], params: Sequence[str],
         ret = f"[{outs}]"
     else:
         ret = f"({outs},)" if len(g.outputs) == 1 else f"({outs})"
+    return [f"    def {name}(self, {', '.join(params)}):"] + [f"        {ln}" for ln in body] + [f"        return {ret}", ""]
+
+
+def _call(method: str, params: Sequence[str], graphed: bool) -> str:
+    """`graphed` (every op fused): replay_forward replays the method as a CUDA graph for repeated inference
+    calls (kfuse/kernels/graphs.py)."""
     args = ", ".join(params)
-    name = "fused_forward" if graphed else "forward"
-    lines = [f"    def {name}(self, {args}):"] + [f"        {ln}" for ln in body] + [f"        return {ret}"]
     if graphed:
-        lines = [f"    def forward(self, {args}):",
-                 f"        return replay_forward(self, self.fused_forward{', ' if args else ''}{args})", ""] + lines
-    return "\n".join(lines) + "\n"
+        return f"return replay_forward(self, self.{method}{', ' if args else ''}{args})"
+    return f"return self.{method}({args})"
 
 
-def emit(problem_source: str, problem_name: str, g: Graph, regions: Sequence[Region], scheme: str,
-         rewrites: Sequence[str] = ()) -> str:
+def forward_source(forwards: Sequence[tuple[Variant, list[RegionCode]]], params: Sequence[str]) -> str:
+    """ModelNew's forward. One variant: its body is `forward`, or `fused_forward` handed to replay_forward when
+    every op is fused. Two (modes.py): forward runs `forward_train` while a guard is set, else `forward_eval`."""
+    args = ", ".join(params)
+    if len(forwards) == 1:
+        (v, codes), = forwards
+        if not fully_fused(v):
+            return "\n".join(forward_method("forward", v.graph, codes, params)).rstrip("\n") + "\n"
+        lines = [f"    def forward(self, {args}):", f"        {_call('fused_forward', params, True)}", ""]
+        return "\n".join(lines + forward_method("fused_forward", v.graph, codes, params)).rstrip("\n") + "\n"
+    flags = " or ".join(guards(next(v for v, _ in forwards if v.mode == "train").graph))
+    lines = [f"    def forward(self, {args}):",
+             f"        if {flags}:  # Dropout in training mode: torch draws its mask, the forward keeps it a torch call",
+             f"            {_call('forward_train', params, False)}",
+             f"        {_call('forward_eval', params, fully_fused(next(v for v, _ in forwards if v.mode == 'eval')))}", ""]
+    for v, codes in forwards:
+        lines += forward_method(f"forward_{v.mode}", v.graph, codes, params)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def fully_fused(v: Variant) -> bool:
+    return any(r.kind != "torch" for r in v.regions) and not v.unfused
+
+
+_DEF = re.compile(r"^def (\w+)\(", re.M)
+
+
+def unique_names(code: RegionCode, defined: set[str]) -> RegionCode:
+    """Kernel and launcher names come from a region's ops, so two regions with the same ops (two Linear ->
+    ReLU layers, or one region in both forwards) would define a name twice and the later one would shadow the
+    earlier: a clashing name gets a suffix throughout the region's code."""
+    texts = (*code.kernels, code.launcher)
+    for name in [m for t in texts for m in _DEF.findall(t)]:
+        if name in defined:
+            i = 2
+            while f"{name}_{i}" in defined:
+                i += 1
+            sub = functools.partial(re.sub, rf"\b{name}\b", f"{name}_{i}")
+            code = dataclasses.replace(code, kernels=tuple(map(sub, code.kernels)), launcher=sub(code.launcher),
+                                       forward=tuple(map(sub, code.forward)), z_forward=tuple(map(sub, code.z_forward)))
+            name = f"{name}_{i}"
+        defined.add(name)
+    return code
+
+
+def emit(problem_source: str, problem_name: str, variants: Sequence[Variant], scheme: str) -> str:
     taken: set[str] = set()
-    codes = [with_autograd(r, g, generate(r, g), taken) for r in regions]
+    defined: set[str] = set()
+    forwards = [(v, [unique_names(with_autograd(r, v.graph, generate(r, v.graph), taken), defined) for r in v.regions])
+                for v in variants]
+    regions = [r for v in variants for r in v.regions]
     future, original = _split_future(problem_source)
-    fused = [r for r in regions if r.kind != "torch"]
-    unfused = [n.origin for r in regions if r.kind == "torch" for n in r.nodes]
-    summary = [f"#   {r.kind}: {' -> '.join(n.origin for n in r.nodes)}" for r in fused]
     header = [
         *future,
         f"# Generated by kfuse {kfuse.__version__} from {problem_name}. Regenerate with `kfuse optimize`; do not edit.",
         "# ModelNew is the original Model with a forward built from fused Triton kernels:",
-        *summary,
-        f"# Left as torch calls: {', '.join(unfused) if unfused else 'none'}.",
-        "# Training: each fused region is a torch.autograd.Function (used only when a gradient is needed).",
     ]
-    if rewrites:
-        header.append(f"# Exact rewrites applied: {', '.join(rewrites)}.")
+    for v in variants:
+        if v.mode != "any":
+            header.append(f"# forward_{v.mode} (Dropout {'in training mode' if v.mode == 'train' else 'in eval mode: the identity'}):")
+        header += [f"#   {r.kind}: {' -> '.join(n.origin for n in r.nodes)}" for r in v.regions if r.kind != "torch"]
+        header.append(f"#   Left as torch calls: {', '.join(v.unfused) if v.unfused else 'none'}.")
+        if v.rewrites:
+            header.append(f"#   Exact rewrites applied: {', '.join(v.rewrites)}.")
+    header.append("# Training: each fused region is a torch.autograd.Function (used only when a gradient is needed).")
     runtime = emitted_part("runtime").replace('GEMM_SCHEME = "fp16x3p"', f'GEMM_SCHEME = "{scheme}"', 1)
     parts = [
         "\n".join(header),
@@ -136,24 +187,24 @@ def emit(problem_source: str, problem_name: str, g: Graph, regions: Sequence[Reg
     ]
     for module in dict.fromkeys(KIND_MODULES[r.kind] for r in regions if r.kind in KIND_MODULES):
         parts.append(f"# ---------------- kfuse/kernels/{module}.py ----------------\n" + emitted_part(module))
-    if fused:
+    if any(r.kind != "torch" for r in regions):
         parts.append("# ---------------- training: autograd bases, backward GEMM (kfuse/kernels/backward.py) "
                      "----------------\n" + emitted_part("backward"))
         parts.append("# ---------------- training: epilogue backward launcher (kfuse/kernels/backward_ops.py) "
                      "----------------\n" + emitted_part("backward_ops"))
-    graphed = bool(fused) and not unfused
-    if graphed:
+    if any(fully_fused(v) for v in variants):
         parts.append("# ---------------- CUDA graphs for repeated inference calls (kfuse/kernels/graphs.py) "
                      "----------------\n" + emitted_part("graphs"))
     parts.append("# ---------------- fused regions ----------------")
-    for code in codes:
-        parts += [k.rstrip("\n") for k in code.kernels]
-        if code.launcher:
-            parts.append(code.launcher.rstrip("\n"))
-    params = list(g.inputs)
+    for _, codes in forwards:
+        for code in codes:
+            parts += [k.rstrip("\n") for k in code.kernels]
+            if code.launcher:
+                parts.append(code.launcher.rstrip("\n"))
+    params = list(variants[0].graph.inputs)
     parts.append("class ModelNew(Model):\n"
                  '    """Model with a fused forward: same constructor, parameters and buffers."""\n\n'
-                 + forward_source(g, codes, params, graphed).rstrip("\n"))
+                 + forward_source(forwards, params).rstrip("\n"))
     return "\n\n\n".join(parts) + "\n"
 
 

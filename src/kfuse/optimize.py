@@ -4,6 +4,7 @@
     capture                  torch.fx trace -> canonical ops, shapes from one run of a copy of the model
     rewrite                  exact algebraic rewrites (rules as data)
     partition                GEMM-anchored regions; everything else stays a torch call
+    modes (kfuse.modes)      rewrite + partition once per forward: two where a Dropout follows the mode
     strict                   --strict: any op left as a torch call is an error
     emit                     the standalone ModelNew source (codegen per region kind)
     verify                   the accuracy contract on fresh draws and one extra shape
@@ -24,14 +25,13 @@ import torch
 import triton
 
 import kfuse
-from kfuse.capture import capture
+from kfuse.capture import capture_with_modes
 from kfuse.emit import emit
 from kfuse.errors import UnsupportedError
 from kfuse.ir import Graph
 from kfuse.load import Problem
-from kfuse.partition import Region, partition
-from kfuse.regions import call_time_rewrites
-from kfuse.rewrite import rewrite
+from kfuse.modes import Variant, primary, variants
+from kfuse.partition import Region
 from kfuse.verify import ContractReport, check_contract, run_in_process
 
 SCHEME_BY_DEVICE = {"cuda": "fp16x3p", "cpu": "ieee"}
@@ -53,9 +53,11 @@ class Compiled:
     """What the pipeline made of a problem, before verification."""
 
     source: str
-    graph: Graph
+    graph: Graph  # graph, regions and rewrites: of the forward the model runs as constructed (modes.primary)
     regions: list[Region]
     rewrites: list[str]
+    variants: tuple[Variant, ...] = ()  # every forward ModelNew has (two where a Dropout follows the mode)
+    mode: str = "any"
 
     @property
     def unfused(self) -> list[str]:
@@ -76,21 +78,19 @@ def capture_problem(problem: Problem, device: str) -> Graph:
     nothing instead of seconds of CPU init and a shape-propagation GEMM); a model that cannot be built or run
     there (a constructor or forward that reads values) is captured for real on `device`."""
     try:
-        return capture(problem.build(device="meta"), problem.inputs(device="meta"))
+        return capture_with_modes(problem.build(device="meta"), problem.inputs(device="meta"))
     except Exception:  # noqa: BLE001 - any failure on meta just means "capture it for real"
-        return capture(problem.build(device=device), problem.inputs(device=device))
+        return capture_with_modes(problem.build(device=device), problem.inputs(device=device))
 
 
 def compile_problem(problem: Problem, opts: Options) -> Compiled:
-    graph = capture_problem(problem, opts.device)
-    graph, applied = rewrite(graph)
-    regions = partition(graph)
-    applied = applied + call_time_rewrites(regions)
-    compiled = Compiled("", graph, regions, applied)
+    vs = variants(capture_problem(problem, opts.device))
+    main = primary(vs)
+    compiled = Compiled("", main.graph, list(main.regions), list(main.rewrites), vs, main.mode)
     if opts.strict and compiled.unfused:
         raise UnsupportedError(f"{problem.path}: --strict: not fused: {', '.join(compiled.unfused)}")
     scheme = opts.scheme or SCHEME_BY_DEVICE.get(opts.device, "ieee")
-    compiled.source = emit(problem.source, problem.path.name, graph, regions, scheme, applied)
+    compiled.source = emit(problem.source, problem.path.name, vs, scheme)
     return compiled
 
 
@@ -147,6 +147,9 @@ def report(problem: Problem, opts: Options, result: Result, output: Path | None)
         "regions": [{"kind": r.kind, "ops": [n.origin for n in r.nodes]} for r in k.regions],
         "unfused_ops": k.unfused,
         "rewrites": k.rewrites,
+        "mode": k.mode,
+        "modes": {v.mode: {"regions": [{"kind": r.kind, "ops": [n.origin for n in r.nodes]} for r in v.regions],
+                           "unfused_ops": v.unfused, "rewrites": list(v.rewrites)} for v in k.variants if v.mode != "any"},
         "output": str(output) if output is not None else None,
         "overrides": dict(problem.overrides),
         "extra_shape": c.extra_shape,

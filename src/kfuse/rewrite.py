@@ -105,6 +105,21 @@ def _dropout_p0(n: Node, g: Graph) -> bool:
     return n.op == "dropout" and n.attrs.get("p") == 0.0 and isinstance(n.args[0], str)
 
 
+def _dropout_off(n: Node, g: Graph) -> bool:
+    """F.dropout(x, p, training=False), the flag a literal (not following the model's mode)."""
+    return n.op == "dropout" and n.module is None and n.attrs.get("training") is False and isinstance(n.args[0], str)
+
+
+def follows_mode(n: Node) -> bool:
+    """A Dropout that is active in training mode and the identity in eval mode: an nn.Dropout module, or
+    F.dropout(..., training=self.training) (capture.capture_with_modes)."""
+    return n.op == "dropout" and (n.module is not None or n.attrs.get("training") == "self.training")
+
+
+def _identity(n: Node, g: Graph) -> Node:
+    return n.with_(op="view", attrs={}, module=None, fx_code=n.args[0])
+
+
 def _gemm_sum(n: Node, g: Graph) -> bool:
     """sum/mean over the features of a Linear (or x @ W) whose output nothing else reads."""
     if n.op not in ("sum", "mean") or not isinstance(n.args[0], str) or n.args[0] in g.inputs:
@@ -147,12 +162,20 @@ RULES: list[Rule] = [
     Rule("reduce-size-1", "a reduction over a dimension of size 1 is the identity (softmax: 1, log_softmax: 0)",
          _over_size_one, _reduce_identity),
     Rule("dropout-p0", "Dropout with p = 0 is the identity in training and eval mode",
-         _dropout_p0, lambda n, g: n.with_(op="view", attrs={}, module=None, fx_code=n.args[0])),
+         _dropout_p0, _identity),
+    Rule("dropout-off", "F.dropout(x, p, training=False) is the identity", _dropout_off, _identity),
     Rule("scale-after-sum", "sum(x * c) -> sum(x) * c (also mean, and / c): linearity",
          _scaled_sum, _sum_then_scale),
     Rule("sum-of-gemm->gemv", "sum over the features of x @ W^T + b = x @ (sum of W's rows) + sum(b)",
          _gemm_sum, _gemv),
 ]
+
+# Applied only for the forward ModelNew runs while every mode-following Dropout is in eval mode (modes.py).
+EVAL_RULES: list[Rule] = [
+    Rule("dropout-eval", "Dropout is the identity in eval mode (the forward ModelNew runs in eval mode)",
+         lambda n, g: follows_mode(n) and isinstance(n.args[0], str), _identity),
+]
+
 
 def _drop_dead(g: Graph) -> Graph:
     """Remove nodes nothing uses any more (left behind by folds), keeping unknown ops (they may have effects)."""
