@@ -51,6 +51,12 @@ PARTIAL_LINES = (
     "    tl.store(pb_ptr + part + s, tl.sum(s_dev * s_dev, axis=1), mask=mask_m)",
 )
 
+# Above this many slots per tile (groups narrower than about a third of the tile: 16 slots for groups of 9 in a
+# 128-wide tile), phase 1's masked reductions cost more than reading y once more: phase 1 then writes no
+# partials and phase 2 computes each group's moments from y (FROM_Y_LINES). Measured on problem 43
+# (benchmarks/gemm/NOTES.md): phase 1 with 16 slots 1.13 ms against ~0.72 for the plain GEMM.
+NARROW_SLOTS = 2
+
 # Phase 2: merge the tiles t0..t1 that group g covers. Tile t holds g in slot g - (first group of t).
 MERGE_LINES = (
     "g = tl.program_id(1)",
@@ -107,20 +113,34 @@ def norm_lines(norm: Node, y: str, env: dict[str, str], args: KernelArgs) -> lis
     return lines
 
 
+# Phase 2 for groups narrower than a tile (phase 1 wrote no partials: SLOTS = 0): each (row, group)'s moments
+# straight from y, the group's G columns in one masked [BLOCK_M, GP] tile (two-pass: mean, then M2).
+FROM_Y_LINES = (
+    "g = tl.program_id(1)",
+    "offs_g = tl.arange(0, GP)",
+    "in_g = mask_m[:, None] & (offs_g < GROUP)[None, :]",
+    "yv = tl.load(y_ptr + offs_m[:, None].to(tl.int64) * N + (g * GROUP + offs_g)[None, :], mask=in_g, other=0.0)",
+    "mean = tl.sum(yv, axis=1) / GROUP",
+    "dev = tl.where(in_g, yv - mean[:, None], 0.0)",
+    "m2 = tl.sum(dev * dev, axis=1)",
+)
+
+
 def finalize_kernel(name: str, norm: Node, args: KernelArgs) -> str:
-    """Phase 2 source: merge partials per (row, group), store mean and rstd (M, num_groups)."""
+    """Phase 2 source: per (row, group), merge the tiles' partials (FROM_Y false) or read the group's columns of
+    y (FROM_Y true, narrow groups), then store mean and rstd (M, num_groups)."""
     eps = args.operand(norm.args[4], {})
-    body = [*MERGE_LINES,
+    body = ["if FROM_Y:", *[f"    {ln}" for ln in FROM_Y_LINES], "else:", *[f"    {ln}" for ln in MERGE_LINES],
             f"rstd = 1.0 / tl.sqrt(m2 / GROUP + {eps})  # biased variance, as torch",
             "out = offs_m.to(tl.int64) * NUM_GROUPS + g",
             "tl.store(g_mean_ptr + out, mean, mask=mask_m)",
             "tl.store(g_rstd_ptr + out, rstd, mask=mask_m)"]
     return "\n".join([
         "@triton.jit",
-        f"def {name}_finalize_kernel(pa_ptr, pb_ptr, g_mean_ptr, g_rstd_ptr, {args.signature()}M, N, T, TILE_N, "
-        "SLOTS, GROUP, NUM_GROUPS, BLOCK_M: tl.constexpr):",
-        f'    """Phase 2 of {name}: merge the column tiles\' partial moments of each (row, group) '
-        f'({norm.origin})."""',
+        f"def {name}_finalize_kernel(pa_ptr, pb_ptr, y_ptr, g_mean_ptr, g_rstd_ptr, {args.signature()}M, N, T, TILE_N, "
+        "SLOTS, GROUP, NUM_GROUPS, BLOCK_M: tl.constexpr, FROM_Y: tl.constexpr, GP: tl.constexpr):",
+        f'    """Phase 2 of {name}: the moments of each (row, group) from the column tiles\' partials, or from '
+        f'y for groups narrower than a tile ({norm.origin})."""',
         "    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
         "    mask_m = offs_m < M",
         *[f"    {ln}" for ln in args.loads + body]]) + "\n"
@@ -179,7 +199,8 @@ def generate(region: Region, g: Graph) -> RegionCode:
     results = [buf(v) for v in pre_outs + keeps] + ["pa", "pb", "z", "ops"]
     launch_body = [
         "T, slots = cdiv(N, cfg.block_n), group_slots(cfg.block_n, group)",
-        "pa = torch.empty((M, T, slots), device=x.device, dtype=torch.float32)",
+        f"slots = 0 if slots > {NARROW_SLOTS} else slots  # narrow groups: no partials, phase 2 reads y",
+        "pa = torch.empty((M, T, max(slots, 1)), device=x.device, dtype=torch.float32)",
         "pb = torch.empty_like(pa)",
         *[full.format(f"o_{v}", "x.dtype") for v in pre_outs],
         *[full.format(f"k_{v}", "torch.float32") for v in keeps],
@@ -194,10 +215,12 @@ def generate(region: Region, g: Graph) -> RegionCode:
         "group = N // groups",
         *tuned_launch_lines(anchor, name, launch_body, results),
         "T, slots = pa.shape[1], pa.shape[2]",
+        f"from_y = group_slots(cfg.block_n, group) > {NARROW_SLOTS}",
         "g_mean = torch.empty((M, groups), device=x.device, dtype=torch.float32)",
         "g_rstd = torch.empty_like(g_mean)",
-        f"{name}_finalize_kernel[(cdiv(M, 64), groups)](pa, pb, g_mean, g_rstd, "
-        f"{''.join(p + ', ' for p in a2.params)}M, N, T, cfg.block_n, slots, group, groups, BLOCK_M=64)",
+        f"{name}_finalize_kernel[(cdiv(M, 64), groups)](pa, pb, {buf(y)}, g_mean, g_rstd, "
+        f"{''.join(p + ', ' for p in a2.params)}M, N, T, cfg.block_n, slots, group, groups, BLOCK_M=64, "
+        "FROM_Y=from_y, GP=triton.next_power_of_2(group) if from_y else 1)",
         *[full.format(f"o_{v}", "x.dtype") for v in post_outs],
         "bm, bn = (32, 128) if interpreting() else (16, 256)",
         f"{name}_apply_kernel[(cdiv(M, bm), cdiv(N, bn))]("
