@@ -93,15 +93,14 @@ def test_value_read_outside_region_is_an_output(tmp_path):
 
 
 def test_group_norm_kind_by_group_size(tmp_path):
-    """Power-of-two groups <= 128: one kernel; other groups of >= 4 channels (43 here, 256, 512, 9, 5):
-    two-phase; groups of 3 (the one narrower size that is not a power of two): a torch call."""
+    """Power-of-two groups <= 128: one kernel; any other group size (43 here, 256, 512, 9, 5, 3): two-phase."""
     for i, (groups, n, want) in enumerate([(8, 128, [("gemm_groupnorm", ["linear", "group_norm"])]),
                                            (3, 129, [("gemm_groupnorm_wide", ["linear", "group_norm"])]),
                                            (2, 1024, [("gemm_groupnorm_wide", ["linear", "group_norm"])]),
                                            (2, 512, [("gemm_groupnorm_wide", ["linear", "group_norm"])]),
                                            (8, 72, [("gemm_groupnorm_wide", ["linear", "group_norm"])]),
                                            (13, 65, [("gemm_groupnorm_wide", ["linear", "group_norm"])]),
-                                           (8, 24, [("gemm_epilogue", ["linear"]), ("torch", ["group_norm"])])]):
+                                           (8, 24, [("gemm_groupnorm_wide", ["linear", "group_norm"])])]):
         init = f"self.lin = nn.Linear(in_features, out_features)\nself.gn = nn.GroupNorm({groups}, out_features)"
         path = write_problem(tmp_path, init, "return self.gn(self.lin(x))", n=n, name=f"gn{i}")
         regions, _ = regions_of(path)

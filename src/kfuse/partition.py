@@ -5,9 +5,10 @@ while every value they read is the region's own, a scalar, or a per-column param
   - pointwise ops (the table in ops.py)                        -> kind `gemm_epilogue`
   - GroupNorm over the GEMM's columns, groups a power of two
     no wider than GROUP_MAX (a column tile holds whole groups)  -> kind `gemm_groupnorm`
-  - GroupNorm with any other group size of at least WIDE_GROUP_MIN
-    channels (groups span or straddle column tiles): per-tile
-    partials, a per-(row, group) merge, an apply pass            -> kind `gemm_groupnorm_wide`
+  - GroupNorm with any other group size (groups span or straddle
+    column tiles, or are narrower than a third of one): per-tile
+    partials or (narrow groups) none, per-(row, group) moments,
+    an apply pass                                                 -> kind `gemm_groupnorm_wide`
   - BatchNorm1d over the GEMM's output                         -> kind `gemm_batchnorm`
     (ops after it must read only values after it: they run in the apply pass)
   - MaxPool1d / AvgPool1d over the features of x.unsqueeze(1), non-overlapping windows of a power-of-two
@@ -33,11 +34,6 @@ from kfuse.ops import POINTWISE, POOL_OPS, REDUCE_OPS, ROW_NORM_OPS, VIEW_OPS
 GROUP_MAX = 128  # widest group (channels) fused into one column tile: on an H100 no 256-wide tile config of
 # the fp16x3p GroupNorm kernel compiled (kfuse autotune: "no config ran", problem 27, 1024x8192x8192), so wider
 # groups take the two-phase kind
-# Narrowest group the two-phase GroupNorm takes. A column tile stores one partial per group it touches (one
-# masked reduction each: 16 slots for groups of 9 in a 128-wide tile, next to the tile's 3 x K / 16 tensor-core
-# steps; measured in benchmarks/gemm/NOTES.md, problem 43). Groups of 3 (the only size below this that is not
-# a power of two) would need up to 87 slots in a 256-wide tile: they stay torch calls.
-WIDE_GROUP_MIN = 4
 POOL_MAX = 64  # widest pooling window fused into one column tile
 
 
@@ -83,15 +79,15 @@ def _column_operand(a: object, n_cols: int, values: set[str]) -> bool:
 
 def group_norm_kind(n: Node, n_cols: int) -> str | None:
     """The region kind a GroupNorm over `n_cols` channels makes, or None when it stays a torch call:
-    whole groups inside a column tile (a power of two <= GROUP_MAX) -> one kernel; any other group size of at
-    least WIDE_GROUP_MIN -> the two-phase kind (group sizes read again at run time by both)."""
+    whole groups inside a column tile (a power of two <= GROUP_MAX) -> one kernel; any other group size -> the
+    two-phase kind (group sizes read again at run time by both)."""
     groups = n.args[1]
     if not isinstance(groups, Scalar) or groups.value <= 0 or n_cols % int(groups.value):
         return None
     size = n_cols // int(groups.value)
     if size <= GROUP_MAX and size & (size - 1) == 0:
         return "gemm_groupnorm"
-    return "gemm_groupnorm_wide" if size >= WIDE_GROUP_MIN else None
+    return "gemm_groupnorm_wide"
 
 
 def _joins(n: Node, kind: str, anchor: Node, values: set[str]) -> str | None:

@@ -54,7 +54,7 @@ PARTIAL_LINES = (
 # Above this many slots per tile (groups narrower than about a third of the tile: 16 slots for groups of 9 in a
 # 128-wide tile), phase 1's masked reductions cost more than reading y once more: phase 1 then writes no
 # partials and phase 2 computes each group's moments from y (FROM_Y_LINES). Measured on problem 43
-# (benchmarks/gemm/NOTES.md): phase 1 with 16 slots 1.13 ms against ~0.72 for the plain GEMM.
+# (benchmarks/groupnorm/NOTES.md): phase 1 with 16 slots 1.13 ms against ~0.72 for the plain GEMM.
 NARROW_SLOTS = 2
 
 # Phase 2: merge the tiles t0..t1 that group g covers. Tile t holds g in slot g - (first group of t).
