@@ -38,6 +38,12 @@ CASES = [
     # the norm's input is also a model output (stored by phase 1 in the output's dtype)
     ("two_outputs", 170, "self.gn = nn.GroupNorm(5, out_features)", "z = y - 0.5\nreturn z, F.gelu(self.gn(z))",
      ["linear", "sub", "group_norm", "gelu"]),
+    # groups narrower than a third of a tile (9 and 3 channels, straddling tile edges): no partials, phase 2
+    # reads each group's columns of y; the affine parameters perturbed so they are checked
+    ("narrow_9", 261, "self.gn = nn.GroupNorm(29, out_features)\nnn.init.normal_(self.gn.weight)\nnn.init.normal_(self.gn.bias)",
+     "return torch.tanh(self.gn(y))", ["linear", "group_norm", "tanh"]),
+    ("narrow_3_two_outputs", 129, "self.gn = nn.GroupNorm(43, out_features)", "z = y * 2.0\nreturn z, self.gn(z) - 1.0",
+     ["linear", "mul", "group_norm", "sub"]),
 ]
 
 
@@ -138,7 +144,7 @@ def test_group_slots_bounds_the_groups_a_tile_touches(block_n):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name, n, init, body, ops", CASES, ids=[c[0] for c in CASES])
 def test_wide_groupnorm_compiled_on_gpu(tmp_path, name, n, init, body, ops):
-    """The same odd sizes compiled: the GPU's column tiles (64 to 256) against groups of 384, 100, 43, 96, 34."""
+    """The same odd sizes compiled: the GPU's column tiles (64 to 256) against groups of 384, 100, 43, 96, 34, 9, 3."""
     path = write_problem(tmp_path, f"{LINEAR}\n{init}", f"y = self.lin(x)\n{body}", n=n,
                          inputs="torch.randn(batch_size, in_features)")
     result = optimize(load_problem(path), Options(device="cuda", trials=2), workdir=tmp_path)
