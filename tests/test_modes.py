@@ -107,3 +107,6 @@ def test_two_layers_with_the_same_ops_get_their_own_kernels(tmp_path, drop):
     assert "def fused_linear_relu_2(" in c.source and "= fused_linear_relu_2(" in c.source
     for mode in ("eval", "train"):
         _outputs_match(prob, module, mode)
+    for train in (True, False):  # the renamed dZ kernels too
+        verdict = gradient_contract(prob, module.ModelNew, train=train)
+        assert verdict.correct, verdict.failures
