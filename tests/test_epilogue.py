@@ -91,8 +91,6 @@ TANH_KERNEL = '''
 import triton
 import triton.language as tl
 
-from kfuse.kernels.runtime import _tanh
-
 
 @triton.jit
 def tanh_kernel(x_ptr, o_ptr, n, B: tl.constexpr):
@@ -103,11 +101,12 @@ def tanh_kernel(x_ptr, o_ptr, n, B: tl.constexpr):
 '''
 
 
-def test_tanh_is_about_as_accurate_as_torch(tmp_path):
-    """ops.TANH (runtime._tanh, also inside gelu_tanh) in ulps of the float64 tanh rounded to fp32, over 7 decades of |x|: mean about torch.tanh's
-    (0.22 measured for both), worst under 2 ulp. The expm1 form it replaced measured 0.81 / 5.7 ulp, enough for
-    a row sum of tanh values to miss rule 3 where eager's own rounding is lucky (the property test found
-    Linear(7, 16) -> tanh -> sum at batch 1)."""
+def test_tanh_accuracy_in_ulps(tmp_path):
+    """ops.TANH (the expm1 / Kahan form) in ulps of the float64 tanh rounded to fp32, over 7 decades of |x|:
+    measured 0.81 ulp on average and 5.7 at worst (torch.tanh: 0.22 / 0.51). A series-based fp32 tanh measured
+    0.23 / 1.6 but slowed problems 24 and 29 by 7-11% on the H100 and is not float64-accurate for the dZ
+    kernels, which call TANH on float64 values (benchmarks/gemm/NOTES.md, session 13): not adopted. This pins
+    the current accuracy so that it does not get worse."""
     path = tmp_path / "tanh_kernel.py"
     path.write_text(TANH_KERNEL.format(expr=TANH.format("x")))
     kernel = load_module(path).tanh_kernel
@@ -119,4 +118,4 @@ def test_tanh_is_about_as_accurate_as_torch(tmp_path):
     exact = torch.tanh(x.double())
     ulp = (exact.float().abs().nextafter(torch.tensor(float("inf"))) - exact.float().abs()).double()
     err = (out.double() - exact).abs() / ulp
-    assert err.max() < 2.0 and err.mean() < 0.3, (err.max().item(), err.mean().item())
+    assert err.max() < 8.0 and err.mean() < 1.0, (err.max().item(), err.mean().item())

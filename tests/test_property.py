@@ -2,7 +2,7 @@
 accuracy contract against eager on the CPU, whatever kfuse fuses and whatever it leaves as torch calls.
 
 Chains are built from tables by the shape of the current value: full width (M, N), pooled (M, N / k), per
-row with the dim kept (M, 1), per row flattened (M,); the model is in training or eval mode. Sizes are tiny and odd (N = 72 spans two column tiles of the
+row with the dim kept (M, 1), per row flattened (M,). Sizes are tiny and odd (N = 72 spans two column tiles of the
 interpreter's 64), and hypothesis is derandomized so CI sees the same chains every run."""
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ POINTWISE = [
     ("relu", "", "torch.relu({y})"), ("gelu", "", "F.gelu({y})"), ("gelu_tanh", "", "F.gelu({y}, approximate='tanh')"),
     ("tanh", "", "torch.tanh({y})"), ("sigmoid", "", "torch.sigmoid({y})"), ("silu", "", "F.silu({y})"),
     ("mish", "", "F.mish({y})"), ("leaky_relu", "self.act{i} = nn.LeakyReLU(0.2)", "self.act{i}({y})"),
-    ("dropout", "self.d{i} = nn.Dropout(0.3)", "self.d{i}({y})"),
     ("hardswish", "", "F.hardswish({y})"), ("hardtanh", "", "F.hardtanh({y}, -0.5, 0.5)"),
     ("clamp", "", "torch.clamp({y}, min=-1.0, max=2.0)"), ("softplus", "", "F.softplus({y})"),
     ("scale", "self.m{i} = 1.7", "{y} * self.m{i}"), ("shift", "", "{y} - 0.3"), ("scale_chain", "", "{y} * 2.0 / 4.0"),
@@ -38,7 +37,6 @@ NORMS = [  # full width -> full width, statistics over rows or groups
     ("softmax", "", "torch.softmax({y}, dim=1)"), ("log_softmax", "", "F.log_softmax({y}, dim=-1)"),
     ("layernorm", "self.ln{i} = nn.LayerNorm(out_features)", "self.ln{i}({y})"),
     ("groupnorm", "self.gn{i} = nn.GroupNorm(4, out_features)", "self.gn{i}({y})"),
-    ("groupnorm_8", "self.gn{i} = nn.GroupNorm(8, out_features)", "self.gn{i}({y})"),  # 72: groups of 9
     ("batchnorm", "self.bn{i} = nn.BatchNorm1d(out_features)", "self.bn{i}({y})"),
 ]
 POOLS = [  # full width -> pooled width (N // k): non-overlapping 1-d pooling over the features
@@ -107,12 +105,7 @@ def chains(draw):
             line, extra = expr.format(y="y", k=keep), ""
             state = "row_keep" if keep else "row_flat"
         else:
-            # log_softmax(y) = y - lse(y), rounded to fp32: an absolute error of ulp(lse) that a later norm,
-            # blind to the row shift, divides by the row's spread, for eager and kfuse alike. Rule 3 between two
-            # results rounded the same way is then a coin toss (log_softmax -> LayerNorm missed it 2.45x), so
-            # no norm is drawn after a log_softmax.
-            norms = [r for r in NORMS if "log_softmax" not in names]
-            table = {"pointwise": POINTWISE + (FULL_ONLY if state == "full" else []), "norm": norms,
+            table = {"pointwise": POINTWISE + (FULL_ONLY if state == "full" else []), "norm": NORMS,
                      "size_one": SIZE_ONE, "pool": POOLS}[kind]
             name, extra, expr = draw(st.sampled_from(table))
             line = expr.format(y="y", z="z", i=i)
@@ -122,9 +115,6 @@ def chains(draw):
         if extra:
             init.append(extra.format(i=i))
         body.append(f"y = {line}")
-    if draw(st.booleans()):  # eval mode: BatchNorm's running statistics, Dropout the identity (modes.py)
-        init.append("self.eval()")
-        names.append("eval")
     batch = draw(st.sampled_from([1, 5, 13]))
     if "batchnorm" in names:
         batch = max(batch, 5)  # training-mode BatchNorm needs more than one row

@@ -31,12 +31,14 @@ def _p(name: str, arity: int, triton: str, ref: Callable[..., torch.Tensor], cod
     return Pointwise(name, arity, triton, code, ref)
 
 
-# tanh, softplus and erf-GELU are spelled through exp/erf, which Triton has on the GPU and in the
+# tanh, softplus and erf-GELU are spelled through sigmoid/exp/erf, which Triton has on the GPU and in the
 # interpreter alike; `_tanh` is a small jit helper emitted into every ModelNew file. Softplus and Mish are
 # spelled inline in forms that stay accurate for very negative inputs (no log(1 + tiny)).
-# tanh is `runtime._tanh` (a series for small |x|, 1 - 2 / (e^(2|x|) + 1) above): as accurate as torch.tanh on
-# average, where 2 sigmoid(2x) - 1 or an expm1 form lose the low bits of small x.
-TANH = "_tanh({0})"
+# tanh(x) = sign(x) * -expm1(-2|x|) / (2 + expm1(-2|x|)), expm1(u) = (e^u - 1) * u / log(e^u) (Kahan): a few
+# ulps for every x, where 1 - e^(-2|x|) or 2 sigmoid(2x) - 1 lose the low bits of small x. |x| > 15 is +-1.
+_U = "(-2.0 * tl.minimum(tl.abs({0}), 15.0))"
+_EM1 = f"tl.where(tl.exp({_U}) == 1.0, {_U}, (tl.exp({_U}) - 1.0) * {_U} / tl.log(tl.exp({_U})))"
+TANH = "tl.where({0} < 0.0, 1.0, -1.0) * " + f"{_EM1} / (2.0 + {_EM1})"
 
 POINTWISE: dict[str, Pointwise] = {p.name: p for p in [
     _p("add", 2, "{0} + {1}", torch.add, '({0} + {1})'),

@@ -34,10 +34,7 @@ from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kern
 STAT = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min", "logsumexp": "lse", "softmax": "lse",
         "log_softmax": "lse", "layer_norm": "moments", "instance_norm": "moments"}
 TWO_PARTIALS = ("lse", "moments")
-# lse's partials are float64 (the tile max stored exactly, the tile's sum of exponentials summed in float64) and
-# so is the merged logsumexp: softmax and log_softmax then round once (see the apply lines), where an fp32
-# logsumexp's own ulp, at |lse| ~ log N, would add up to a few ulps to every output
-PARTIAL_DTYPE = {"sum": "torch.float64", "max": "torch.float32", "min": "torch.float32", "lse": "torch.float64",
+PARTIAL_DTYPE = {"sum": "torch.float64", "max": "torch.float32", "min": "torch.float32", "lse": "torch.float32",
                  "moments": "torch.float32"}
 
 PARTIAL_LINES = {
@@ -46,7 +43,7 @@ PARTIAL_LINES = {
     "max": ["part_a = tl.max(tl.where(mask, {y}, float('-inf')), axis=1)"],
     "min": ["part_a = tl.min(tl.where(mask, {y}, float('inf')), axis=1)"],
     "lse": ["part_a = tl.max(tl.where(mask, {y}, float('-inf')), axis=1)",
-            "part_b = tl.sum(tl.where(mask, tl.exp({y} - part_a[:, None]), 0.0).to(tl.float64), axis=1)"],
+            "part_b = tl.sum(tl.where(mask, tl.exp({y} - part_a[:, None]), 0.0), axis=1)"],
     "moments": ["t_count = tl.minimum(N - pid_n * BLOCK_N, BLOCK_N).to(tl.float32)",
                 "part_a = tl.sum(tl.where(mask, {y}, 0.0), axis=1) / t_count",
                 "t_dev = tl.where(mask, {y} - part_a[:, None], 0.0)",
@@ -64,8 +61,8 @@ MERGE_LINES = {
     "min": ["acc = tl.full((BLOCK_M,), float('inf'), tl.float32)",
             "for t in range(0, T):",
             "    acc = tl.minimum(acc, tl.load(pa_ptr + base + t, mask=mask_m, other=0.0))"],
-    "lse": ["m = tl.full((BLOCK_M,), float('-inf'), tl.float64)",
-            "s = tl.zeros((BLOCK_M,), dtype=tl.float64)",
+    "lse": ["m = tl.full((BLOCK_M,), float('-inf'), tl.float32)",
+            "s = tl.zeros((BLOCK_M,), dtype=tl.float32)",
             "for t in range(0, T):",
             "    a = tl.load(pa_ptr + base + t, mask=mask_m, other=0.0)",
             "    b = tl.load(pb_ptr + base + t, mask=mask_m, other=0.0)",
@@ -228,11 +225,10 @@ def generate(region: Region, g: Graph) -> RegionCode:
         for n in post:
             if n is red:
                 yv, out = env3[y], var(n.name)
-                if red.op == "softmax":  # d = y - lse in float64; exp(d) = exp(d rounded) * (1 + what rounding cut)
-                    abody += [f"d64 = {yv}.to(tl.float64) - st_a", "d32 = d64.to(tl.float32)",
-                              f"{out} = tl.exp(d32) * (1.0 + (d64 - d32.to(tl.float64)).to(tl.float32))  # {n.origin}"]
+                if red.op == "softmax":
+                    abody.append(f"{out} = tl.exp({yv} - st_a)  # {n.origin}: exp(y - logsumexp)")
                 elif red.op == "log_softmax":
-                    abody.append(f"{out} = ({yv}.to(tl.float64) - st_a).to(tl.float32)  # {n.origin}: rounded once")
+                    abody.append(f"{out} = {yv} - st_a  # {n.origin}")
                 else:
                     abody.append(f"{out} = ({yv} - st_a) * st_b  # {n.origin}")
                     w, b = n.args[1], n.args[2]
@@ -265,8 +261,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     lines.append(f"{name}_kernel[grid](*ops, {''.join(p + ', ' for p in k1_outs)}{''.join(p + ', ' for p in a1.params)}"
                  f"M, N, k_run, *strides, {LAUNCH_TAIL})")
     if not inline:
-        lines += [alloc_row.format(p, "x.dtype" if p.startswith("o_") else
-                                   "torch.float64" if p == "st_a" and stat == "lse" else "torch.float32") for p in row_stores]
+        lines += [alloc_row.format(p, "x.dtype" if p.startswith("o_") else "torch.float32") for p in row_stores]
         lines.append(f"{name}_finalize_kernel[(cdiv(M, 64),)](pa, pb, {''.join(p + ', ' for p in row_stores)}"
                      f"{''.join(p + ', ' for p in a2.params)}M, N, T, cfg.block_n, BLOCK_M=64)")
     if post:
