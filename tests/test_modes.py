@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from kfuse_testing import write_problem
+from kfuse_testing import requires_cuda, write_problem
 from kfuse.gradients import gradient_contract
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module, optimize, report
@@ -110,3 +110,37 @@ def test_two_layers_with_the_same_ops_get_their_own_kernels(tmp_path, drop):
     for train in (True, False):  # the renamed dZ kernels too
         verdict = gradient_contract(prob, module.ModelNew, train=train)
         assert verdict.correct, verdict.failures
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_gpu_mode_switches_with_graphed_eval_forward(tmp_path, monkeypatch):
+    """Compiled, problem 41's pattern at odd sizes: eval calls replay the graphed eval forward (every graph kept),
+    train() calls run forward_train (torch's masks, as eager's with the same seed), and back in eval the
+    graph again; each call against eager in the same mode."""
+    init = "self.drop = nn.Dropout(0.3)\nself.eval()"
+    path = write_problem(tmp_path, f"{LINEAR}\n{init}", "return self.drop(torch.softmax(self.lin(x), dim=1)) * 2.0",
+                         batch=200, k=300, n=199, name="gpu_drop")
+    prob = load_problem(path)
+    compiled = compile_problem(prob, Options(device="cuda"))
+    src = tmp_path / "gpu_drop_new.py"
+    src.write_text(compiled.source)
+    module = load_module(src)
+    monkeypatch.setattr(module, "replay_pays", lambda *args, **kwargs: True)
+    torch.manual_seed(0)
+    ref = prob.build(device="cuda")
+    new = prob.build(cls=module.ModelNew, device="cuda")
+    new.load_state_dict(ref.state_dict())
+    x = torch.rand(200, 300, device="cuda")
+    for step, mode in enumerate(("eval", "eval", "eval", "train", "train", "eval", "eval")):
+        for m in (ref, new):
+            getattr(m, mode)()
+        with torch.no_grad():
+            torch.manual_seed(step)
+            want = ref(x)
+            torch.manual_seed(step)
+            got = new(x)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        if mode == "train":
+            assert (got == 0).any()  # the mask was drawn
+    assert module.graph_kept(new)
