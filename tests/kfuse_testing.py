@@ -1,4 +1,4 @@
-"""Helpers shared by the kfuse tests (seed paths, small sizes, a problem-file writer, the GPU mark)."""
+"""Helpers shared by the kfuse tests (seed paths, small sizes, a problem-file writer and compiler, the GPU mark)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from kfuse.load import Problem, load_problem
+from kfuse.optimize import Compiled, Options, compile_problem, load_module
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = ROOT / "problems" / "seeds"
@@ -60,3 +63,23 @@ def write_problem(tmp_path: Path, init: str, forward: str, *, batch: int = 37, k
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def generate_model(tmp_path: Path, init: str, forward: str, name: str, device: str = "cpu", **sizes):
+    """write_problem, then kfuse's compile and import of its ModelNew file: (problem, compiled, module)."""
+    prob = load_problem(write_problem(tmp_path, init, forward, name=name, **sizes))
+    compiled: Compiled = compile_problem(prob, Options(device=device))
+    path = tmp_path / f"{name}_new.py"
+    path.write_text(compiled.source)
+    return prob, compiled, load_module(path)
+
+
+def graphed_pair(prob: Problem, module, monkeypatch) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Eager Model and ModelNew on the GPU from the same state, with every CUDA graph kept (whether one pays is
+    a timing, measured by the bench, not asserted by tests)."""
+    monkeypatch.setattr(module, "replay_pays", lambda *args, **kwargs: True)
+    torch.manual_seed(0)
+    ref = prob.build(device="cuda")
+    new = prob.build(cls=module.ModelNew, device="cuda")
+    new.load_state_dict(ref.state_dict())
+    return ref, new

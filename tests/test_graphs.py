@@ -12,10 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kfuse_testing import requires_cuda, write_problem
+from kfuse_testing import generate_model, graphed_pair, requires_cuda
 from kfuse.kernels import graphs
-from kfuse.load import load_problem
-from kfuse.optimize import Options, compile_problem, load_module
 
 
 class Small(torch.nn.Module):
@@ -85,11 +83,7 @@ def test_cpu_calls_run_the_launches():
 
 
 def _generate(tmp_path, init: str, forward: str, name: str, **sizes):
-    prob = load_problem(write_problem(tmp_path, init, forward, name=name, **sizes))
-    compiled = compile_problem(prob, Options(device="cuda" if torch.cuda.is_available() else "cpu"))
-    path = tmp_path / f"{name}_new.py"
-    path.write_text(compiled.source)
-    return prob, compiled, load_module(path)
+    return generate_model(tmp_path, init, forward, name, "cuda" if torch.cuda.is_available() else "cpu", **sizes)
 
 
 FUSED = ("self.gemm = nn.Linear(in_features, out_features)\nself.ln = nn.LayerNorm(out_features)\n"
@@ -117,12 +111,7 @@ def test_forward_is_graphed_only_when_every_op_is_fused(tmp_path):
 @pytest.mark.gpu
 def test_gpu_replays_match_the_launches_and_track_changes(tmp_path, monkeypatch):
     prob, _, module = _generate(tmp_path, *FUSED, "fused_gpu", batch=200, k=300, n=199)
-    # keep every graph (whether one pays is a timing, measured by the bench, not asserted here)
-    monkeypatch.setattr(module, "replay_pays", lambda *args, **kwargs: True)
-    torch.manual_seed(0)
-    ref = prob.build(device="cuda")
-    new = prob.build(cls=module.ModelNew, device="cuda")
-    new.load_state_dict(ref.state_dict())
+    ref, new = graphed_pair(prob, module, monkeypatch)
     x = torch.rand(200, 300, device="cuda")
 
     def check(got: torch.Tensor) -> None:

@@ -9,21 +9,17 @@ import re
 import pytest
 import torch
 
-from kfuse_testing import requires_cuda, write_problem
+from kfuse_testing import generate_model, graphed_pair, requires_cuda, write_problem
 from kfuse.gradients import gradient_contract
 from kfuse.load import load_problem
-from kfuse.optimize import Options, compile_problem, load_module, optimize, report
+from kfuse.optimize import Options, load_module, optimize, report
 
 CPU = Options(device="cpu", trials=2)
 LINEAR = "self.lin = nn.Linear(in_features, out_features)"
 
 
 def _compile(tmp_path, init: str, forward: str, name: str):
-    prob = load_problem(write_problem(tmp_path, f"{LINEAR}\n{init}", forward, n=72, name=name))
-    compiled = compile_problem(prob, CPU)
-    path = tmp_path / f"{name}_new.py"
-    path.write_text(compiled.source)
-    return prob, compiled, load_module(path)
+    return generate_model(tmp_path, f"{LINEAR}\n{init}", forward, name, n=72)
 
 
 def _outputs_match(prob, module, mode: str, seed: int = 3) -> None:
@@ -119,18 +115,10 @@ def test_gpu_mode_switches_with_graphed_eval_forward(tmp_path, monkeypatch):
     train() calls run forward_train (torch's masks, as eager's with the same seed), and back in eval the
     graph again; each call against eager in the same mode."""
     init = "self.drop = nn.Dropout(0.3)\nself.eval()"
-    path = write_problem(tmp_path, f"{LINEAR}\n{init}", "return self.drop(torch.softmax(self.lin(x), dim=1)) * 2.0",
-                         batch=200, k=300, n=199, name="gpu_drop")
-    prob = load_problem(path)
-    compiled = compile_problem(prob, Options(device="cuda"))
-    src = tmp_path / "gpu_drop_new.py"
-    src.write_text(compiled.source)
-    module = load_module(src)
-    monkeypatch.setattr(module, "replay_pays", lambda *args, **kwargs: True)
-    torch.manual_seed(0)
-    ref = prob.build(device="cuda")
-    new = prob.build(cls=module.ModelNew, device="cuda")
-    new.load_state_dict(ref.state_dict())
+    prob, _, module = generate_model(tmp_path, f"{LINEAR}\n{init}",
+                                     "return self.drop(torch.softmax(self.lin(x), dim=1)) * 2.0", "gpu_drop", "cuda",
+                                     batch=200, k=300, n=199)
+    ref, new = graphed_pair(prob, module, monkeypatch)
     x = torch.rand(200, 300, device="cuda")
     for step, mode in enumerate(("eval", "eval", "eval", "train", "train", "eval", "eval")):
         for m in (ref, new):

@@ -53,15 +53,32 @@ class Compiled:
     """What the pipeline made of a problem, before verification."""
 
     source: str
-    graph: Graph  # graph, regions and rewrites: of the forward the model runs as constructed (modes.primary)
-    regions: list[Region]
-    rewrites: list[str]
-    variants: tuple[Variant, ...] = ()  # every forward ModelNew has (two where a Dropout follows the mode)
-    mode: str = "any"
+    variants: tuple[Variant, ...]  # every forward ModelNew has (two where a Dropout follows the mode)
+
+    # graph, regions, rewrites, unfused and mode: of the forward the model runs as constructed (modes.primary)
+    @property
+    def main(self) -> Variant:
+        return primary(self.variants)
+
+    @property
+    def graph(self) -> Graph:
+        return self.main.graph
+
+    @property
+    def regions(self) -> list[Region]:
+        return list(self.main.regions)
+
+    @property
+    def rewrites(self) -> list[str]:
+        return list(self.main.rewrites)
 
     @property
     def unfused(self) -> list[str]:
-        return [n.origin for r in self.regions if r.kind == "torch" for n in r.nodes]
+        return self.main.unfused
+
+    @property
+    def mode(self) -> str:
+        return self.main.mode
 
 
 @dataclass
@@ -85,8 +102,7 @@ def capture_problem(problem: Problem, device: str) -> Graph:
 
 def compile_problem(problem: Problem, opts: Options) -> Compiled:
     vs = variants(capture_problem(problem, opts.device))
-    main = primary(vs)
-    compiled = Compiled("", main.graph, list(main.regions), list(main.rewrites), vs, main.mode)
+    compiled = Compiled("", vs)
     if opts.strict and compiled.unfused:
         raise UnsupportedError(f"{problem.path}: --strict: not fused: {', '.join(compiled.unfused)}")
     scheme = opts.scheme or SCHEME_BY_DEVICE.get(opts.device, "ieee")
@@ -132,6 +148,12 @@ def optimize(problem: Problem, opts: Options, workdir: Path | None = None) -> Re
     return result
 
 
+def forward_json(v: Variant) -> dict[str, Any]:
+    """One forward's `regions`, `unfused_ops` and `rewrites` report keys."""
+    return {"regions": [{"kind": r.kind, "ops": [n.origin for n in r.nodes]} for r in v.regions],
+            "unfused_ops": v.unfused, "rewrites": list(v.rewrites)}
+
+
 def report(problem: Problem, opts: Options, result: Result, output: Path | None) -> dict[str, Any]:
     """The JSON report (keys documented in README.md)."""
     c, k = result.contract, result.compiled
@@ -144,12 +166,9 @@ def report(problem: Problem, opts: Options, result: Result, output: Path | None)
         "max_abs_err": c.max_abs_err,
         "ref_max_abs_err": c.ref_max_abs_err,
         "trials": c.trials,
-        "regions": [{"kind": r.kind, "ops": [n.origin for n in r.nodes]} for r in k.regions],
-        "unfused_ops": k.unfused,
-        "rewrites": k.rewrites,
+        **forward_json(k.main),
         "mode": k.mode,
-        "modes": {v.mode: {"regions": [{"kind": r.kind, "ops": [n.origin for n in r.nodes]} for r in v.regions],
-                           "unfused_ops": v.unfused, "rewrites": list(v.rewrites)} for v in k.variants if v.mode != "any"},
+        "modes": {v.mode: forward_json(v) for v in k.variants if v.mode != "any"},
         "output": str(output) if output is not None else None,
         "overrides": dict(problem.overrides),
         "extra_shape": c.extra_shape,
