@@ -228,7 +228,11 @@ def test_twenty_sgd_steps_match_eager(tmp_path, name):
         if not r.is_floating_point():
             assert torch.equal(r, n), k  # num_batches_tracked
             continue
-        assert torch.allclose(n, r, atol=1e-4, rtol=1e-4), f"{k}: max diff {max_err(n, r):.3g}"
+        # allclose to eager, where eager's own drift from float64 training counts for kfuse: 20 steps amplify
+        # rounding, and a kfuse closer to float64 than eager (39's `scale`: 5.7e-6 from float64, eager 1.04e-4)
+        # differs from eager by eager's drift
+        within = (n - r).abs() <= 1e-4 + 1e-4 * r.abs() + (r - d.to(r.dtype)).abs()
+        assert bool(within.all()), f"{k}: max diff {max_err(n, r):.3g}, eager's drift {max_err(r, d):.3g}"
         assert max_err(n, d) <= 2 * max_err(r, d) + 1e-6, f"{k}: drift {max_err(n, d):.3g} vs eager {max_err(r, d):.3g}"
 
 
