@@ -30,7 +30,8 @@ from kfuse.regions.common import RegionCode
 
 KERNELS = Path(__file__).parent / "kernels"
 CORE_ROOTS = ("SPLIT_SCHEMES", "SKINNY_M", "cdiv", "gemm_tile", "_tile_ids", "GemmConfig", "default_config", "valid_configs", "split_weight",
-              "split_x", "row_scales", "padded_k")
+              "split_x", "row_scales", "padded_k", "ensure_tma_allocator", "sm90_configs",
+              "sm90_maxnreg")
 MARKER = "# --- emitted below ---"
 
 
@@ -181,6 +182,8 @@ def emit(problem_source: str, problem_name: str, variants: Sequence[Variant], sc
         "# ---------------- the original problem, unchanged ----------------\n" + original.strip("\n"),
         "# ---------------- fp32-accurate GEMM core (kfuse/kernels/gemm_core.py) ----------------\n"
         + module_closure(KERNELS / "gemm_core.py", CORE_ROOTS).rstrip("\n"),
+        "# ---------------- the GEMM tile on Hopper, in Gluon (kfuse/kernels/gemm_sm90.py) ----------------\n"
+        + emitted_part("gemm_sm90"),
         "# ---------------- skinny GEMMs: the float64 split-K pass (kfuse/kernels/skinny.py) ----------------\n"
         + emitted_part("skinny"),
         "# ---------------- run-time helpers (kfuse/kernels/runtime.py) ----------------\n" + runtime.rstrip("\n"),

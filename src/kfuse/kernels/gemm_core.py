@@ -664,6 +664,11 @@ class GemmConfig:
     # split_block_n, K blocks of block_k) and the tile kernel (block_m x block_n) adds the S float64 partials
     k_slices: int = 0
     split_block_n: int = 16
+    # sm90: the region kernel's Hopper twin runs, its GEMM tile in Gluon (kernels/gemm_sm90.py: asynchronous wgmma,
+    # a producer warp); num_stages is its shared-memory stages, chunk the K blocks its hi*hi partial sums between
+    # promotions. Pre-split operands only (split_a=False).
+    sm90: bool = False
+    chunk: int = 16
 
     def short(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}_w{self.num_warps}_s{self.num_stages}"
@@ -679,6 +684,8 @@ class GemmConfig:
             s += "_tma"
         if self.k_slices:
             s += f"_ks{self.k_slices}x{self.split_block_n}"
+        if self.sm90:
+            s += f"_sm90c{self.chunk}"
         return s
 
 
@@ -705,6 +712,24 @@ def valid_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
             GemmConfig(128, 256, 64, 16, 8, 3, split_a=False), GemmConfig(256, 128, 64, 8, 8, 3, split_a=False),
             GemmConfig(128, 128, 64, 8, 8, 4, split_a=False),
             GemmConfig(128, 256, 64, 8, 8, 3, split_a=False, persistent=True), GemmConfig(128, 256, 64, 8, 8, 3)]
+
+
+def sm90_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
+    """The Hopper twin's configs (kernels/gemm_sm90.py), offered where gemm_sm90.sm90_ok holds: 128 x 128 x 64 tiles
+    (three fp32 accumulators fill 192 of the consumers' 240 registers), 3 stages of 64 KB, the hi*hi partial
+    promoted every 4 K blocks (longer chunks failed problem 39's BatchNorm running mean by their truncation bias:
+    benchmarks/gemm/NOTES.md, session 14). H100: problem 12's GEMM kernel 0.55 ms (Triton tile 0.69), problem 39's
+    2.44-2.59 ms (2.97). Skipped where launches set the time."""
+    if scheme != "fp16x3p" or launch_bound(M, N, K):
+        return []
+    return [GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, sm90=True, chunk=4)]
+
+
+def sm90_maxnreg(cfg: GemmConfig) -> int:
+    """Registers per thread at launch for the Hopper twin (one block per SM: its stages take 192 KB of shared
+    memory): its num_warps consumer warps and the producer warp's group of 4 share the SM's 65536 (8 warps: 168).
+    The producer then drops to 24 (setmaxnreg), which lifts the consumers to 240."""
+    return 65536 // ((cfg.num_warps + 4) * 32) // 8 * 8
 
 
 def skinny_configs(M: int) -> list[GemmConfig]:

@@ -15,8 +15,10 @@ import triton.language as tl
 
 import dataclasses
 
-from kfuse.kernels.gemm_core import (SKINNY_M, SPLIT_SCHEMES, GemmConfig, default_config, padded_k, row_scales,
-                                    split_weight, split_x, valid_configs)
+from kfuse.kernels.gemm_core import (SKINNY_M, SPLIT_SCHEMES, GemmConfig, default_config, ensure_tma_allocator,
+                                    padded_k, row_scales, sm90_configs, sm90_maxnreg, split_weight, split_x,
+                                    valid_configs)
+from kfuse.kernels.gemm_sm90 import sm90_ok
 from kfuse.kernels.skinny import fp64_partials
 
 # --- emitted below ---
@@ -111,11 +113,12 @@ def _write_tune_cache(key: str, entry: dict) -> None:
         pass  # a read-only home only costs re-tuning next time
 
 
-def tune_candidates(M: int, N: int, K: int, scheme: str, min_block_n: int) -> list:
-    """The default config first, then the other valid ones this launcher can run (one program per tile).
-    Split-K configs get their tile kernel widened to min_block_n (it only adds partials: any width is cheap)."""
+def tune_candidates(M: int, N: int, K: int, scheme: str, min_block_n: int, sm90: bool = False) -> list:
+    """The default config first, then the other valid ones this launcher can run (one program per tile), and
+    on a Hopper GPU (sm90: gemm_sm90.sm90_ok) the Gluon twin's configs. Split-K configs get their tile kernel
+    widened to min_block_n (it only adds partials: any width is cheap)."""
     out = [gemm_config(M, N, K, scheme, min_block_n)]
-    for c in valid_configs(M, N, K, scheme):
+    for c in valid_configs(M, N, K, scheme) + (sm90_configs(M, N, K, scheme) if sm90 else []):
         c = widened(c, min_block_n) if c.k_slices else c
         if c.block_n >= min_block_n and not c.persistent and c not in out:
             out.append(c)
@@ -160,7 +163,7 @@ def tuned_gemm(kernel, x2: torch.Tensor, N: int, scheme: str, min_block_n: int, 
         TUNED_FAST[fast] = cfg
         return cfg, launch(cfg)
     t0 = time.perf_counter()
-    candidates = tune_candidates(M, N, K, scheme, min_block_n)
+    candidates = tune_candidates(M, N, K, scheme, min_block_n, sm90_ok(x2))
     entry = None if mode == "force" else _read_tune_cache().get(key)
     if entry is not None:
         try:
@@ -239,6 +242,19 @@ def cached_gemv_sums(weight: torch.Tensor, bias: torch.Tensor | None, kn_layout:
     return sums
 
 
+def pick_kernel(kernel, kernel_sm90, cfg: GemmConfig):
+    """The region kernel a config runs: its Hopper twin (GEMM tile in Gluon) for sm90 configs."""
+    return kernel_sm90 if cfg.sm90 else kernel
+
+
+def sm90_options(cfg: GemmConfig) -> dict:
+    """Launch arguments only the Hopper twin takes: its stages, its promotion chunk and the register cap
+    (sm90_maxnreg) that lets its blocks share an SM."""
+    if not cfg.sm90:
+        return {}
+    return {"STAGES": cfg.num_stages, "CHUNK": cfg.chunk, "maxnreg": sm90_maxnreg(cfg)}
+
+
 def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, scheme: str, cfg: GemmConfig) -> tuple:
     """(ops, k_run, strides): the six operand pointers, the K the tile kernel runs to and the four strides
     gemm_tile takes, for x2 (M, K) and the weight ((N, K) nn.Linear layout, or (K, N) for `x @ W` when kn_layout).
@@ -260,6 +276,8 @@ def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, schem
     if cfg.split_a:  # fp32 x split in the kernel (2: its row scales too); x's own K, masked
         x_scale = x2 if cfg.split_a == 2 else row_scales(x2)
         return (x2, x2, x_scale, w_hi, w_lo, w_scale), K, (x2.stride(0), x2.stride(1), w_hi.stride(0), w_hi.stride(1))
+    if cfg.sm90:
+        ensure_tma_allocator()  # the Gluon tile makes its TMA descriptors on the device
     x_hi, x_lo, x_scale = split_x(x2)
     return ((x_hi, x_lo, x_scale, w_hi, w_lo, w_scale), padded_k(K),
             (x_hi.stride(0), x_hi.stride(1), w_hi.stride(0), w_hi.stride(1)))

@@ -8,6 +8,7 @@ Generated names follow the values: the kernel for `gemm -> mul -> leaky_relu` is
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from kfuse.ir import Arg, Graph, Node, Param, Scalar
@@ -144,9 +145,10 @@ def z_store_body(body: list[str], z_var: str) -> list[str]:
 
 
 def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str], extra_sig: str = "",
-                z_var: str | None = None) -> str:
+                z_var: str | None = None, sm90: bool = True) -> str:
     """A GEMM tile kernel: tile ids, the fp32-accurate accumulator, masks, then `body` (epilogue + stores).
-    z_var: the variable holding x W^T + b; the kernel then takes `z_ptr` and STORE_Z (write z too)."""
+    z_var: the variable holding x W^T + b; the kernel then takes `z_ptr` and STORE_Z (write z too).
+    sm90: also its Hopper twin `<name>_kernel_sm90` (sm90_twin), which launchers pick for sm90 configs."""
     out_sig = "".join(f"{o}_ptr, " for o in outs) + ("z_ptr, " if z_var else "")
     constexprs = GEMM_CONSTEXPRS + (", STORE_Z: tl.constexpr = False" if z_var else "")
     if z_var:
@@ -167,7 +169,31 @@ def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: li
         "    mask = mask_m[:, None] & mask_n[None, :]",
     ]
     lines += [f"    {ln}" for ln in args.loads + body]
-    return "\n".join(lines) + "\n"
+    src = "\n".join(lines) + "\n"
+    return src + "\n\n" + sm90_twin(src, name) if sm90 else src
+
+
+# Tensor-making calls that need a layout in Gluon: Gluon's own versions give them an automatic one, which the
+# compiler takes from the tensors they meet (the accumulator's), so the epilogue lines stay as written.
+_CREATORS = re.compile(r"\btl\.(arange|zeros|zeros_like|full|full_like)\(")
+
+
+def sm90_twin(src: str, name: str) -> str:
+    """The Hopper twin of a gemm_kernel source: the same parameters (plus the Gluon tile's STAGES and CHUNK) and
+    the same epilogue, compiled by Gluon, with gemm_tile_sm90 (kernels/gemm_sm90.py) in place of gemm_tile."""
+    head, sep, body = src.partition("):\n")  # the signature ends at the first "):" closing a line
+    head = head.replace("@triton.jit", "# the same kernel with its GEMM tile in Gluon, for Hopper GPUs (sm90 configs)\n"
+                        "@sm90_jit", 1).replace(f"def {name}_kernel(", f"def {name}_kernel_sm90(", 1)
+    head += ", STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4"
+    body = body.replace("acc = gemm_tile(", "acc = gemm_tile_sm90(", 1)
+    body = body.replace("K_SLICES=K_SLICES)", "STAGES=STAGES, CHUNK=CHUNK)", 1)
+    return head + sep + _CREATORS.sub(r"gl.\1(", body)
+
+
+def gemm_launch(kernel: str, args: str) -> str:
+    """The launch of GEMM kernel `kernel` (its name stem, made by gemm_kernel with its twin) with positional `args`
+    under `cfg`: the Hopper twin for sm90 configs."""
+    return f"pick_kernel({kernel}_kernel, {kernel}_kernel_sm90, cfg)[grid]({args}{LAUNCH_TAIL})"
 
 
 # what a launcher called with save_z=True returns after its outputs (runtime.saved_for_backward): z = x W^T + b, and
@@ -177,7 +203,7 @@ SAVE_Z_DOC = "save_z: also return what backward keeps (z = x W^T + b and x's spl
 
 LAUNCH_TAIL = ("BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SCHEME=scheme, "
                "SPLIT_A=cfg.split_a, EVEN_K=k_run % cfg.block_k == 0, K_SLICES=cfg.k_slices, num_warps=cfg.num_warps, "
-               "num_stages=cfg.num_stages")
+               "num_stages=cfg.num_stages, **sm90_options(cfg)")
 
 
 def launcher(name: str, params: list[str], body: list[str], doc: str) -> str:
@@ -230,8 +256,7 @@ def gemm_region_code(region: Region, name: str, args: KernelArgs, body: list[str
     positional = "".join(f"{a}, " for a in [*outs, "z", *args.params])
     body = [f"{o} = torch.empty((M, N), device=x.device, dtype=x.dtype)" for o in outs]
     body.append(f"z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else {outs[0]}  # unused if not")
-    body.append(f"{name}_kernel[grid](*ops, {positional}M, N, k_run, *strides, {extra_kwargs}STORE_Z=save_z, "
-                f"{LAUNCH_TAIL})")
+    body.append(gemm_launch(name, f"*ops, {positional}M, N, k_run, *strides, {extra_kwargs}STORE_Z=save_z, "))
     lines = [*pre, *gemm_head(anchor), *tuned_launch_lines(anchor, name, body, [*outs, "z", "ops"])]
     shaped = ", ".join(f"{o}.reshape(*lead, N)" for o in outs)
     lines += ["if save_z:", f"    return {shaped}, {KEPT}", f"return {shaped}"]

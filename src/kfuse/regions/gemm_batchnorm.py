@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from kfuse.ir import Graph, Node, Param, Scalar
 from kfuse.partition import Region
-from kfuse.regions.common import (KEPT, LAUNCH_TAIL, SAVE_Z_DOC, KernelArgs, RegionCode, gemm_head, gemm_kernel, is_column_vector,
+from kfuse.regions.common import (KEPT, SAVE_Z_DOC, KernelArgs, RegionCode, gemm_head, gemm_kernel, gemm_launch, is_column_vector,
                                   is_single, kernel_name, launcher, linear_bias, pointwise_kernel, pointwise_lines,
                                   store_line, tuned_launch_lines, var)
 
@@ -209,7 +209,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
 
     def launch(kernel: str, outs: list[str], args: KernelArgs, extra: str = "", kw: str = "") -> str:
         ptrs = "".join(f"buf_{v}, " for v in outs)
-        return f"{kernel}_kernel[grid](*ops, {ptrs}{extra}{''.join(p + ', ' for p in args.params)}M, N, k_run, *strides, {kw}{LAUNCH_TAIL})"
+        return gemm_launch(kernel, f"*ops, {ptrs}{extra}{''.join(p + ', ' for p in args.params)}M, N, k_run, *strides, {kw}")
 
     alloc = "{} = torch.empty((M, N), device=x.device, dtype=x.dtype)"
     shaped = ", ".join(f"buf_{v}.reshape(*lead, N)" for v in region.outputs)

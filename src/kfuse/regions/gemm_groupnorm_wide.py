@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Param
 from kfuse.partition import Region
-from kfuse.regions.common import (KEPT, LAUNCH_TAIL, SAVE_Z_DOC, KernelArgs, RegionCode, gemm_head, gemm_kernel, kernel_name,
+from kfuse.regions.common import (KEPT, SAVE_Z_DOC, KernelArgs, RegionCode, gemm_head, gemm_kernel, gemm_launch, kernel_name,
                                   launcher, linear_bias, pointwise_kernel, pointwise_lines, store_line,
                                   tuned_launch_lines, var)
 from kfuse.regions.gemm_groupnorm import affine_lines
@@ -205,8 +205,8 @@ def generate(region: Region, g: Graph) -> RegionCode:
         *[full.format(f"o_{v}", "x.dtype") for v in pre_outs],
         *[full.format(f"k_{v}", "torch.float32") for v in keeps],
         "z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else pa  # unused if not",
-        f"{name}_kernel[grid](*ops, {''.join(p + ', ' for p in k1_outs + ['z'] + a1.params)}M, N, k_run, *strides, "
-        f"group, SLOTS=slots, STORE_Z=save_z, {LAUNCH_TAIL})"]
+        gemm_launch(name, f"*ops, {''.join(p + ', ' for p in k1_outs + ['z'] + a1.params)}M, N, k_run, *strides, "
+                    "group, SLOTS=slots, STORE_Z=save_z, ")]
     lines = [
         "min_block_n = 16",
         *gemm_head(anchor),

@@ -68,7 +68,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
         finalize, row_stores, a2 = finalize_kernel(name, red, row, outputs, [], args.registry)
         kernels.append(finalize)
     doc = f"Fused: {replaced}. Column tiles hold whole pooling windows of POOL features."
-    kernel = gemm_kernel(name, doc, outs, args, body, extra_sig="N_OUT, POOL: tl.constexpr, ")
+    kernel = gemm_kernel(name, doc, outs, args, body, extra_sig="N_OUT, POOL: tl.constexpr, ", sm90=False)
     kernels.insert(0, kernel)
     by_name = {n.name: n for n in nodes}
 

@@ -195,7 +195,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
         body.append("tl.store(pb_ptr + offs_m.to(tl.int64) * T + pid_n, part_b, mask=mask_m)")
     k1_outs = [buf(v) for v in pre_outs + keeps] + ["pa", "pb"]
     gemm = gemm_kernel(name, f"Fused: {replaced}. Phase 1: GEMM, ops before {red.origin}, per-tile partials.",
-                       k1_outs, a1, body)
+                       k1_outs, a1, body, sm90=False)  # untuned (gemm_prologue): the Triton tile
 
     # 2. finalize: merge partials per row, the per-row ops, per-row stores. When the model returns no per-row
     # value, each apply program merges its rows' partials itself (T loads per row, L2-resident) instead: one

@@ -1,0 +1,176 @@
+"""The fp16x3p GEMM tile for Hopper (sm_90) in Gluon: asynchronous wgmma, TMA loads, a producer warp.
+
+Why a second implementation of gemm_core's "fp16x3p" tile: Triton 3.6 waits for every tl.dot to finish
+(`warp_group_dot_wait pendings=0` after each), so the three products of each K block drained the tensor cores
+three times per block, and the fresh partial per block needs a second fp32 accumulator, which kept the tile at
+128 x 128: 0.69 ms for problem 12's GEMM, 3.1-3.3 ms for 16384 x 4096 -> 4096 (benchmarks/gemm/NOTES.md).
+Gluon (triton.experimental.gluon, shipped with Triton >= 3.5) issues wgmma asynchronously and waits where we say.
+
+The same arithmetic as gemm_core's fp16x3p (pre-split, row-scaled fp16 hi/lo parts; lo*lo dropped), arranged so
+that the tensor cores wait only at the end of a chunk of K blocks:
+  * `cross` sums lo*hi + hi*lo over ALL of K in one tensor-core accumulator. Its terms are 2^-11 of the result, so
+    the tensor core's truncating accumulation costs 2^-11 of what it would cost the main term: nothing.
+  * `part` sums hi*hi over a CHUNK of K blocks (4 x 64 = 256 of K), then is drained (wait for all wgmma) and added
+    into the fp32 register sum `acc` with a round-to-nearest FADD ("promotion"). ptxas serializes every wgmma of
+    a loop if registers of an unfinished pipeline stage are read (C7514), so each promotion needs a full drain.
+    The chunk is bounded by accuracy, not speed: the tensor core truncates toward zero, so a longer chunk leaves a
+    bias in every output that a column mean does not average away: at 8 blocks problem 39's BatchNorm
+    running_mean missed rule 3 (1.43e-7 against a bound of 1.42e-7); at 4 it passes. Measured on the H100, the
+    GEMM kernel took about the same time at chunks of 4, 8 and 16 (benchmarks/gemm/NOTES.md, session 14).
+  * three accumulators of a 128 x 128 tile over 8 warps are 192 registers a thread: a producer warp (24 registers,
+    setmaxnreg) issues the TMA loads, so the 8 consumer warps get 240.
+  * STAGES shared-memory stages of hi and lo for A and B (64 KB each at 128 x 128 x 64: 3 stages), refilled as
+    soon as both warpgroups have finished a block (an mbarrier per stage each way).
+
+Operands (as gemm_tile with SPLIT_A=False): a_ptr / a_lo_ptr = x_hi / x_lo (M, K) fp16 and b_ptr / b_lo_ptr =
+w_hi / w_lo (N, K) fp16, rows zero-padded to a multiple of 64 (padded_k) with 16-byte aligned row strides (the
+split tensors are); a_scale_ptr / b_scale_ptr = the rows' powers of two. The TMA unit zero-fills rows past M
+and N. Tensor descriptors are made on the device (needs triton.set_allocator: gemm_core.ensure_tma_allocator).
+The result is the (BLOCK_M, BLOCK_N) fp32 tile in a blocked layout; the generated kernel's epilogue, written with
+triton.language, takes its layouts from it (Gluon's automatic layouts; regions/common.py makes the twin).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kfuse.kernels.gemm_core import _pow2_inv
+
+# --- emitted below ---
+try:  # Gluon ships with Triton >= 3.5; without it every GEMM runs the Triton kernels
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - older Triton
+    gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
+    HAVE_GLUON = False
+
+
+def sm90_jit(fn):
+    """gluon.jit where Gluon exists (the function is only compiled when an sm_90 config is launched)."""
+    return gluon.jit(fn) if HAVE_GLUON else fn
+
+
+def sm90_ok(t: torch.Tensor) -> bool:
+    """Can the Gluon tile run for tensors on t's device: Triton with Gluon, a compiled (not interpreted) run, and
+    a Hopper GPU (wgmma is sm_90 only: Blackwell has other tensor-core instructions)."""
+    return (HAVE_GLUON and t.is_cuda and not _interpreting()
+            and torch.cuda.get_device_capability(t.device)[0] == 9)
+
+
+def _interpreting() -> bool:
+    import os
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@sm90_jit
+def _sm90_loader(a_desc, a_lo_desc, b_desc, b_lo_desc, a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty, n_k, off_m,
+                 off_n, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """Producer warp: K block kb goes into stage kb % STAGES once the consumers have released that stage."""
+    for kb in range(n_k):
+        s = kb % STAGES
+        mbarrier.wait(empty.index(s), ((kb // STAGES) & 1) ^ 1)  # a fresh barrier passes the first wait
+        bar = ready.index(s)
+        mbarrier.expect(bar, 2 * (a_desc.block_type.nbytes + b_desc.block_type.nbytes))
+        k = kb * BLOCK_K
+        tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_hi_s.index(s))
+        tma.async_copy_global_to_shared(a_lo_desc, [off_m, k], bar, a_lo_s.index(s))
+        tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_hi_s.index(s))
+        tma.async_copy_global_to_shared(b_lo_desc, [off_n, k], bar, b_lo_s.index(s))
+
+
+@sm90_jit
+def _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, kb, cross, part, FRESH: tl.constexpr,
+                   STAGES: tl.constexpr):
+    """Wait for K block kb, then issue its products asynchronously: lo*hi and hi*lo into `cross`, hi*hi into
+    `part` (FRESH: `part` starts from zero, a new chunk)."""
+    s = kb % STAGES
+    mbarrier.wait(ready.index(s), (kb // STAGES) & 1)
+    b_hi = b_hi_s.index(s).permute((1, 0))
+    b_lo = b_lo_s.index(s).permute((1, 0))
+    cross = warpgroup_mma(a_lo_s.index(s), b_hi, cross, is_async=True)
+    cross = warpgroup_mma(a_hi_s.index(s), b_lo, cross, is_async=True)
+    part = warpgroup_mma(a_hi_s.index(s), b_hi, part, use_acc=not FRESH, is_async=True)
+    return cross, part
+
+
+@sm90_jit
+def _sm90_release(empty, kb, STAGES: tl.constexpr):
+    """Both warpgroups are past their wait for block kb: its stage may be refilled (one thread arrives)."""
+    gl.thread_barrier()
+    mbarrier.arrive(empty.index(kb % STAGES))
+
+
+@sm90_jit
+def _sm90_consumer(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty, n_k, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, STAGES: tl.constexpr, CHUNK: tl.constexpr):
+    """The 8 consumer warps: the K loop in chunks (see the module docstring); returns acc + cross."""
+    num_warps: tl.constexpr = gl.num_warps()
+    mma: tl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+    part = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+    cross = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+    for c0 in range(0, n_k, CHUNK):
+        c_end = min(c0 + CHUNK, n_k)
+        cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, c0, cross, part, True, STAGES)
+        cross, part = warpgroup_mma_wait(3, deps=(cross, part))
+        for kb in range(c0 + 1, c_end):
+            cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, kb, cross, part, False, STAGES)
+            cross, part = warpgroup_mma_wait(3, deps=(cross, part))  # block kb - 1 is done
+            _sm90_release(empty, kb - 1, STAGES)
+        cross, part = warpgroup_mma_wait(0, deps=(cross, part))  # drain: part may be read now
+        _sm90_release(empty, c_end - 1, STAGES)
+        acc = acc + part
+    return (acc + cross,)
+
+
+@gluon.constexpr_function if HAVE_GLUON else (lambda f: f)
+def _out_layout(BLOCK_M, BLOCK_N, num_warps):
+    """Rows of 4-wide (16-byte) column vectors, a warp across min(BLOCK_N, 128) columns."""
+    cols = min(32, BLOCK_N // 4)
+    return gl.BlockedLayout([1, 4], [32 // cols, cols], [num_warps, 1], [1, 0])
+
+
+@sm90_jit
+def gemm_tile_sm90(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,
+                   stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr,
+                   STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4):
+    """gemm_tile's contract (fp16x3p, SPLIT_A=False, K a multiple of BLOCK_K, unit K strides) on sm_90: the fp32
+    (BLOCK_M, BLOCK_N) tile of x @ W^T at (pid_m, pid_n), scales undone. Rows/cols past M/N hold zeros."""
+    tl.static_assert(SCHEME == "fp16x3p" and not SPLIT_A and EVEN_K, "the sm_90 tile takes pre-split operands")
+    num_warps: tl.constexpr = gl.num_warps()
+    a_sl: tl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float16)
+    b_sl: tl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.float16)
+    a_desc = tma.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K], a_sl)
+    a_lo_desc = tma.make_tensor_descriptor(a_lo_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K], a_sl)
+    b_desc = tma.make_tensor_descriptor(b_ptr, [N, K], [stride_bn, 1], [BLOCK_N, BLOCK_K], b_sl)
+    b_lo_desc = tma.make_tensor_descriptor(b_lo_ptr, [N, K], [stride_bn, 1], [BLOCK_N, BLOCK_K], b_sl)
+    a_hi_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_M, BLOCK_K], a_sl)
+    a_lo_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_M, BLOCK_K], a_sl)
+    b_hi_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, BLOCK_K], b_sl)
+    b_lo_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, BLOCK_K], b_sl)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    n_k = gl.cdiv(K, BLOCK_K)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    res = gl.warp_specialize([
+        (_sm90_consumer, (a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK)),
+        (_sm90_loader, (a_desc, a_lo_desc, b_desc, b_lo_desc, a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty, n_k,
+                        off_m, off_n, BLOCK_K, STAGES)),
+    ], [1], [24])
+    # outside the partitions, so the stages' shared memory is free for the layout change
+    layout: tl.constexpr = _out_layout(BLOCK_M, BLOCK_N, num_warps)
+    acc = gl.convert_layout(res[0], layout)
+    offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    a_s = gl.load(a_scale_ptr + offs_m % M)
+    b_s = gl.load(b_scale_ptr + offs_n % N)
+    return acc * _pow2_inv(a_s)[:, None] * _pow2_inv(b_s)[None, :]  # undo the powers of two (exact)
