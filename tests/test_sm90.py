@@ -33,19 +33,19 @@ def _module(tmp_path, name: str, sizes: dict, device: str = "cpu"):
 
 
 def test_twin_source_is_the_kernel_with_the_gluon_tile():
-    src = '''@triton.jit
-def lin_relu_kernel(a_ptr, M, N, K,
-        BLOCK_M: tl.constexpr, K_SLICES: tl.constexpr, STORE_Z: tl.constexpr = False):
-    """doc"""
-    acc = gemm_tile(a_ptr, pid_m, K_SLICES=K_SLICES)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    t = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.full((BLOCK_M,), 1.0, tl.float32) + tl.zeros_like(acc)
-    tl.store(a_ptr + offs_m, tl.maximum(acc, 0.0))
-'''
-    twin = sm90_twin(src, "lin_relu")
+    params = "a_ptr, M, N, K,\n        BLOCK_M: tl.constexpr, K_SLICES: tl.constexpr, STORE_Z: tl.constexpr = False"
+    epilogue = ["offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+                "t = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.full((BLOCK_M,), 1.0, tl.float32) + tl.zeros_like(acc)",
+                "tl.store(a_ptr + offs_m, tl.maximum(acc, 0.0))"]
+    twin = sm90_twin("lin_relu", params, "doc", epilogue)
+    names = "a_ptr, M, N, K, BLOCK_M, K_SLICES, STORE_Z"
     assert "@sm90_jit\ndef lin_relu_kernel_sm90(a_ptr, M, N, K," in twin
-    assert "STORE_Z: tl.constexpr = False, STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4):" in twin
-    assert "acc = gemm_tile_sm90(a_ptr, pid_m, STAGES=STAGES, CHUNK=CHUNK)" in twin
+    assert "STORE_Z: tl.constexpr = False, STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4,\n" in twin
+    assert f"def lin_relu_epilogue_sm90(acc, pid_m, pid_n, {params}):" in twin
+    assert f"def lin_relu_tiles_sm90(st, STAGES: tl.constexpr, CHUNK: tl.constexpr, {params}):" in twin
+    assert twin.count(f"lin_relu_epilogue_sm90(acc, pid_m, pid_n, {names})") == 2  # both paths run the epilogue
+    assert "EVEN_K, GROUP_M=GROUP_M, STAGES=STAGES, CHUNK=CHUNK)" in twin and "acc = gemm_tile_sm90(" in twin
+    assert f"(lin_relu_tiles_sm90, (st, STAGES, CHUNK, {names}))" in twin
     # tensor-making calls get Gluon's automatic layouts; everything else stays as written
     assert "gl.arange(0, BLOCK_M)" in twin and "gl.zeros((BLOCK_M,)" in twin and "gl.full((BLOCK_M,)" in twin
     assert "gl.zeros_like(acc)" in twin and "tl.store(a_ptr + offs_m, tl.maximum(acc, 0.0))" in twin
@@ -62,7 +62,9 @@ def test_generated_files_carry_and_pick_the_twins(tmp_path, name):
     assert any(k.endswith("_kernel_sm90") for k in dir(module))
     assert module.pick_kernel("k", "k90", SM90) == "k90"
     assert module.pick_kernel("k", "k90", dataclasses.replace(SM90, sm90=False)) == "k"
-    assert module.sm90_options(SM90) == {"STAGES": 3, "CHUNK": 4, "maxnreg": 168}
+    assert module.sm90_options(SM90) == {"STAGES": 3, "CHUNK": 4, "PERSISTENT": False, "maxnreg": 168}
+    assert module.gemm_grid(300, 520, SM90, torch.device("cpu")) == (15,)  # a block per tile (3 x 5)
+    assert module.gemm_grid(300, 520, dataclasses.replace(SM90, persistent=True), torch.device("cpu")) == (4,)
     assert module.sm90_options(dataclasses.replace(SM90, sm90=False)) == {}
 
 
@@ -80,18 +82,31 @@ def test_sm90_configs_and_candidates():
     assert not gemm_sm90.sm90_ok(torch.zeros(1))  # a CPU tensor never runs the twin
 
 
+# (problem, persistent) -> most spilled bytes ptxas may report; None: must not compile (GroupNorm's reshape of the
+# accumulator's own layout: the persistent twin has no shared memory left for a layout change)
+TWIN_BUILDS = {(name, False): 0 for name in SMALL} | {
+    ("12_gemm_multiply_leakyrelu", True): 0, ("39_gemm_scale_batchnorm", True): 64,
+    ("62_matmul_groupnorm_leakyrelu_sum", True): None}
+
+
 @pytest.mark.skipif(not gemm_sm90.HAVE_GLUON, reason="needs Triton with Gluon")
-@pytest.mark.parametrize("name", sorted(SMALL))
-def test_seed_twins_compile_for_sm90(tmp_path, name):
+@pytest.mark.parametrize("name, persistent", sorted(TWIN_BUILDS))
+def test_seed_twins_compile_for_sm90(tmp_path, name, persistent):
     from kfuse.sm90_compile import SM90_LIMIT_SMEM, compile_twins, record_launches, twin_specs
     prob, path, module = _module(tmp_path, name, SMALL[name])
     torch.manual_seed(0)
     model = module.ModelNew(*prob.init_inputs())
     inputs = prob.inputs()
-    specs = twin_specs(record_launches(module, lambda: model(*inputs)), SM90)
+    specs = twin_specs(record_launches(module, lambda: model(*inputs)),
+                       dataclasses.replace(SM90, persistent=persistent))
     assert specs, "no GEMM launch went through pick_kernel"
+    spill = TWIN_BUILDS[name, persistent]
+    if spill is None:
+        with pytest.raises(RuntimeError, match="GluonResolveAutoEncodings"):
+            compile_twins(str(path), specs)
+        return
     for build in compile_twins(str(path), specs):
-        assert build.spill_bytes == 0, build
+        assert build.spill_bytes <= spill, build
         assert build.shared <= SM90_LIMIT_SMEM, build
 
 
@@ -117,10 +132,11 @@ def _forced(module, monkeypatch, cfg) -> None:
 @requires_cuda
 @requires_hopper
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", sorted(ODD))
-def test_seeds_on_the_twin_meet_the_contract(tmp_path, monkeypatch, name):
+@pytest.mark.parametrize("name, persistent", [(name, False) for name in sorted(ODD)] + [
+    ("12_gemm_multiply_leakyrelu", True), ("39_gemm_scale_batchnorm", True)])
+def test_seeds_on_the_twin_meet_the_contract(tmp_path, monkeypatch, name, persistent):
     prob, _, module = _module(tmp_path, name, ODD[name], device="cuda")
-    _forced(module, monkeypatch, SM90)
+    _forced(module, monkeypatch, dataclasses.replace(SM90, persistent=persistent))
     report = check_contract(prob, run_in_process(module.ModelNew), device="cuda", trials=3)
     assert report.correct, report.failures
 

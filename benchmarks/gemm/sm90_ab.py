@@ -26,6 +26,7 @@ from kfuse.verify import check_contract, run_in_process, seeded_build, seeded_in
 TRITON = GemmConfig(128, 128, 64, 8, 8, 3, split_a=False)
 CONFIGS = {"triton": TRITON, **{f"sm90_c{c}": GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, sm90=True, chunk=c)
                                 for c in (1, 2, 4, 8, 16, 32)},
+           "sm90p_c4": GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, persistent=True, sm90=True, chunk=4),
            # two blocks per SM, one consumer warpgroup each (64 x 128 tiles, 2 stages)
            **{f"sm90_64_c{c}": GemmConfig(64, 128, 64, 8, 4, 2, split_a=False, sm90=True, chunk=c) for c in (2, 4, 8)}}
 

@@ -31,7 +31,7 @@ from kfuse.regions.common import RegionCode
 KERNELS = Path(__file__).parent / "kernels"
 CORE_ROOTS = ("SPLIT_SCHEMES", "SKINNY_M", "cdiv", "gemm_tile", "_tile_ids", "GemmConfig", "default_config", "valid_configs", "split_weight",
               "split_x", "row_scales", "padded_k", "ensure_tma_allocator", "sm90_configs",
-              "sm90_maxnreg")
+              "sm90_maxnreg", "_num_sms")
 MARKER = "# --- emitted below ---"
 
 

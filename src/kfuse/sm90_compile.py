@@ -86,7 +86,7 @@ def twin_specs(launches: list[tuple], cfg) -> list[dict]:
         values = dict(zip(twin.arg_names, args)) | {k: v for k, v in kwargs.items() if k in twin.arg_names}
         values |= {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m,
                    "SCHEME": "fp16x3p", "SPLIT_A": False, "EVEN_K": True, "STAGES": cfg.num_stages,
-                   "CHUNK": cfg.chunk}
+                   "CHUNK": cfg.chunk, "PERSISTENT": cfg.persistent}
         signature, constexprs = {}, {}
         for p in twin.params:
             if p.is_constexpr:

@@ -719,10 +719,12 @@ def sm90_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
     (three fp32 accumulators fill 192 of the consumers' 240 registers), 3 stages of 64 KB, the hi*hi partial
     promoted every 4 K blocks (longer chunks failed problem 39's BatchNorm running mean by their truncation bias:
     benchmarks/gemm/NOTES.md, session 14). H100: problem 12's GEMM kernel 0.55 ms (Triton tile 0.69), problem 39's
-    2.44-2.59 ms (2.97). Skipped where launches set the time."""
+    2.44-2.59 ms (2.97). One block per tile, and persistent (a block per SM walks the tiles: regions/sm90_twin.py).
+    Skipped where launches set the time."""
     if scheme != "fp16x3p" or launch_bound(M, N, K):
         return []
-    return [GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, sm90=True, chunk=4)]
+    return [GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, sm90=True, chunk=4),
+            GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, persistent=True, sm90=True, chunk=4)]
 
 
 def sm90_maxnreg(cfg: GemmConfig) -> int:

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.gemm_core import _pow2_inv
+from kfuse.kernels.gemm_core import _pow2_inv, _tile_ids
 
 # --- emitted below ---
 try:  # Gluon ships with Triton >= 3.5; without it every GEMM runs the Triton kernels
@@ -66,83 +66,9 @@ def _interpreting() -> bool:
 
 
 @sm90_jit
-def _sm90_loader(a_desc, a_lo_desc, b_desc, b_lo_desc, a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty, n_k, off_m,
-                 off_n, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
-    """Producer warp: K block kb goes into stage kb % STAGES once the consumers have released that stage."""
-    for kb in range(n_k):
-        s = kb % STAGES
-        mbarrier.wait(empty.index(s), ((kb // STAGES) & 1) ^ 1)  # a fresh barrier passes the first wait
-        bar = ready.index(s)
-        mbarrier.expect(bar, 2 * (a_desc.block_type.nbytes + b_desc.block_type.nbytes))
-        k = kb * BLOCK_K
-        tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_hi_s.index(s))
-        tma.async_copy_global_to_shared(a_lo_desc, [off_m, k], bar, a_lo_s.index(s))
-        tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_hi_s.index(s))
-        tma.async_copy_global_to_shared(b_lo_desc, [off_n, k], bar, b_lo_s.index(s))
-
-
-@sm90_jit
-def _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, kb, cross, part, FRESH: tl.constexpr,
-                   STAGES: tl.constexpr):
-    """Wait for K block kb, then issue its products asynchronously: lo*hi and hi*lo into `cross`, hi*hi into
-    `part` (FRESH: `part` starts from zero, a new chunk)."""
-    s = kb % STAGES
-    mbarrier.wait(ready.index(s), (kb // STAGES) & 1)
-    b_hi = b_hi_s.index(s).permute((1, 0))
-    b_lo = b_lo_s.index(s).permute((1, 0))
-    cross = warpgroup_mma(a_lo_s.index(s), b_hi, cross, is_async=True)
-    cross = warpgroup_mma(a_hi_s.index(s), b_lo, cross, is_async=True)
-    part = warpgroup_mma(a_hi_s.index(s), b_hi, part, use_acc=not FRESH, is_async=True)
-    return cross, part
-
-
-@sm90_jit
-def _sm90_release(empty, kb, STAGES: tl.constexpr):
-    """Both warpgroups are past their wait for block kb: its stage may be refilled (one thread arrives)."""
-    gl.thread_barrier()
-    mbarrier.arrive(empty.index(kb % STAGES))
-
-
-@sm90_jit
-def _sm90_consumer(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty, n_k, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, STAGES: tl.constexpr, CHUNK: tl.constexpr):
-    """The 8 consumer warps: the K loop in chunks (see the module docstring); returns acc + cross."""
-    num_warps: tl.constexpr = gl.num_warps()
-    mma: tl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BLOCK_N, 16])
-    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-    part = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-    cross = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-    for c0 in range(0, n_k, CHUNK):
-        c_end = min(c0 + CHUNK, n_k)
-        cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, c0, cross, part, True, STAGES)
-        cross, part = warpgroup_mma_wait(3, deps=(cross, part))
-        for kb in range(c0 + 1, c_end):
-            cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, kb, cross, part, False, STAGES)
-            cross, part = warpgroup_mma_wait(3, deps=(cross, part))  # block kb - 1 is done
-            _sm90_release(empty, kb - 1, STAGES)
-        cross, part = warpgroup_mma_wait(0, deps=(cross, part))  # drain: part may be read now
-        _sm90_release(empty, c_end - 1, STAGES)
-        acc = acc + part
-    return (acc + cross,)
-
-
-@gluon.constexpr_function if HAVE_GLUON else (lambda f: f)
-def _out_layout(BLOCK_M, BLOCK_N, num_warps):
-    """Rows of 4-wide (16-byte) column vectors, a warp across min(BLOCK_N, 128) columns."""
-    cols = min(32, BLOCK_N // 4)
-    return gl.BlockedLayout([1, 4], [32 // cols, cols], [num_warps, 1], [1, 0])
-
-
-@sm90_jit
-def gemm_tile_sm90(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,
-                   stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr,
-                   STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4):
-    """gemm_tile's contract (fp16x3p, SPLIT_A=False, K a multiple of BLOCK_K, unit K strides) on sm_90: the fp32
-    (BLOCK_M, BLOCK_N) tile of x @ W^T at (pid_m, pid_n), scales undone. Rows/cols past M/N hold zeros."""
-    tl.static_assert(SCHEME == "fp16x3p" and not SPLIT_A and EVEN_K, "the sm_90 tile takes pre-split operands")
-    num_warps: tl.constexpr = gl.num_warps()
+def sm90_setup(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, M, N, K, stride_am, stride_bn, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """One block's TMA descriptors, shared-memory stages and mbarriers, shared by the loader and the consumers."""
     a_sl: tl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float16)
     b_sl: tl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.float16)
     a_desc = tma.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K], a_sl)
@@ -158,19 +84,120 @@ def gemm_tile_sm90(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, p
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    return (a_desc, a_lo_desc, b_desc, b_lo_desc, a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty)
+
+
+@sm90_jit
+def sm90_loader(st, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_M: tl.constexpr, STAGES: tl.constexpr):
+    """Producer warp: every K block of this block's tiles (tiles program_id, + num_programs, ...: one tile unless the
+    grid is persistent), the i-th into stage i % STAGES once the consumers have released it. It runs ahead across
+    tile boundaries, so a persistent block's next tile is loading while its consumers run the epilogue."""
+    a_desc, a_lo_desc, b_desc, b_lo_desc, a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty = st
     n_k = gl.cdiv(K, BLOCK_K)
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
-    res = gl.warp_specialize([
-        (_sm90_consumer, (a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK)),
-        (_sm90_loader, (a_desc, a_lo_desc, b_desc, b_lo_desc, a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty, n_k,
-                        off_m, off_n, BLOCK_K, STAGES)),
-    ], [1], [24])
-    # outside the partitions, so the stages' shared memory is free for the layout change
-    layout: tl.constexpr = _out_layout(BLOCK_M, BLOCK_N, num_warps)
-    acc = gl.convert_layout(res[0], layout)
-    offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    i = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+        pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        for kb in range(n_k):
+            s = i % STAGES
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes the first wait
+            bar = ready.index(s)
+            mbarrier.expect(bar, 2 * (a_desc.block_type.nbytes + b_desc.block_type.nbytes))
+            k = kb * BLOCK_K
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, k], bar, a_hi_s.index(s))
+            tma.async_copy_global_to_shared(a_lo_desc, [pid_m * BLOCK_M, k], bar, a_lo_s.index(s))
+            tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, k], bar, b_hi_s.index(s))
+            tma.async_copy_global_to_shared(b_lo_desc, [pid_n * BLOCK_N, k], bar, b_lo_s.index(s))
+            i += 1
+
+
+@sm90_jit
+def _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, i, cross, part, FRESH: tl.constexpr,
+                   STAGES: tl.constexpr):
+    """Wait for the i-th K block, then issue its products asynchronously: lo*hi and hi*lo into `cross`, hi*hi into
+    `part` (FRESH: `part` starts from zero, a new chunk)."""
+    s = i % STAGES
+    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+    b_hi = b_hi_s.index(s).permute((1, 0))
+    b_lo = b_lo_s.index(s).permute((1, 0))
+    cross = warpgroup_mma(a_lo_s.index(s), b_hi, cross, is_async=True)
+    cross = warpgroup_mma(a_hi_s.index(s), b_lo, cross, is_async=True)
+    part = warpgroup_mma(a_hi_s.index(s), b_hi, part, use_acc=not FRESH, is_async=True)
+    return cross, part
+
+
+@sm90_jit
+def _sm90_release(empty, i, STAGES: tl.constexpr):
+    """Both warpgroups are past their wait for the i-th block: its stage may be refilled (one thread arrives)."""
+    gl.thread_barrier()
+    mbarrier.arrive(empty.index(i % STAGES))
+
+
+@sm90_jit
+def sm90_tile_mma(st, i0, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+                  CHUNK: tl.constexpr):
+    """The consumer warps' K loop of one tile, K blocks i0 .. i0 + n_k - 1 of the block's stage sequence, in
+    chunks (module docstring): acc + cross, unscaled, in the wgmma accumulator layout."""
+    a_desc, a_lo_desc, b_desc, b_lo_desc, a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty = st
+    num_warps: tl.constexpr = gl.num_warps()
+    mma: tl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+    part = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+    cross = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+    for c0 in range(i0, i0 + n_k, CHUNK):
+        c_end = min(c0 + CHUNK, i0 + n_k)
+        cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, c0, cross, part, True, STAGES)
+        cross, part = warpgroup_mma_wait(3, deps=(cross, part))
+        for i in range(c0 + 1, c_end):
+            cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, i, cross, part, False, STAGES)
+            cross, part = warpgroup_mma_wait(3, deps=(cross, part))  # block i - 1 is done
+            _sm90_release(empty, i - 1, STAGES)
+        cross, part = warpgroup_mma_wait(0, deps=(cross, part))  # drain: part may be read now
+        _sm90_release(empty, c_end - 1, STAGES)
+        acc = acc + part
+    return acc + cross
+
+
+@sm90_jit
+def sm90_scaled(acc, a_scale_ptr, b_scale_ptr, pid_m, pid_n, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """acc with the rows' and columns' powers of two undone (exact), in acc's layout."""
+    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))
     a_s = gl.load(a_scale_ptr + offs_m % M)
     b_s = gl.load(b_scale_ptr + offs_n % N)
-    return acc * _pow2_inv(a_s)[:, None] * _pow2_inv(b_s)[None, :]  # undo the powers of two (exact)
+    return acc * _pow2_inv(a_s)[:, None] * _pow2_inv(b_s)[None, :]
+
+
+@sm90_jit
+def _sm90_one_tile(st, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+                   CHUNK: tl.constexpr):
+    return (sm90_tile_mma(st, 0, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK),)
+
+
+@gluon.constexpr_function if HAVE_GLUON else (lambda f: f)
+def _out_layout(BLOCK_M, BLOCK_N, num_warps):
+    """Rows of 4-wide (16-byte) column vectors, a warp across min(BLOCK_N, 128) columns."""
+    cols = min(32, BLOCK_N // 4)
+    return gl.BlockedLayout([1, 4], [32 // cols, cols], [num_warps, 1], [1, 0])
+
+
+@sm90_jit
+def gemm_tile_sm90(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,
+                   stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr,
+                   GROUP_M: tl.constexpr = 8, STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4):
+    """gemm_tile's contract (fp16x3p, SPLIT_A=False, K a multiple of BLOCK_K, unit K strides) on sm_90, one tile per
+    block: the fp32 (BLOCK_M, BLOCK_N) tile of x @ W^T at (pid_m, pid_n) (the block's, by _tile_ids and GROUP_M),
+    scales undone, in a blocked layout. Rows/cols past M/N hold zeros."""
+    tl.static_assert(SCHEME == "fp16x3p" and not SPLIT_A and EVEN_K, "the sm_90 tile takes pre-split operands")
+    num_warps: tl.constexpr = gl.num_warps()
+    st = sm90_setup(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, M, N, K, stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K,
+                    STAGES)
+    res = gl.warp_specialize([
+        (_sm90_one_tile, (st, gl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, STAGES, CHUNK)),
+        (sm90_loader, (st, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)),
+    ], [1], [24])
+    # outside the partitions, so the stages' shared memory is free for the layout change
+    acc = gl.convert_layout(res[0], _out_layout(BLOCK_M, BLOCK_N, num_warps))
+    return sm90_scaled(acc, a_scale_ptr, b_scale_ptr, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)

@@ -15,8 +15,8 @@ import triton.language as tl
 
 import dataclasses
 
-from kfuse.kernels.gemm_core import (SKINNY_M, SPLIT_SCHEMES, GemmConfig, default_config, ensure_tma_allocator,
-                                    padded_k, row_scales, sm90_configs, sm90_maxnreg, split_weight, split_x,
+from kfuse.kernels.gemm_core import (SKINNY_M, SPLIT_SCHEMES, GemmConfig, _num_sms, cdiv, default_config,
+                                    ensure_tma_allocator, padded_k, row_scales, sm90_configs, sm90_maxnreg, split_weight, split_x,
                                     valid_configs)
 from kfuse.kernels.gemm_sm90 import sm90_ok
 from kfuse.kernels.skinny import fp64_partials
@@ -114,13 +114,13 @@ def _write_tune_cache(key: str, entry: dict) -> None:
 
 
 def tune_candidates(M: int, N: int, K: int, scheme: str, min_block_n: int, sm90: bool = False) -> list:
-    """The default config first, then the other valid ones this launcher can run (one program per tile), and
-    on a Hopper GPU (sm90: gemm_sm90.sm90_ok) the Gluon twin's configs. Split-K configs get their tile kernel
+    """The default config first, then the other valid ones this launcher can run (one program per tile: Triton's
+    persistent configs are for benchmarks/gemm), and on a Hopper GPU (sm90: gemm_sm90.sm90_ok) the Gluon twin's. Split-K configs get their tile kernel
     widened to min_block_n (it only adds partials: any width is cheap)."""
     out = [gemm_config(M, N, K, scheme, min_block_n)]
     for c in valid_configs(M, N, K, scheme) + (sm90_configs(M, N, K, scheme) if sm90 else []):
         c = widened(c, min_block_n) if c.k_slices else c
-        if c.block_n >= min_block_n and not c.persistent and c not in out:
+        if c.block_n >= min_block_n and (c.sm90 or not c.persistent) and c not in out:
             out.append(c)
     return out
 
@@ -252,7 +252,14 @@ def sm90_options(cfg: GemmConfig) -> dict:
     (sm90_maxnreg) that lets its blocks share an SM."""
     if not cfg.sm90:
         return {}
-    return {"STAGES": cfg.num_stages, "CHUNK": cfg.chunk, "maxnreg": sm90_maxnreg(cfg)}
+    return {"STAGES": cfg.num_stages, "CHUNK": cfg.chunk, "PERSISTENT": cfg.persistent, "maxnreg": sm90_maxnreg(cfg)}
+
+
+def gemm_grid(M: int, N: int, cfg: GemmConfig, device) -> tuple:
+    """The launch grid of a GEMM kernel: one block per tile, or one per SM (at most one per tile) for persistent
+    sm90 configs, whose blocks walk the tiles."""
+    tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
+    return (min(tiles, _num_sms(device)),) if cfg.sm90 and cfg.persistent else (tiles,)
 
 
 def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, scheme: str, cfg: GemmConfig) -> tuple:

@@ -8,12 +8,12 @@ Generated names follow the values: the kernel for `gemm -> mul -> leaky_relu` is
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from kfuse.ir import Arg, Graph, Node, Param, Scalar
 from kfuse.ops import POINTWISE, VIEW_OPS
 from kfuse.partition import Region
+from kfuse.regions.sm90_twin import sm90_twin
 
 
 @dataclass(frozen=True)
@@ -148,46 +148,33 @@ def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: li
                 z_var: str | None = None, sm90: bool = True) -> str:
     """A GEMM tile kernel: tile ids, the fp32-accurate accumulator, masks, then `body` (epilogue + stores).
     z_var: the variable holding x W^T + b; the kernel then takes `z_ptr` and STORE_Z (write z too).
-    sm90: also its Hopper twin `<name>_kernel_sm90` (sm90_twin), which launchers pick for sm90 configs."""
+    sm90: also its Hopper twin `<name>_kernel_sm90` (regions/sm90_twin.py), which launchers pick for sm90 configs."""
     out_sig = "".join(f"{o}_ptr, " for o in outs) + ("z_ptr, " if z_var else "")
     constexprs = GEMM_CONSTEXPRS + (", STORE_Z: tl.constexpr = False" if z_var else "")
     if z_var:
         body = z_store_body(body, z_var)
+    params = (f"{GEMM_PARAMS}{out_sig}{args.signature()}M, N, K,\n"
+              f"        stride_am, stride_ak, stride_bn, stride_bk, {extra_sig}{constexprs}")
+    epilogue = [
+        "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        "mask_m = offs_m < M",
+        "mask_n = offs_n < N",
+        "mask = mask_m[:, None] & mask_n[None, :]",
+        *args.loads, *body,
+    ]
     lines = [
         "@triton.jit",
-        f"def {name}_kernel({GEMM_PARAMS}{out_sig}{args.signature()}M, N, K,",
-        f"        stride_am, stride_ak, stride_bn, stride_bk, {extra_sig}{constexprs}):",
+        f"def {name}_kernel({params}):",
         f'    """{doc}"""',
         "    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)",
         "    acc = gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,",
         "                    stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K,",
         "                    K_SLICES=K_SLICES)",
-        "    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-        "    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
-        "    mask_m = offs_m < M",
-        "    mask_n = offs_n < N",
-        "    mask = mask_m[:, None] & mask_n[None, :]",
+        *[f"    {ln}" for ln in epilogue],
     ]
-    lines += [f"    {ln}" for ln in args.loads + body]
     src = "\n".join(lines) + "\n"
-    return src + "\n\n" + sm90_twin(src, name) if sm90 else src
-
-
-# Tensor-making calls that need a layout in Gluon: Gluon's own versions give them an automatic one, which the
-# compiler takes from the tensors they meet (the accumulator's), so the epilogue lines stay as written.
-_CREATORS = re.compile(r"\btl\.(arange|zeros|zeros_like|full|full_like)\(")
-
-
-def sm90_twin(src: str, name: str) -> str:
-    """The Hopper twin of a gemm_kernel source: the same parameters (plus the Gluon tile's STAGES and CHUNK) and
-    the same epilogue, compiled by Gluon, with gemm_tile_sm90 (kernels/gemm_sm90.py) in place of gemm_tile."""
-    head, sep, body = src.partition("):\n")  # the signature ends at the first "):" closing a line
-    head = head.replace("@triton.jit", "# the same kernel with its GEMM tile in Gluon, for Hopper GPUs (sm90 configs)\n"
-                        "@sm90_jit", 1).replace(f"def {name}_kernel(", f"def {name}_kernel_sm90(", 1)
-    head += ", STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4"
-    body = body.replace("acc = gemm_tile(", "acc = gemm_tile_sm90(", 1)
-    body = body.replace("K_SLICES=K_SLICES)", "STAGES=STAGES, CHUNK=CHUNK)", 1)
-    return head + sep + _CREATORS.sub(r"gl.\1(", body)
+    return src + "\n\n" + sm90_twin(name, params, doc, epilogue) if sm90 else src
 
 
 def gemm_launch(kernel: str, args: str) -> str:
@@ -222,7 +209,7 @@ def gemm_head(anchor: Node) -> list[str]:
 def gemm_operand_lines(anchor: Node) -> list[str]:
     """Launcher lines for a chosen `cfg`: the GEMM operands and the tile grid."""
     return [f"ops, k_run, strides = gemm_operands(x2, weight, {anchor.op == 'matmul'}, scheme, cfg)",
-            "grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)"]
+            "grid = gemm_grid(M, N, cfg, x.device)"]
 
 
 def gemm_prologue(anchor: Node) -> list[str]:

@@ -1,0 +1,76 @@
+"""The Hopper twin of a generated GEMM kernel (`<name>_kernel_sm90`), made from the same pieces as the kernel.
+
+Same parameters (plus STAGES, CHUNK and PERSISTENT of the sm90 configs) and the same epilogue lines, compiled by
+Gluon with the tile of kernels/gemm_sm90.py: asynchronous wgmma fed by a producer warp. Three functions:
+  <name>_epilogue_sm90  the kernel's epilogue lines as they are, with Triton's tensor-making calls replaced by
+                        Gluon's (which need no layout: theirs is inferred from the accumulator's);
+  <name>_tiles_sm90     persistent blocks: the consumer warps walk the block's tiles, each tile's K loop
+                        (sm90_tile_mma) then its epilogue, while the producer warp (sm90_loader) already loads the next
+                        tile: a tile's prologue and pipeline fill overlap the previous epilogue. The epilogue then runs
+                        on the accumulator's own layout (the stages' shared memory stays busy, none is left for a layout
+                        change): epilogues that reshape it (GroupNorm's groups) do not compile, and the tuner keeps
+                        the one-tile twin for them;
+  <name>_kernel_sm90    the kernel: PERSISTENT, the above under warp_specialize; else one tile per block
+                        (gemm_tile_sm90) and the epilogue on a blocked layout.
+Launchers pick the twin for sm90 configs (runtime.pick_kernel, sm90_options, gemm_grid).
+"""
+
+from __future__ import annotations
+
+import re
+
+# Tensor-making calls that need a layout in Gluon: Gluon's own versions give them an automatic one, which the
+# compiler takes from the tensors they meet (the accumulator's), so the epilogue lines stay as written.
+_CREATORS = re.compile(r"\btl\.(arange|zeros|zeros_like|full|full_like)\(")
+_PARAM = re.compile(r"(\w+)\s*(?::[^,=]*)?(?:=[^,]*)?$")
+
+
+def param_names(params: str) -> list[str]:
+    """The names in a signature's parameter text ("a_ptr, M, BLOCK_M: tl.constexpr, STORE_Z: tl.constexpr = False")."""
+    return [_PARAM.match(p.strip()).group(1) for p in params.split(",") if p.strip()]
+
+
+def sm90_twin(name: str, params: str, doc: str, epilogue: list[str]) -> str:
+    """The twin's source: `params` is the kernel's parameter text, `epilogue` its lines after `acc = gemm_tile(...)`
+    (one indent level)."""
+    names = ", ".join(param_names(params))
+    gluon_lines = [_CREATORS.sub(r"gl.\1(", ln) for ln in epilogue]
+    setup = "sm90_setup(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, M, N, K, stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)"
+    lines = [
+        "@sm90_jit",
+        f"def {name}_epilogue_sm90(acc, pid_m, pid_n, {params}):",
+        f'    """The epilogue of {name}_kernel, for its Hopper twin."""',
+        *[f"    {ln}" for ln in gluon_lines],
+        "",
+        "",
+        "@sm90_jit",
+        f"def {name}_tiles_sm90(st, STAGES: tl.constexpr, CHUNK: tl.constexpr, {params}):",
+        f'    """{name}_kernel_sm90\'s consumer warps on a persistent grid: each of this block\'s tiles, then its epilogue."""',
+        "    n_k = tl.cdiv(K, BLOCK_K)",
+        "    i = 0",
+        "    for tile in range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), tl.num_programs(0)):",
+        "        pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)",
+        "        acc = sm90_scaled(sm90_tile_mma(st, i, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK), a_scale_ptr, b_scale_ptr,",
+        "                          pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)",
+        f"        {name}_epilogue_sm90(acc, pid_m, pid_n, {names})",
+        "        i += n_k",
+        "",
+        "",
+        "# the same kernel with its GEMM tile in Gluon, for Hopper GPUs (sm90 configs: regions/sm90_twin.py)",
+        "@sm90_jit",
+        f"def {name}_kernel_sm90({params}, STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4,",
+        "        PERSISTENT: tl.constexpr = False):",
+        f'    """{doc}"""',
+        '    tl.static_assert(SCHEME == "fp16x3p" and not SPLIT_A and EVEN_K, "the sm_90 tile takes pre-split operands")',
+        "    if PERSISTENT:  # one block per SM walks the tiles; its producer warp loads across tile boundaries",
+        f"        st = {setup}",
+        f"        gl.warp_specialize([({name}_tiles_sm90, (st, STAGES, CHUNK, {names})),",
+        "                            (sm90_loader, (st, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES))], [1], [24])",
+        "    else:",
+        "        pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)",
+        "        acc = gemm_tile_sm90(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,",
+        "                             stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A,",
+        "                             EVEN_K, GROUP_M=GROUP_M, STAGES=STAGES, CHUNK=CHUNK)",
+        f"        {name}_epilogue_sm90(acc, pid_m, pid_n, {names})",
+    ]
+    return "\n".join(lines) + "\n"
