@@ -66,6 +66,17 @@ def main() -> None:
             host = (time.perf_counter() - t0) / 20 * 1e3
             torch.cuda.synchronize()
         print(f"time_cuda median {bench:.4f} ms, back-to-back {back_to_back:.4f} ms/call, host issue {host:.4f} ms/call")
+        if os.environ.get("GAPS"):  # the bench's loop (an L2 flush before each call) under the profiler: GPU idle
+            flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")  # time between the kernels
+            with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof2:
+                for _ in range(10):
+                    flush.zero_()
+                    model(*inputs)
+                torch.cuda.synchronize()
+            kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof2.events()
+                             if e.device_type == torch.autograd.DeviceType.CUDA)
+            gaps = [(b[0] - a[1], b[2][:40]) for a, b in zip(kernels, kernels[1:])]
+            print("GPU idle before each kernel (us), last 2 calls:", [(round(g, 1), n) for g, n in gaps[-12:]])
         if os.environ.get("HOST_PROFILE"):  # where the host's time per call goes (cProfile, 20 calls)
             import cProfile
             import pstats
