@@ -21,6 +21,9 @@ that the tensor cores wait only at the end of a chunk of K blocks:
     setmaxnreg) issues the TMA loads, so the 8 consumer warps get 240.
   * STAGES shared-memory stages of hi and lo for A and B (64 KB each at 128 x 128 x 64: 3 stages), refilled as
     soon as both warpgroups have finished a block (an mbarrier per stage each way).
+  * one tile per block (gemm_tile_sm90: the epilogue runs after the warp-specialized region, where the stages'
+    memory is free for a layout change), or persistent (regions/sm90_twin.py: a block per SM walks its tiles with
+    sm90_tile_mma and the generated epilogue, while sm90_loader already loads the next tile).
 
 Operands (as gemm_tile with SPLIT_A=False): a_ptr / a_lo_ptr = x_hi / x_lo (M, K) fp16 and b_ptr / b_lo_ptr =
 w_hi / w_lo (N, K) fp16, rows zero-padded to a multiple of 64 (padded_k) with 16-byte aligned row strides (the
