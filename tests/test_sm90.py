@@ -45,6 +45,7 @@ def test_twin_source_is_the_kernel_with_the_gluon_tile():
     assert f"def lin_relu_tiles_sm90(st, STAGES: tl.constexpr, CHUNK: tl.constexpr, {params}):" in twin
     assert twin.count(f"lin_relu_epilogue_sm90(acc, pid_m, pid_n, {names})") == 2  # both paths run the epilogue
     assert "EVEN_K, GROUP_M=GROUP_M, STAGES=STAGES, CHUNK=CHUNK)" in twin and "acc = gemm_tile_sm90(" in twin
+    assert "acc = sm90_tile_mma(st, i, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK)" in twin
     assert f"(lin_relu_tiles_sm90, (st, STAGES, CHUNK, {names}))" in twin
     # tensor-making calls get Gluon's automatic layouts; everything else stays as written
     assert "gl.arange(0, BLOCK_M)" in twin and "gl.zeros((BLOCK_M,)" in twin and "gl.full((BLOCK_M,)" in twin

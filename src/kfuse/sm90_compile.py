@@ -1,6 +1,6 @@
 """Compile the Hopper twins of a generated ModelNew for sm_90 without a GPU (tests and the CPU checks of CI).
 
-The twins (`<name>_kernel_sm90`, regions/common.py) only run on a Hopper GPU, but Triton can compile them on any
+The twins (`<name>_kernel_sm90`, regions/sm90_twin.py) only run on a Hopper GPU, but Triton can compile them on any
 machine: its bundled ptxas targets sm_90a. Running the model once on the CPU records each GEMM launch (the
 arguments the Triton kernel got); each launch's twin is then compiled with the arguments an sm90 config would
 pass. What this proves: the epilogue's Triton code resolves its layouts in Gluon and the kernel fits (registers
@@ -9,8 +9,11 @@ without spilling, shared memory). What it cannot: that the results are right (GP
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from types import ModuleType
@@ -51,6 +54,8 @@ def record_launches(module: ModuleType, run) -> list[tuple]:
 
 
 class _Recorder:
+    """Stands in for `kernel[grid]`: records the launch's arguments with the twin they are for, then launches."""
+
     def __init__(self, kernel, twin, seen):
         self.kernel, self.twin, self.seen = kernel, twin, seen
 
@@ -106,8 +111,6 @@ def twin_specs(launches: list[tuple], cfg) -> list[dict]:
 def compile_twins(module_path: str, specs: list[dict]) -> list[TwinBuild]:
     """Compile the twins of the generated file `module_path` for sm_90 in a fresh process: Triton's interpreter,
     which the CPU run of the model needs, turns every jit function into one the compiler cannot call."""
-    import json
-    import sys
     env = dict(os.environ, TRITON_INTERPRET="0")
     out = subprocess.run([sys.executable, "-m", "kfuse.sm90_compile", module_path], input=json.dumps(specs),
                          capture_output=True, text=True, env=env)
@@ -133,10 +136,6 @@ def _compile_spec(module, spec: dict) -> TwinBuild:
 
 
 def _main(module_path: str) -> None:
-    import dataclasses
-    import json
-    import sys
-
     from kfuse.optimize import load_module
     module = load_module(module_path)
     specs = json.loads(sys.stdin.read())
@@ -159,5 +158,4 @@ def _ptxas_usage(ptx: str) -> tuple[int, int]:
 
 
 if __name__ == "__main__":
-    import sys
     _main(sys.argv[1])

@@ -16,8 +16,8 @@ import triton.language as tl
 import dataclasses
 
 from kfuse.kernels.gemm_core import (SKINNY_M, SPLIT_SCHEMES, GemmConfig, _num_sms, cdiv, default_config,
-                                    ensure_tma_allocator, padded_k, row_scales, sm90_configs, sm90_maxnreg, split_weight, split_x,
-                                    valid_configs)
+                                    ensure_tma_allocator, padded_k, row_scales, sm90_configs, sm90_maxnreg,
+                                    split_weight, split_x, valid_configs)
 from kfuse.kernels.gemm_sm90 import sm90_ok
 from kfuse.kernels.skinny import fp64_partials
 
@@ -115,8 +115,8 @@ def _write_tune_cache(key: str, entry: dict) -> None:
 
 def tune_candidates(M: int, N: int, K: int, scheme: str, min_block_n: int, sm90: bool = False) -> list:
     """The default config first, then the other valid ones this launcher can run (one program per tile: Triton's
-    persistent configs are for benchmarks/gemm), and on a Hopper GPU (sm90: gemm_sm90.sm90_ok) the Gluon twin's. Split-K configs get their tile kernel
-    widened to min_block_n (it only adds partials: any width is cheap)."""
+    persistent configs are for benchmarks/gemm), and on a Hopper GPU (sm90: gemm_sm90.sm90_ok) the Gluon twin's.
+    Split-K configs get their tile kernel widened to min_block_n (it only adds partials: any width is cheap)."""
     out = [gemm_config(M, N, K, scheme, min_block_n)]
     for c in valid_configs(M, N, K, scheme) + (sm90_configs(M, N, K, scheme) if sm90 else []):
         c = widened(c, min_block_n) if c.k_slices else c
@@ -248,11 +248,12 @@ def pick_kernel(kernel, kernel_sm90, cfg: GemmConfig):
 
 
 def sm90_options(cfg: GemmConfig) -> dict:
-    """Launch arguments only the Hopper twin takes: its stages, its promotion chunk and the register cap
-    (sm90_maxnreg) that lets its blocks share an SM."""
+    """Launch arguments only the Hopper twin takes: its stages, its promotion chunk, whether its grid is persistent,
+    and the register cap at launch (sm90_maxnreg) that leaves the producer warp's group its share."""
     if not cfg.sm90:
         return {}
-    return {"STAGES": cfg.num_stages, "CHUNK": cfg.chunk, "PERSISTENT": cfg.persistent, "maxnreg": sm90_maxnreg(cfg)}
+    return {"STAGES": cfg.num_stages, "CHUNK": cfg.chunk, "PERSISTENT": cfg.persistent,
+            "maxnreg": sm90_maxnreg(cfg)}
 
 
 def gemm_grid(M: int, N: int, cfg: GemmConfig, device) -> tuple:

@@ -26,7 +26,7 @@ _PARAM = re.compile(r"(\w+)\s*(?::[^,=]*)?(?:=[^,]*)?$")
 
 
 def param_names(params: str) -> list[str]:
-    """The names in a signature's parameter text ("a_ptr, M, BLOCK_M: tl.constexpr, STORE_Z: tl.constexpr = False")."""
+    """The names in a signature's parameter text, e.g. "a_ptr, M, BLOCK_M: tl.constexpr, S: tl.constexpr = False"."""
     return [_PARAM.match(p.strip()).group(1) for p in params.split(",") if p.strip()]
 
 
@@ -35,7 +35,8 @@ def sm90_twin(name: str, params: str, doc: str, epilogue: list[str]) -> str:
     (one indent level)."""
     names = ", ".join(param_names(params))
     gluon_lines = [_CREATORS.sub(r"gl.\1(", ln) for ln in epilogue]
-    setup = "sm90_setup(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, M, N, K, stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)"
+    setup = ("sm90_setup(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, M, N, K, stride_am, stride_bn, BLOCK_M, BLOCK_N, "
+             "BLOCK_K, STAGES)")
     lines = [
         "@sm90_jit",
         f"def {name}_epilogue_sm90(acc, pid_m, pid_n, {params}):",
@@ -45,13 +46,14 @@ def sm90_twin(name: str, params: str, doc: str, epilogue: list[str]) -> str:
         "",
         "@sm90_jit",
         f"def {name}_tiles_sm90(st, STAGES: tl.constexpr, CHUNK: tl.constexpr, {params}):",
-        f'    """{name}_kernel_sm90\'s consumer warps on a persistent grid: each of this block\'s tiles, then its epilogue."""',
+        f'    """{name}_kernel_sm90\'s consumer warps on a persistent grid: each of the block\'s tiles, then its '
+        'epilogue."""',
         "    n_k = tl.cdiv(K, BLOCK_K)",
         "    i = 0",
         "    for tile in range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), tl.num_programs(0)):",
         "        pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)",
-        "        acc = sm90_scaled(sm90_tile_mma(st, i, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK), a_scale_ptr, b_scale_ptr,",
-        "                          pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)",
+        "        acc = sm90_tile_mma(st, i, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK)",
+        "        acc = sm90_scaled(acc, a_scale_ptr, b_scale_ptr, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)",
         f"        {name}_epilogue_sm90(acc, pid_m, pid_n, {names})",
         "        i += n_k",
         "",
@@ -61,16 +63,17 @@ def sm90_twin(name: str, params: str, doc: str, epilogue: list[str]) -> str:
         f"def {name}_kernel_sm90({params}, STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4,",
         "        PERSISTENT: tl.constexpr = False):",
         f'    """{doc}"""',
-        '    tl.static_assert(SCHEME == "fp16x3p" and not SPLIT_A and EVEN_K, "the sm_90 tile takes pre-split operands")',
+        '    tl.static_assert(SCHEME == "fp16x3p" and not SPLIT_A and EVEN_K, "the sm_90 tile: pre-split operands")',
         "    if PERSISTENT:  # one block per SM walks the tiles; its producer warp loads across tile boundaries",
         f"        st = {setup}",
         f"        gl.warp_specialize([({name}_tiles_sm90, (st, STAGES, CHUNK, {names})),",
-        "                            (sm90_loader, (st, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES))], [1], [24])",
+        "                            (sm90_loader, (st, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES))],",
+        "                           [1], [24])",
         "    else:",
         "        pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)",
-        "        acc = gemm_tile_sm90(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,",
-        "                             stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A,",
-        "                             EVEN_K, GROUP_M=GROUP_M, STAGES=STAGES, CHUNK=CHUNK)",
+        "        acc = gemm_tile_sm90(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n,",
+        "                             M, N, K, stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N,",
+        "                             BLOCK_K, SCHEME, SPLIT_A, EVEN_K, GROUP_M=GROUP_M, STAGES=STAGES, CHUNK=CHUNK)",
         f"        {name}_epilogue_sm90(acc, pid_m, pid_n, {names})",
     ]
     return "\n".join(lines) + "\n"
