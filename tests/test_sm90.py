@@ -1,4 +1,4 @@
-"""The Hopper twins of the generated GEMM kernels (regions/common.sm90_twin, kernels/gemm_sm90.py).
+"""The Hopper twins of the generated GEMM kernels (regions/sm90_twin.py, kernels/gemm_sm90.py).
 
 Without a GPU: each GEMM kernel comes with a twin that has the same parameters and epilogue and the Gluon tile in
 place of gemm_tile; launchers pick it only for sm90 configs; the tuner offers sm90 configs only where sm90_ok
@@ -80,7 +80,7 @@ def test_sm90_configs_and_candidates():
     assert SM90.short().endswith("_sm90c4") and "sm90" not in dataclasses.replace(SM90, sm90=False).short()
     # the consumers' and the producer group's registers fit the SM's 65536 at launch
     assert (SM90.num_warps + 4) * 32 * gc.sm90_maxnreg(SM90) <= 65536
-    assert not gemm_sm90.sm90_ok(torch.zeros(1))  # a CPU tensor never runs the twin
+    assert not runtime.sm90_ok(torch.zeros(1))  # a CPU tensor never runs the twin
 
 
 # (problem, persistent) -> most spilled bytes ptxas may report; None: must not compile (GroupNorm's reshape of the
@@ -112,7 +112,7 @@ def test_seed_twins_compile_for_sm90(tmp_path, name, persistent):
 
 
 def _on_hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and gemm_sm90.HAVE_GLUON
+    return torch.cuda.is_available() and runtime.sm90_ok(torch.empty(0, device="cuda"))
 
 
 requires_hopper = pytest.mark.skipif(not _on_hopper(), reason="needs a Hopper GPU (sm_90) and Gluon")

@@ -21,7 +21,7 @@ from types import ModuleType
 import torch
 import triton
 
-from kfuse.kernels.gemm_core import sm90_maxnreg
+from kfuse.kernels.runtime import sm90_options
 
 SM90_LIMIT_SMEM = 232448  # bytes of shared memory one block may use on an H100 / H200
 
@@ -90,8 +90,7 @@ def twin_specs(launches: list[tuple], cfg) -> list[dict]:
     for twin, args, kwargs in launches:
         values = dict(zip(twin.arg_names, args)) | {k: v for k, v in kwargs.items() if k in twin.arg_names}
         values |= {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m,
-                   "SCHEME": "fp16x3p", "SPLIT_A": False, "EVEN_K": True, "STAGES": cfg.num_stages,
-                   "CHUNK": cfg.chunk, "PERSISTENT": cfg.persistent}
+                   "SCHEME": "fp16x3p", "SPLIT_A": False, "EVEN_K": True, **sm90_options(cfg)}
         signature, constexprs = {}, {}
         for p in twin.params:
             if p.is_constexpr:
@@ -104,7 +103,7 @@ def twin_specs(launches: list[tuple], cfg) -> list[dict]:
                 signature[p.name] = _arg_type(values[p.name])
         specs.setdefault(twin.fn.__name__, {"twin": twin.fn.__name__, "signature": signature,
                                             "constexprs": constexprs, "num_warps": cfg.num_warps,
-                                            "maxnreg": sm90_maxnreg(cfg)})
+                                            "maxnreg": values["maxnreg"]})
     return list(specs.values())
 
 

@@ -715,7 +715,7 @@ def valid_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
 
 
 def sm90_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
-    """The Hopper twin's configs (kernels/gemm_sm90.py), offered where gemm_sm90.sm90_ok holds: 128 x 128 x 64 tiles
+    """The Hopper twin's configs (kernels/gemm_sm90.py), offered where runtime.sm90_ok holds: 128 x 128 x 64 tiles
     (three fp32 accumulators fill 192 of the consumers' 240 registers), 3 stages of 64 KB, the hi*hi partial
     promoted every 4 K blocks (longer chunks failed problem 39's BatchNorm running mean by their truncation bias:
     benchmarks/gemm/NOTES.md, session 14). H100: problem 12's GEMM kernel 0.55 ms (Triton tile 0.69), problem 39's

@@ -34,8 +34,6 @@ triton.language, takes its layouts from it (Gluon's automatic layouts; regions/c
 """
 from __future__ import annotations
 
-import torch
-import triton
 import triton.language as tl
 
 from kfuse.kernels.gemm_core import _pow2_inv, _tile_ids
@@ -54,18 +52,6 @@ except ImportError:  # pragma: no cover - older Triton
 def sm90_jit(fn):
     """gluon.jit where Gluon exists (the function is only compiled when an sm_90 config is launched)."""
     return gluon.jit(fn) if HAVE_GLUON else fn
-
-
-def sm90_ok(t: torch.Tensor) -> bool:
-    """Can the Gluon tile run for tensors on t's device: Triton with Gluon, a compiled (not interpreted) run, and
-    a Hopper GPU (wgmma is sm_90 only: Blackwell has other tensor-core instructions)."""
-    return (HAVE_GLUON and t.is_cuda and not _interpreting()
-            and torch.cuda.get_device_capability(t.device)[0] == 9)
-
-
-def _interpreting() -> bool:
-    import os
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @sm90_jit

@@ -18,7 +18,7 @@ import dataclasses
 from kfuse.kernels.gemm_core import (SKINNY_M, SPLIT_SCHEMES, GemmConfig, _num_sms, cdiv, default_config,
                                     ensure_tma_allocator, padded_k, row_scales, sm90_configs, sm90_maxnreg,
                                     split_weight, split_x, valid_configs)
-from kfuse.kernels.gemm_sm90 import sm90_ok
+from kfuse.kernels.gemm_sm90 import HAVE_GLUON
 from kfuse.kernels.skinny import fp64_partials
 
 # --- emitted below ---
@@ -30,6 +30,12 @@ GEMM_SCHEME = "fp16x3p"
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def sm90_ok(t: torch.Tensor) -> bool:
+    """Can the Hopper twin (kernels/gemm_sm90.py) run for tensors on t's device: Triton with Gluon, a compiled (not
+    interpreted) run, and a Hopper GPU (wgmma is sm_90 only: Blackwell has other tensor-core instructions)."""
+    return HAVE_GLUON and t.is_cuda and not interpreting() and torch.cuda.get_device_capability(t.device)[0] == 9
 
 
 def gemm_scheme(x: torch.Tensor) -> str:
@@ -115,7 +121,7 @@ def _write_tune_cache(key: str, entry: dict) -> None:
 
 def tune_candidates(M: int, N: int, K: int, scheme: str, min_block_n: int, sm90: bool = False) -> list:
     """The default config first, then the other valid ones this launcher can run (one program per tile: Triton's
-    persistent configs are for benchmarks/gemm), and on a Hopper GPU (sm90: gemm_sm90.sm90_ok) the Gluon twin's.
+    persistent configs are for benchmarks/gemm), and on a Hopper GPU (sm90: sm90_ok) the Gluon twin's.
     Split-K configs get their tile kernel widened to min_block_n (it only adds partials: any width is cheap)."""
     out = [gemm_config(M, N, K, scheme, min_block_n)]
     for c in valid_configs(M, N, K, scheme) + (sm90_configs(M, N, K, scheme) if sm90 else []):
