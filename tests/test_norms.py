@@ -244,3 +244,34 @@ def test_bn_fold_under_inference_mode(tmp_path):
         torch.testing.assert_close(new(x), ref(x), atol=1e-4, rtol=1e-4)
     with torch.no_grad():
         torch.testing.assert_close(new(x), ref(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rows, cols, tile_m", [(37 * 5 + 3, 70, 37), (300 * 16 + 5, 129, 16)])
+def test_batch_norm_stats_merges_tiles_like_torch(rows, cols, tile_m):
+    """The finalize kernel on fp32 tile partials: odd sizes, a short last tile, more tiles than one load
+    (BLOCK_T = 128) in the second case, values on a large offset (1e4 + N(0, 1): a naive E[y^2] - E[y]^2 in fp32
+    would lose the variance). Against the same merge in float64 (what the kernel promises: its own rounding only
+    at the end), and against torch on y itself to the partials' fp32 rounding; running statistics as torch's
+    BatchNorm1d updates them."""
+    from kfuse.kernels.batchnorm import batch_norm_stats
+
+    g = torch.Generator().manual_seed(3)
+    y = 1e4 + torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    tiles = y.split(tile_m)
+    mean_part = torch.stack([t.mean(0) for t in tiles]).float()
+    m2_part = torch.stack([((t - t.mean(0)) ** 2).sum(0) for t in tiles]).float()
+    counts = torch.tensor([len(t) for t in tiles], dtype=torch.float64)[:, None]
+    merged_mean = (counts * mean_part.double()).sum(0) / rows
+    merged_m2 = (m2_part.double() + counts * (mean_part.double() - merged_mean) ** 2).sum(0)
+    bn = torch.nn.BatchNorm1d(cols, eps=1e-3, momentum=0.3)
+    ref = torch.nn.BatchNorm1d(cols, eps=1e-3, momentum=0.3).double()
+    mean, rstd = batch_norm_stats(mean_part, m2_part, rows, tile_m, bn, 0.3)
+    ref(y)
+    torch.testing.assert_close(mean.double(), merged_mean, rtol=1e-7, atol=0)
+    torch.testing.assert_close(rstd.double(), (merged_m2 / rows + 1e-3).rsqrt(), rtol=1e-7, atol=0)
+    torch.testing.assert_close(bn.running_mean.double(), 0.7 * 0 + 0.3 * merged_mean, rtol=1e-7, atol=0)
+    torch.testing.assert_close(bn.running_var.double(), 0.7 + 0.3 * merged_m2 / (rows - 1), rtol=1e-7, atol=0)
+    # torch on y: the partials' fp32 rounding (1e4's ulp) is all that differs
+    torch.testing.assert_close(mean.double(), y.mean(0), rtol=1e-7, atol=0)
+    torch.testing.assert_close(rstd.double(), (y.var(0, unbiased=False) + 1e-3).rsqrt(), rtol=1e-4, atol=0)
+    torch.testing.assert_close(bn.running_var.double(), ref.running_var, rtol=1e-4, atol=0)

@@ -42,11 +42,15 @@ def test_twin_source_is_the_kernel_with_the_gluon_tile():
     assert "@sm90_jit\ndef lin_relu_kernel_sm90(a_ptr, M, N, K," in twin
     assert "STORE_Z: tl.constexpr = False, STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4,\n" in twin
     assert f"def lin_relu_epilogue_sm90(acc, pid_m, pid_n, {params}):" in twin
-    assert f"def lin_relu_tiles_sm90(st, STAGES: tl.constexpr, CHUNK: tl.constexpr, {params}):" in twin
-    assert twin.count(f"lin_relu_epilogue_sm90(acc, pid_m, pid_n, {names})") == 2  # both paths run the epilogue
-    assert "EVEN_K, GROUP_M=GROUP_M, STAGES=STAGES, CHUNK=CHUNK)" in twin and "acc = gemm_tile_sm90(" in twin
-    assert "acc = sm90_tile_mma(st, i, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK)" in twin
-    assert f"(lin_relu_tiles_sm90, (st, STAGES, CHUNK, {names}))" in twin
+    assert ("def lin_relu_tiles_sm90(st, STAGES: tl.constexpr, CHUNK: tl.constexpr, EARLY: tl.constexpr, "
+            f"TAIL: tl.constexpr, tail_split, tail_ws, tail_cnt,\n        {params}):") in twin
+    # every path runs the epilogue: one tile per block, a persistent block's tiles, a tail tile's last slice
+    assert twin.count(f"lin_relu_epilogue_sm90(acc, pid_m, pid_n, {names})") == 3
+    assert "STAGES=STAGES, CHUNK=CHUNK,\n                             EARLY=EARLY)" in twin
+    assert "acc = gemm_tile_sm90(" in twin
+    assert "acc = sm90_tile_mma(st, i, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK, EARLY)" in twin
+    assert f"(lin_relu_tiles_sm90, (st, STAGES, CHUNK, EARLY, TAIL, tail_split, tail_ws, tail_cnt, {names}))" in twin
+    assert "sm90_tail_done(acc, slot, j, tail_ws, tail_cnt, tail_split, BLOCK_M, BLOCK_N)" in twin
     # tensor-making calls get Gluon's automatic layouts; everything else stays as written
     assert "gl.arange(0, BLOCK_M)" in twin and "gl.zeros((BLOCK_M,)" in twin and "gl.full((BLOCK_M,)" in twin
     assert "gl.zeros_like(acc)" in twin and "tl.store(a_ptr + offs_m, tl.maximum(acc, 0.0))" in twin
@@ -63,7 +67,8 @@ def test_generated_files_carry_and_pick_the_twins(tmp_path, name):
     assert any(k.endswith("_kernel_sm90") for k in dir(module))
     assert module.pick_kernel("k", "k90", SM90) == "k90"
     assert module.pick_kernel("k", "k90", dataclasses.replace(SM90, sm90=False)) == "k"
-    assert module.sm90_options(SM90) == {"STAGES": 3, "CHUNK": 4, "PERSISTENT": False, "maxnreg": 168}
+    assert module.sm90_options(SM90) == {"STAGES": 3, "CHUNK": 4, "PERSISTENT": False, "EARLY": False,
+                                         "maxnreg": 168}
     assert module.gemm_grid(300, 520, SM90, torch.device("cpu")) == (15,)  # a block per tile (3 x 5)
     assert module.gemm_grid(300, 520, dataclasses.replace(SM90, persistent=True), torch.device("cpu")) == (4,)
     assert module.sm90_options(dataclasses.replace(SM90, sm90=False)) == {}
@@ -83,25 +88,50 @@ def test_sm90_configs_and_candidates():
     assert not runtime.sm90_ok(torch.zeros(1))  # a CPU tensor never runs the twin
 
 
-# (problem, persistent) -> most spilled bytes ptxas may report; None: must not compile (GroupNorm's reshape of the
-# accumulator's own layout: the persistent twin has no shared memory left for a layout change)
-TWIN_BUILDS = {(name, False): 0 for name in SMALL} | {
-    ("12_gemm_multiply_leakyrelu", True): 0, ("39_gemm_scale_batchnorm", True): 64,
-    ("62_matmul_groupnorm_leakyrelu_sum", True): None}
+def test_tail_split_plan(monkeypatch):
+    """Where a persistent grid's last wave is a few tiles, sm90_options asks the twin to split them along K: 39's
+    4096 tiles on an H100's 132 SMs leave 4, cut into 8 slices; 12's 512 leave 116 (no room for two slices each);
+    a grid of fewer tiles than SMs, a one-tile config and a call without the shape get no split."""
+    monkeypatch.setattr(runtime, "_num_sms", lambda device: 132)
+    pers = dataclasses.replace(SM90, persistent=True)
+    cpu = torch.device("cpu")
+    tail = runtime.sm90_options(pers, 16384, 4096, 4096, cpu)
+    assert (tail["TAIL"], tail["tail_split"], tail["PERSISTENT"]) == (True, 8, True)
+    assert tail["tail_ws"].numel() == 4 * 8 * 128 * 128 and tail["tail_ws"].dtype == torch.float32
+    assert tail["tail_cnt"].tolist() == [0, 0, 0, 0] and tail["tail_cnt"].dtype == torch.int32
+    assert runtime.sm90_options(pers, 16384, 4096, 3 * 64, cpu)["tail_split"] == 3  # at most a slice per K block
+    monkeypatch.setattr(runtime, "_num_sms", lambda device: 64)
+    assert runtime.sm90_options(pers, 2100, 500, 700, cpu)["tail_split"] == 8  # 17 x 4 tiles: 4 left on 64 SMs
+    monkeypatch.setattr(runtime, "_num_sms", lambda device: 132)
+    for shape in [(1024, 8192, 8192), (300, 520, 700), (128 * 132, 128, 4096)]:  # 116 left; 15 tiles; none left
+        assert "TAIL" not in runtime.sm90_options(pers, *shape, cpu), shape
+    assert "TAIL" not in runtime.sm90_options(SM90, 16384, 4096, 4096, cpu)
+    assert "TAIL" not in runtime.sm90_options(pers)
+
+
+# (problem, variant) -> most spilled bytes ptxas may report; None: must not compile (GroupNorm's reshape of the
+# accumulator's own layout: the persistent twin has no shared memory left for a layout change). Variants: one tile
+# per block, persistent, persistent with a tail split (sm90_tail), persistent with the early promotion wait.
+TWIN_BUILDS = {(name, "one-tile"): 0 for name in SMALL} | {
+    ("12_gemm_multiply_leakyrelu", "persistent"): 0, ("39_gemm_scale_batchnorm", "persistent"): 64,
+    ("12_gemm_multiply_leakyrelu", "tail"): 0, ("39_gemm_scale_batchnorm", "tail"): 64,
+    ("39_gemm_scale_batchnorm", "early"): 64, ("62_matmul_groupnorm_leakyrelu_sum", "persistent"): None}
+VARIANTS = {"one-tile": SM90, "persistent": dataclasses.replace(SM90, persistent=True),
+            "tail": dataclasses.replace(SM90, persistent=True),
+            "early": dataclasses.replace(SM90, persistent=True, early=True)}
 
 
 @pytest.mark.skipif(not gemm_sm90.HAVE_GLUON, reason="needs Triton with Gluon")
-@pytest.mark.parametrize("name, persistent", sorted(TWIN_BUILDS))
-def test_seed_twins_compile_for_sm90(tmp_path, name, persistent):
+@pytest.mark.parametrize("name, variant", sorted(TWIN_BUILDS))
+def test_seed_twins_compile_for_sm90(tmp_path, name, variant):
     from kfuse.sm90_compile import SM90_LIMIT_SMEM, compile_twins, record_launches, twin_specs
     prob, path, module = _module(tmp_path, name, SMALL[name])
     torch.manual_seed(0)
     model = module.ModelNew(*prob.init_inputs())
     inputs = prob.inputs()
-    specs = twin_specs(record_launches(module, lambda: model(*inputs)),
-                       dataclasses.replace(SM90, persistent=persistent))
+    specs = twin_specs(record_launches(module, lambda: model(*inputs)), VARIANTS[variant], tail=variant == "tail")
     assert specs, "no GEMM launch went through pick_kernel"
-    spill = TWIN_BUILDS[name, persistent]
+    spill = TWIN_BUILDS[name, variant]
     if spill is None:
         with pytest.raises(RuntimeError, match="GluonResolveAutoEncodings"):
             compile_twins(str(path), specs)
@@ -138,6 +168,26 @@ def _forced(module, monkeypatch, cfg) -> None:
 def test_seeds_on_the_twin_meet_the_contract(tmp_path, monkeypatch, name, persistent):
     prob, _, module = _module(tmp_path, name, ODD[name], device="cuda")
     _forced(module, monkeypatch, dataclasses.replace(SM90, persistent=persistent))
+    report = check_contract(prob, run_in_process(module.ModelNew), device="cuda", trials=3)
+    assert report.correct, report.failures
+
+
+@requires_cuda
+@requires_hopper
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, early", [("39_gemm_scale_batchnorm", False), ("39_gemm_scale_batchnorm", True),
+                                         ("12_gemm_multiply_leakyrelu", False)])
+def test_tail_split_meets_the_contract(tmp_path, monkeypatch, name, early):
+    """A persistent grid whose last wave is a few tiles (8 column tiles x (SMs / 8 + 1) row tiles, the last ones
+    partial, K = 700): the tail tiles' K slices summed by whichever block finishes last, then the epilogue
+    (39: BatchNorm's partial statistics from those tiles too)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = (sms // 8 + 1) * 128 - 37
+    prob, _, module = _module(tmp_path, name, {"batch_size": rows, "in_features": 700, "out_features": 1000},
+                              device="cuda")
+    cfg = dataclasses.replace(SM90, persistent=True, early=early)
+    assert module.sm90_options(cfg, rows, 1000, 704, torch.device("cuda"))["TAIL"]
+    _forced(module, monkeypatch, cfg)
     report = check_contract(prob, run_in_process(module.ModelNew), device="cuda", trials=3)
     assert report.correct, report.failures
 

@@ -18,6 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from kfuse.kernels.gemm_core import GemmConfig  # noqa: E402
+from kfuse.kernels.runtime import TAIL_SLICES  # noqa: E402
 from kfuse.load import load_problem  # noqa: E402
 from kfuse.optimize import Options, compile_problem, load_module  # noqa: E402
 from kfuse.timing import time_cuda  # noqa: E402
@@ -27,8 +28,21 @@ TRITON = GemmConfig(128, 128, 64, 8, 8, 3, split_a=False)
 CONFIGS = {"triton": TRITON, **{f"sm90_c{c}": GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, sm90=True, chunk=c)
                                 for c in (1, 2, 4, 8, 16, 32)},
            "sm90p_c4": GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, persistent=True, sm90=True, chunk=4),
+           # session 15: the promotion waiting for hi*hi only; and the persistent twin without its tail split
+           "sm90_c4e": GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, sm90=True, chunk=4, early=True),
+           "sm90p_c4e": GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, persistent=True, sm90=True, chunk=4,
+                                   early=True),
+           "sm90p_c4_notail": GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, persistent=True, sm90=True, chunk=4),
            # two blocks per SM, one consumer warpgroup each (64 x 128 tiles, 2 stages)
            **{f"sm90_64_c{c}": GemmConfig(64, 128, 64, 8, 4, 2, split_a=False, sm90=True, chunk=c) for c in (2, 4, 8)}}
+
+
+def use_config(mod, name: str) -> None:
+    """Force every GEMM of the generated module `mod` onto CONFIGS[name]; "_notail" names also turn off the
+    persistent twin's tail split (runtime.sm90_tail, through the module's TAIL_SLICES)."""
+    cfg = CONFIGS[name]
+    mod.gemm_config = lambda *a, **k: cfg
+    mod.TAIL_SLICES = 1 if name.endswith("_notail") else TAIL_SLICES
 
 
 def main() -> None:
@@ -52,8 +66,7 @@ def main() -> None:
         models = {}
         row = {"problem": prob.name, "configs": {}}
         for name in names:
-            cfg = CONFIGS[name]
-            mod.gemm_config = lambda *a, cfg=cfg, **k: cfg
+            use_config(mod, name)
             t0 = time.time()
             rep = check_contract(prob, run_in_process(mod.ModelNew), device="cuda", trials=args.trials)
             row["configs"][name] = {"correct": rep.correct, "rules": rep.rules, "max_abs_err": rep.max_abs_err,
@@ -64,8 +77,7 @@ def main() -> None:
             print(json.dumps({"problem": prob.name, "config": name, **row["configs"][name]}), flush=True)
         for _ in range(args.rounds):
             for name in names:
-                cfg = CONFIGS[name]
-                mod.gemm_config = lambda *a, cfg=cfg, **k: cfg
+                use_config(mod, name)
                 model, inputs = models[name]
                 with torch.no_grad():
                     t = time_cuda(lambda: model(*inputs))

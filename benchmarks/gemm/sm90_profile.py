@@ -18,7 +18,7 @@ from kfuse.load import load_problem  # noqa: E402
 from kfuse.optimize import Options, compile_problem, load_module  # noqa: E402
 from kfuse.verify import seeded_build, seeded_inputs  # noqa: E402
 from kfuse.timing import time_cuda  # noqa: E402
-from sm90_ab import CONFIGS  # noqa: E402
+from sm90_ab import CONFIGS, use_config  # noqa: E402
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
     mod = load_module(mod_path)
     for name in names:
         cfg = CONFIGS[name]
-        mod.gemm_config = lambda *a, cfg=cfg, **k: cfg
+        use_config(mod, name)
         model = seeded_build(prob, 0, mod.ModelNew, device="cuda")
         inputs = seeded_inputs(prob, 0, device="cuda")
         with torch.no_grad():

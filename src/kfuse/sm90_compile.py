@@ -83,14 +83,20 @@ def _arg_type(value) -> str:
     raise TypeError(f"cannot type kernel argument {value!r}")
 
 
-def twin_specs(launches: list[tuple], cfg) -> list[dict]:
+# what a persistent launch with a tail split passes (runtime.sm90_tail), for its argument types
+TAIL_ARGS = {"TAIL": True, "tail_split": 8, "tail_ws": torch.empty(1), "tail_cnt": torch.zeros(1, dtype=torch.int32)}
+
+
+def twin_specs(launches: list[tuple], cfg, tail: bool = False) -> list[dict]:
     """For each twin launched (record_launches), the signature and constexprs an sm90 config `cfg` gives it:
-    types from the recorded arguments (plain data, so another process can compile it)."""
+    types from the recorded arguments (plain data, so another process can compile it). `tail`: a persistent
+    `cfg` whose grid leaves a last wave to split along K (which the CPU run's small sizes do not)."""
     specs: dict[str, dict] = {}
     for twin, args, kwargs in launches:
         values = dict(zip(twin.arg_names, args)) | {k: v for k, v in kwargs.items() if k in twin.arg_names}
         values |= {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m,
-                   "SCHEME": "fp16x3p", "SPLIT_A": False, "EVEN_K": True, **sm90_options(cfg)}
+                   "SCHEME": "fp16x3p", "SPLIT_A": False, "EVEN_K": True, **sm90_options(cfg),
+                   **(TAIL_ARGS if tail else {})}
         signature, constexprs = {}, {}
         for p in twin.params:
             if p.is_constexpr:
@@ -99,6 +105,9 @@ def twin_specs(launches: list[tuple], cfg) -> list[dict]:
                     constexprs[p.name] = values[p.name]
             elif p.name in FP16_OPERANDS:  # the CPU run passed fp32 x and W; an sm90 config passes fp16 parts
                 signature[p.name] = "*fp16"
+            elif p.name not in values:  # left at its default (None, or 1: Triton specializes both as constants)
+                signature[p.name] = "constexpr"
+                constexprs[p.name] = p._param.default
             else:
                 signature[p.name] = _arg_type(values[p.name])
         specs.setdefault(twin.fn.__name__, {"twin": twin.fn.__name__, "signature": signature,
@@ -125,7 +134,7 @@ def _compile_spec(module, spec: dict) -> TwinBuild:
     twin = getattr(module, spec["twin"])
     constexprs = {}
     for i, p in enumerate(twin.params):
-        if p.is_constexpr:
+        if spec["signature"][p.name] == "constexpr":
             constexprs[(i,)] = spec["constexprs"].get(p.name, p._param.default)
     src = GluonASTSource(twin, spec["signature"], constexprs=constexprs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),

@@ -2,8 +2,8 @@
 
 The GEMM epilogue of a `gemm_batchnorm` region writes, for each (row tile, column), the tile's count-free
 mean and M2 = sum((y - tile_mean)^2): centred within the tile, so no E[y^2] - E[y]^2 cancellation.
-`batch_norm_finalize_kernel` merges the tiles of each column with Chan et al.'s pairwise update
-(the parallel form of Welford), exactly as stable. Bytes: 2 * num_row_tiles * N * 4 read (4 MB for
+`batch_norm_finalize_kernel` merges the tiles of each column in closed form (Chan et al.'s parallel
+combination: the overall mean, then each tile's M2 plus n_t (tile mean - mean)^2), in float64. Bytes: 2 * num_row_tiles * N * 4 read (4 MB for
 16384 x 4096 with 128-row tiles), negligible next to the GEMM.
 Torch's semantics: normalize with the biased variance M2 / M; the running variance gets the unbiased
 M2 / (M - 1); running = (1 - momentum) * running + momentum * batch.
@@ -28,31 +28,45 @@ def batch_norm_stats_ref(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 # --- emitted below ---
 @triton.jit
+def _tile_counts(t, M, num_tiles, TILE_M: tl.constexpr):
+    """Rows in each row tile t (float64; 0 past the last tile)."""
+    return tl.where(t < num_tiles, tl.minimum(M - t * TILE_M, TILE_M), 0).to(tl.float64)
+
+
+@triton.jit
 def batch_norm_finalize_kernel(mean_part_ptr, m2_part_ptr, mean_ptr, rstd_ptr, running_mean_ptr, running_var_ptr,
                                M, N, num_tiles, eps, momentum,
-                               TILE_M: tl.constexpr, BLOCK: tl.constexpr, UPDATE: tl.constexpr):
+                               TILE_M: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK: tl.constexpr,
+                               UPDATE: tl.constexpr):
+    """BLOCK columns a program, all row tiles at once (BLOCK_T a load): mean = sum_t n_t mean_t / M, then
+    M2 = sum_t (M2_t + n_t (mean_t - mean)^2), in float64. The per-column loop over tiles this replaced waited
+    on each tile's load in turn (27 us for 128 tiles x 4096 columns on the H100)."""
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < N
-    count = tl.zeros((BLOCK,), dtype=tl.float32)
-    mean = tl.zeros((BLOCK,), dtype=tl.float32)
-    m2 = tl.zeros((BLOCK,), dtype=tl.float32)
-    for t in range(0, num_tiles):
-        n_b = tl.minimum(M - t * TILE_M, TILE_M).to(tl.float32)
-        mean_b = tl.load(mean_part_ptr + t * N + cols, mask=mask, other=0.0)
-        m2_b = tl.load(m2_part_ptr + t * N + cols, mask=mask, other=0.0)
-        total = count + n_b
-        delta = mean_b - mean
-        mean = mean + delta * (n_b / total)
-        m2 = m2 + m2_b + delta * delta * (count * n_b / total)
-        count = total
+    mask_c = cols < N
+    total = tl.zeros((BLOCK,), dtype=tl.float64)
+    for t0 in range(0, num_tiles, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        part = t[:, None] * N + cols[None, :]
+        mask = (t < num_tiles)[:, None] & mask_c[None, :]
+        mean_t = tl.load(mean_part_ptr + part, mask=mask, other=0.0).to(tl.float64)
+        total += tl.sum(_tile_counts(t, M, num_tiles, TILE_M)[:, None] * mean_t, axis=0)
+    mean = total / M
+    m2 = tl.zeros((BLOCK,), dtype=tl.float64)
+    for t0 in range(0, num_tiles, BLOCK_T):  # again (from L2): the centring needs the mean over all tiles
+        t = t0 + tl.arange(0, BLOCK_T)
+        part = t[:, None] * N + cols[None, :]
+        mask = (t < num_tiles)[:, None] & mask_c[None, :]
+        dev = tl.load(mean_part_ptr + part, mask=mask, other=0.0).to(tl.float64) - mean[None, :]
+        m2_t = tl.load(m2_part_ptr + part, mask=mask, other=0.0).to(tl.float64)
+        m2 += tl.sum(m2_t + _tile_counts(t, M, num_tiles, TILE_M)[:, None] * dev * dev, axis=0)
     var = m2 / M
-    tl.store(mean_ptr + cols, mean, mask=mask)
-    tl.store(rstd_ptr + cols, 1.0 / tl.sqrt(var + eps), mask=mask)
+    tl.store(mean_ptr + cols, mean.to(tl.float32), mask=mask_c)
+    tl.store(rstd_ptr + cols, (1.0 / tl.sqrt(var + eps)).to(tl.float32), mask=mask_c)
     if UPDATE:
-        rm = tl.load(running_mean_ptr + cols, mask=mask).to(tl.float32)
-        rv = tl.load(running_var_ptr + cols, mask=mask).to(tl.float32)
-        tl.store(running_mean_ptr + cols, (1.0 - momentum) * rm + momentum * mean, mask=mask)
-        tl.store(running_var_ptr + cols, (1.0 - momentum) * rv + momentum * (m2 / (M - 1)), mask=mask)
+        rm = tl.load(running_mean_ptr + cols, mask=mask_c).to(tl.float64)
+        rv = tl.load(running_var_ptr + cols, mask=mask_c).to(tl.float64)
+        tl.store(running_mean_ptr + cols, (1.0 - momentum) * rm + momentum * mean, mask=mask_c)
+        tl.store(running_var_ptr + cols, (1.0 - momentum) * rv + momentum * (m2 / (M - 1)), mask=mask_c)
 
 
 def batch_norm_stats(mean_part: torch.Tensor, m2_part: torch.Tensor, M: int, tile_m: int, bn: torch.nn.Module,
@@ -65,10 +79,10 @@ def batch_norm_stats(mean_part: torch.Tensor, m2_part: torch.Tensor, M: int, til
     update = factor is not None
     rm = bn.running_mean if update else mean
     rv = bn.running_var if update else mean
-    block = 128
+    block = 32  # 128 programs for 4096 columns
     batch_norm_finalize_kernel[(cdiv(N, block),)](
         mean_part, m2_part, mean, rstd, rm, rv, M, N, num_tiles, float(bn.eps), float(factor or 0.0),
-        TILE_M=tile_m, BLOCK=block, UPDATE=update)
+        TILE_M=tile_m, BLOCK_T=min(triton.next_power_of_2(num_tiles), 128), BLOCK=block, UPDATE=update)
     if update:  # the kernel wrote them behind torch's back: bump their versions as an in-place torch op would,
         torch.autograd.graph.increment_version((bn.running_mean, bn.running_var))  # so bn_eval_fold's cache sees it
     return mean, rstd

@@ -77,41 +77,81 @@ def sm90_setup(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, M, N, K, stride_am, stride_bn, 
 
 
 @sm90_jit
-def sm90_loader(st, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                GROUP_M: tl.constexpr, STAGES: tl.constexpr):
-    """Producer warp: every K block of this block's tiles (tiles program_id, + num_programs, ...: one tile unless the
-    grid is persistent), the i-th into stage i % STAGES once the consumers have released it. It runs ahead across
-    tile boundaries, so a persistent block's next tile is loading while its consumers run the epilogue."""
+def sm90_full_tiles(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr):
+    """The tiles a persistent grid's blocks walk whole: all of them, or with TAIL the full waves only (the rest,
+    fewer tiles than blocks, is split along K over the blocks: sm90_tail_piece)."""
+    tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    if TAIL:
+        tiles -= tiles % gl.num_programs(0)
+    return tiles
+
+
+@sm90_jit
+def sm90_tail_piece(M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, tail_split):
+    """This block's piece of the tail (the last, partial wave of tiles): each tail tile's K blocks are cut into
+    tail_split slices, block p taking slice p // tail of tile p % tail. Returns (tile, slot: the tile's index
+    within the tail, the slice, its K blocks kb0 .. kb1 - 1); blocks past tail * tail_split get an empty range."""
+    full = sm90_full_tiles(M, N, BLOCK_M, BLOCK_N, True)
+    tail = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) - full
+    slot = gl.program_id(0) % tail
+    j = gl.program_id(0) // tail
+    n_k = gl.cdiv(K, BLOCK_K)
+    kb0 = min(j, tail_split) * n_k // tail_split
+    kb1 = min(j + 1, tail_split) * n_k // tail_split
+    return full + slot, slot, j, kb0, kb1
+
+
+@sm90_jit
+def _sm90_load_tile(st, tile, kb0, kb1, i, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
+    """K blocks kb0 .. kb1 - 1 of `tile`, the i-th (of the block's sequence) into stage i % STAGES once the
+    consumers have released it. Returns the next i."""
     a_desc, a_lo_desc, b_desc, b_lo_desc, a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty = st
+    pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    for kb in range(kb0, kb1):
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes the first wait
+        bar = ready.index(s)
+        mbarrier.expect(bar, 2 * (a_desc.block_type.nbytes + b_desc.block_type.nbytes))
+        k = kb * BLOCK_K
+        tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, k], bar, a_hi_s.index(s))
+        tma.async_copy_global_to_shared(a_lo_desc, [pid_m * BLOCK_M, k], bar, a_lo_s.index(s))
+        tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, k], bar, b_hi_s.index(s))
+        tma.async_copy_global_to_shared(b_lo_desc, [pid_n * BLOCK_N, k], bar, b_lo_s.index(s))
+        i += 1
+    return i
+
+
+@sm90_jit
+def sm90_loader(st, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_M: tl.constexpr, STAGES: tl.constexpr, TAIL: tl.constexpr, tail_split):
+    """Producer warp: every K block of this block's tiles (tiles program_id, + num_programs, ...: one tile unless the
+    grid is persistent; with TAIL, then its piece of the tail), in the consumers' order. It runs ahead across
+    tile boundaries, so a persistent block's next tile is loading while its consumers run the epilogue."""
     n_k = gl.cdiv(K, BLOCK_K)
     i = 0
-    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
-        pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        for kb in range(n_k):
-            s = i % STAGES
-            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes the first wait
-            bar = ready.index(s)
-            mbarrier.expect(bar, 2 * (a_desc.block_type.nbytes + b_desc.block_type.nbytes))
-            k = kb * BLOCK_K
-            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, k], bar, a_hi_s.index(s))
-            tma.async_copy_global_to_shared(a_lo_desc, [pid_m * BLOCK_M, k], bar, a_lo_s.index(s))
-            tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, k], bar, b_hi_s.index(s))
-            tma.async_copy_global_to_shared(b_lo_desc, [pid_n * BLOCK_N, k], bar, b_lo_s.index(s))
-            i += 1
+    for tile in range(gl.program_id(0), sm90_full_tiles(M, N, BLOCK_M, BLOCK_N, TAIL), gl.num_programs(0)):
+        i = _sm90_load_tile(st, tile, 0, n_k, i, M, N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)
+    if TAIL:
+        tile, slot, j, kb0, kb1 = sm90_tail_piece(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, tail_split)
+        _sm90_load_tile(st, tile, kb0, kb1, i, M, N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)
 
 
 @sm90_jit
 def _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, i, cross, part, FRESH: tl.constexpr,
-                   STAGES: tl.constexpr):
+                   STAGES: tl.constexpr, PART_FIRST: tl.constexpr = False):
     """Wait for the i-th K block, then issue its products asynchronously: lo*hi and hi*lo into `cross`, hi*hi into
-    `part` (FRESH: `part` starts from zero, a new chunk)."""
+    `part` (FRESH: `part` starts from zero, a new chunk); PART_FIRST: hi*hi before the other two."""
     s = i % STAGES
     mbarrier.wait(ready.index(s), (i // STAGES) & 1)
     b_hi = b_hi_s.index(s).permute((1, 0))
     b_lo = b_lo_s.index(s).permute((1, 0))
+    if PART_FIRST:
+        part = warpgroup_mma(a_hi_s.index(s), b_hi, part, use_acc=not FRESH, is_async=True)
     cross = warpgroup_mma(a_lo_s.index(s), b_hi, cross, is_async=True)
     cross = warpgroup_mma(a_hi_s.index(s), b_lo, cross, is_async=True)
-    part = warpgroup_mma(a_hi_s.index(s), b_hi, part, use_acc=not FRESH, is_async=True)
+    if not PART_FIRST:
+        part = warpgroup_mma(a_hi_s.index(s), b_hi, part, use_acc=not FRESH, is_async=True)
     return cross, part
 
 
@@ -124,9 +164,10 @@ def _sm90_release(empty, i, STAGES: tl.constexpr):
 
 @sm90_jit
 def sm90_tile_mma(st, i0, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
-                  CHUNK: tl.constexpr):
+                  CHUNK: tl.constexpr, EARLY: tl.constexpr = False):
     """The consumer warps' K loop of one tile, K blocks i0 .. i0 + n_k - 1 of the block's stage sequence, in
-    chunks (module docstring): acc + cross, unscaled, in the wgmma accumulator layout."""
+    chunks (module docstring): acc + cross, unscaled, in the wgmma accumulator layout. EARLY: each block issues
+    hi*hi first, and a chunk's promotion waits for that product only (its two cross products run on)."""
     a_desc, a_lo_desc, b_desc, b_lo_desc, a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty = st
     num_warps: tl.constexpr = gl.num_warps()
     mma: tl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -134,17 +175,35 @@ def sm90_tile_mma(st, i0, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STA
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
     part = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
     cross = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-    for c0 in range(i0, i0 + n_k, CHUNK):
-        c_end = min(c0 + CHUNK, i0 + n_k)
-        cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, c0, cross, part, True, STAGES)
-        cross, part = warpgroup_mma_wait(3, deps=(cross, part))
-        for i in range(c0 + 1, c_end):
-            cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, i, cross, part, False, STAGES)
-            cross, part = warpgroup_mma_wait(3, deps=(cross, part))  # block i - 1 is done
-            _sm90_release(empty, i - 1, STAGES)
-        cross, part = warpgroup_mma_wait(0, deps=(cross, part))  # drain: part may be read now
-        _sm90_release(empty, c_end - 1, STAGES)
-        acc = acc + part
+    if EARLY:
+        for c0 in range(i0, i0 + n_k, CHUNK):
+            c_end = min(c0 + CHUNK, i0 + n_k)
+            cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, c0, cross, part, True, STAGES,
+                                         True)
+            cross, part = warpgroup_mma_wait(3, deps=(cross, part))  # the previous chunk's last block is done
+            if c0 > i0:
+                _sm90_release(empty, c0 - 1, STAGES)
+            for i in range(c0 + 1, c_end):
+                cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, i, cross, part, False,
+                                             STAGES, True)
+                cross, part = warpgroup_mma_wait(3, deps=(cross, part))  # block i - 1 is done
+                _sm90_release(empty, i - 1, STAGES)
+            part = warpgroup_mma_wait(2, deps=(part,))  # the chunk's last hi*hi is done
+            acc = acc + part
+        cross = warpgroup_mma_wait(0, deps=(cross,))
+        _sm90_release(empty, i0 + n_k - 1, STAGES)
+    else:
+        for c0 in range(i0, i0 + n_k, CHUNK):
+            c_end = min(c0 + CHUNK, i0 + n_k)
+            cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, c0, cross, part, True, STAGES)
+            cross, part = warpgroup_mma_wait(3, deps=(cross, part))
+            for i in range(c0 + 1, c_end):
+                cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, i, cross, part, False, STAGES)
+                cross, part = warpgroup_mma_wait(3, deps=(cross, part))  # block i - 1 is done
+                _sm90_release(empty, i - 1, STAGES)
+            cross, part = warpgroup_mma_wait(0, deps=(cross, part))  # drain: part may be read now
+            _sm90_release(empty, c_end - 1, STAGES)
+            acc = acc + part
     return acc + cross
 
 
@@ -159,9 +218,38 @@ def sm90_scaled(acc, a_scale_ptr, b_scale_ptr, pid_m, pid_n, M, N, BLOCK_M: tl.c
 
 
 @sm90_jit
+def sm90_tail_done(acc, slot, j, tail_ws, tail_cnt, tail_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store this block's partial (unscaled, as sm90_tile_mma returns it) of tail tile `slot`, slice j, into the
+    workspace tail_ws (tail x tail_split tiles of fp32) and count it in tail_cnt[slot] (zeroed by the launcher).
+    True in the block that counted the tile's last slice: it then sums them (sm90_tail_sum) and runs the
+    epilogue. The stores are released at GPU scope by the count (after a barrier of the consumer warps), the
+    count is acquired by the summing block: CUTLASS's split-K semaphore, in Gluon."""
+    layout: tl.constexpr = acc.type.layout
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    gl.store(tail_ws + (slot * tail_split + j) * (BLOCK_M * BLOCK_N) + rows[:, None] * BLOCK_N + cols[None, :], acc)
+    gl.thread_barrier()
+    return gl.atomic_add(tail_cnt + slot, 1, sem="acq_rel", scope="gpu") == tail_split - 1
+
+
+@sm90_jit
+def sm90_tail_sum(acc, slot, tail_ws, tail_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Tail tile `slot`'s slices summed in slice order (the same sum whichever block runs it), in acc's layout.
+    Read from L2 (.cg): the other blocks wrote them."""
+    layout: tl.constexpr = acc.type.layout
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    ptrs = tail_ws + slot * tail_split * (BLOCK_M * BLOCK_N) + rows[:, None] * BLOCK_N + cols[None, :]
+    total = gl.load(ptrs, cache_modifier=".cg")
+    for j in range(1, tail_split):
+        total += gl.load(ptrs + j * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
+    return total
+
+
+@sm90_jit
 def _sm90_one_tile(st, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
-                   CHUNK: tl.constexpr):
-    return (sm90_tile_mma(st, 0, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK),)
+                   CHUNK: tl.constexpr, EARLY: tl.constexpr):
+    return (sm90_tile_mma(st, 0, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK, EARLY),)
 
 
 @gluon.constexpr_function if HAVE_GLUON else (lambda f: f)
@@ -175,7 +263,8 @@ def _out_layout(BLOCK_M, BLOCK_N, num_warps):
 def gemm_tile_sm90(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,
                    stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr,
-                   GROUP_M: tl.constexpr = 8, STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4):
+                   GROUP_M: tl.constexpr = 8, STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4,
+                   EARLY: tl.constexpr = False):
     """gemm_tile's contract (fp16x3p, SPLIT_A=False, K a multiple of BLOCK_K, unit K strides) on sm_90, one tile per
     block: the fp32 (BLOCK_M, BLOCK_N) tile of x @ W^T at (pid_m, pid_n) (the block's, by _tile_ids and GROUP_M),
     scales undone, in a blocked layout. Rows/cols past M/N hold zeros."""
@@ -184,8 +273,8 @@ def gemm_tile_sm90(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, p
     st = sm90_setup(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, M, N, K, stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K,
                     STAGES)
     res = gl.warp_specialize([
-        (_sm90_one_tile, (st, gl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, STAGES, CHUNK)),
-        (sm90_loader, (st, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)),
+        (_sm90_one_tile, (st, gl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, STAGES, CHUNK, EARLY)),
+        (sm90_loader, (st, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES, False, 1)),
     ], [1], [24])
     # outside the partitions, so the stages' shared memory is free for the layout change
     acc = gl.convert_layout(res[0], _out_layout(BLOCK_M, BLOCK_N, num_warps))

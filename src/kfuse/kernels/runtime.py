@@ -253,13 +253,36 @@ def pick_kernel(kernel, kernel_sm90, cfg: GemmConfig):
     return kernel_sm90 if cfg.sm90 else kernel
 
 
-def sm90_options(cfg: GemmConfig) -> dict:
+def sm90_options(cfg: GemmConfig, M: int = 0, N: int = 0, K: int = 0, device=None) -> dict:
     """Launch arguments only the Hopper twin takes: its stages, its promotion chunk, whether its grid is persistent,
-    and the register cap at launch (sm90_maxnreg) that leaves the producer warp's group its share."""
+    the register cap at launch (sm90_maxnreg) that leaves the producer warp's group its share, and for a persistent
+    grid of an (M, N, K) GEMM on `device` its tail split (sm90_tail)."""
     if not cfg.sm90:
         return {}
-    return {"STAGES": cfg.num_stages, "CHUNK": cfg.chunk, "PERSISTENT": cfg.persistent,
-            "maxnreg": sm90_maxnreg(cfg)}
+    options = {"STAGES": cfg.num_stages, "CHUNK": cfg.chunk, "PERSISTENT": cfg.persistent, "EARLY": cfg.early,
+               "maxnreg": sm90_maxnreg(cfg)}
+    return options | sm90_tail(cfg, M, N, K, device) if cfg.persistent and device is not None else options
+
+
+TAIL_SLICES = 8  # at most: the block that finishes a tail tile reads its slices (64 KB each) back from L2
+
+
+def sm90_tail(cfg: GemmConfig, M: int, N: int, K: int, device) -> dict:
+    """The persistent twin's tail split (kernels/gemm_sm90.py, sm90_tail_piece): where the tiles leave a last wave
+    of at most half the blocks, its tiles are cut along K into S = min(blocks // tail, TAIL_SLICES, K blocks)
+    slices, a block each, after the full waves. Problem 39 (4096 tiles of 128 x 128 on 132 SMs): 31 full waves,
+    then 4 tiles in 8 slices each (~1/8 of a tile's time, plus the sum) instead of a 32nd tile-time with 128 SMs
+    idle. Returns the twin's TAIL, tail_split and its workspace (slices) and counters (zeroed here: one
+    memset), or nothing where no split applies."""
+    tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
+    blocks = min(tiles, _num_sms(device))
+    tail = tiles % blocks if blocks else 0
+    split = min(blocks // tail, TAIL_SLICES, cdiv(K, cfg.block_k)) if tail else 1
+    if split < 2:
+        return {}
+    return {"TAIL": True, "tail_split": split,
+            "tail_ws": torch.empty(tail * split * cfg.block_m * cfg.block_n, device=device, dtype=torch.float32),
+            "tail_cnt": torch.zeros(tail, device=device, dtype=torch.int32)}
 
 
 def gemm_grid(M: int, N: int, cfg: GemmConfig, device) -> tuple:

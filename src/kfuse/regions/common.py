@@ -190,7 +190,7 @@ SAVE_Z_DOC = "save_z: also return what backward keeps (z = x W^T + b and x's spl
 
 LAUNCH_TAIL = ("BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SCHEME=scheme, "
                "SPLIT_A=cfg.split_a, EVEN_K=k_run % cfg.block_k == 0, K_SLICES=cfg.k_slices, num_warps=cfg.num_warps, "
-               "num_stages=cfg.num_stages, **sm90_options(cfg)")
+               "num_stages=cfg.num_stages, **sm90_options(cfg, M, N, k_run, x.device)")
 
 
 def launcher(name: str, params: list[str], body: list[str], doc: str) -> str:

@@ -4,7 +4,7 @@ Training mode (or no running statistics) needs each column's mean and variance o
 single tile sees. Three launches:
   1. `<name>_stats_kernel`: the GEMM and the ops before the norm; stores y (the norm's input) and, per
      (row tile, column), the tile's mean and M2 (centred sum of squares) — see kernels/batchnorm.py;
-  2. `batch_norm_finalize_kernel`: merges the tiles per column (Chan/Welford), writes mean and 1/std and
+  2. `batch_norm_finalize_kernel`: merges the tiles per column (Chan's combination, float64), writes mean and 1/std and
      updates running_mean / running_var in place (num_batches_tracked is counted by the launcher);
   3. `<name>_apply_kernel`: one pass over y: (y - mean) * rstd * weight + bias, then the ops after the norm.
 Bytes beyond the GEMM: y written once and read once (2 * M * N * 4), the output written once. A training
