@@ -669,7 +669,6 @@ class GemmConfig:
     # promotions. Pre-split operands only (split_a=False).
     sm90: bool = False
     chunk: int = 4  # more failed problem 39's BatchNorm running mean (sm90_configs)
-    early: bool = False  # sm90: a chunk's promotion waits for its hi*hi product only (gemm_sm90.sm90_tile_mma)
 
     def short(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}_w{self.num_warps}_s{self.num_stages}"
@@ -686,7 +685,7 @@ class GemmConfig:
         if self.k_slices:
             s += f"_ks{self.k_slices}x{self.split_block_n}"
         if self.sm90:
-            s += f"_sm90c{self.chunk}" + ("e" if self.early else "")
+            s += f"_sm90c{self.chunk}"
         return s
 
 

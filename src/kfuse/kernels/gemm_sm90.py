@@ -10,9 +10,11 @@ The same arithmetic as gemm_core's fp16x3p (pre-split, row-scaled fp16 hi/lo par
 that the tensor cores wait only at the end of a chunk of K blocks:
   * `cross` sums lo*hi + hi*lo over ALL of K in one tensor-core accumulator. Its terms are 2^-11 of the result, so
     the tensor core's truncating accumulation costs 2^-11 of what it would cost the main term: nothing.
-  * `part` sums hi*hi over a CHUNK of K blocks (4 x 64 = 256 of K), then is drained (wait for all wgmma) and added
-    into the fp32 register sum `acc` with a round-to-nearest FADD ("promotion"). ptxas serializes every wgmma of
-    a loop if registers of an unfinished pipeline stage are read (C7514), so each promotion needs a full drain.
+  * `part` sums hi*hi over a CHUNK of K blocks (4 x 64 = 256 of K), then is added into the fp32 register sum `acc`
+    with a round-to-nearest FADD ("promotion"). Each block issues hi*hi first, so the promotion waits for that
+    product only (wgmma groups retire in order) while the block's two cross products keep the tensor cores busy:
+    3-4% off the forward of every seed against a full drain (session 15, interleaved A/B). ptxas serializes every
+    wgmma of a loop if registers of an unfinished wgmma are read (C7514), so a promotion cannot come earlier.
     The chunk is bounded by accuracy, not speed: the tensor core truncates toward zero, so a longer chunk leaves a
     bias in every output that a column mean does not average away: at 8 blocks problem 39's BatchNorm
     running_mean missed rule 3 (1.43e-7 against a bound of 1.42e-7); at 4 it passes. Measured on the H100, the
@@ -23,7 +25,10 @@ that the tensor cores wait only at the end of a chunk of K blocks:
     soon as both warpgroups have finished a block (an mbarrier per stage each way).
   * one tile per block (gemm_tile_sm90: the epilogue runs after the warp-specialized region, where the stages'
     memory is free for a layout change), or persistent (regions/sm90_twin.py: a block per SM walks its tiles with
-    sm90_tile_mma and the generated epilogue, while sm90_loader already loads the next tile).
+    sm90_tile_mma and the generated epilogue, while sm90_loader already loads the next tile). Where the last wave
+    would be a few tiles (runtime.sm90_tail), the blocks cut those along K instead, and the block that finishes a
+    tile's last slice sums the slices and runs its epilogue (sm90_tail_piece, sm90_tail_done, sm90_tail_sum):
+    problem 39's 4096 tiles on 132 SMs took 32 tile-times, now 31 plus an eighth (-1.2% of its forward).
 
 Operands (as gemm_tile with SPLIT_A=False): a_ptr / a_lo_ptr = x_hi / x_lo (M, K) fp16 and b_ptr / b_lo_ptr =
 w_hi / w_lo (N, K) fp16, rows zero-padded to a multiple of 64 (padded_k) with 16-byte aligned row strides (the
@@ -139,19 +144,16 @@ def sm90_loader(st, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK
 
 @sm90_jit
 def _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, i, cross, part, FRESH: tl.constexpr,
-                   STAGES: tl.constexpr, PART_FIRST: tl.constexpr = False):
-    """Wait for the i-th K block, then issue its products asynchronously: lo*hi and hi*lo into `cross`, hi*hi into
-    `part` (FRESH: `part` starts from zero, a new chunk); PART_FIRST: hi*hi before the other two."""
+                   STAGES: tl.constexpr):
+    """Wait for the i-th K block, then issue its products asynchronously: hi*hi into `part` (FRESH: from zero, a
+    new chunk), then lo*hi and hi*lo into `cross`."""
     s = i % STAGES
     mbarrier.wait(ready.index(s), (i // STAGES) & 1)
     b_hi = b_hi_s.index(s).permute((1, 0))
     b_lo = b_lo_s.index(s).permute((1, 0))
-    if PART_FIRST:
-        part = warpgroup_mma(a_hi_s.index(s), b_hi, part, use_acc=not FRESH, is_async=True)
+    part = warpgroup_mma(a_hi_s.index(s), b_hi, part, use_acc=not FRESH, is_async=True)
     cross = warpgroup_mma(a_lo_s.index(s), b_hi, cross, is_async=True)
     cross = warpgroup_mma(a_hi_s.index(s), b_lo, cross, is_async=True)
-    if not PART_FIRST:
-        part = warpgroup_mma(a_hi_s.index(s), b_hi, part, use_acc=not FRESH, is_async=True)
     return cross, part
 
 
@@ -164,10 +166,11 @@ def _sm90_release(empty, i, STAGES: tl.constexpr):
 
 @sm90_jit
 def sm90_tile_mma(st, i0, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
-                  CHUNK: tl.constexpr, EARLY: tl.constexpr = False):
+                  CHUNK: tl.constexpr):
     """The consumer warps' K loop of one tile, K blocks i0 .. i0 + n_k - 1 of the block's stage sequence, in
-    chunks (module docstring): acc + cross, unscaled, in the wgmma accumulator layout. EARLY: each block issues
-    hi*hi first, and a chunk's promotion waits for that product only (its two cross products run on)."""
+    chunks (module docstring): acc + cross, unscaled, in the wgmma accumulator layout. Each block issues hi*hi
+    first, so a chunk's promotion waits for that product only while the block's two cross products run on; their
+    stage is released once the next block's products are issued."""
     a_desc, a_lo_desc, b_desc, b_lo_desc, a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty = st
     num_warps: tl.constexpr = gl.num_warps()
     mma: tl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -175,35 +178,20 @@ def sm90_tile_mma(st, i0, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STA
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
     part = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
     cross = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-    if EARLY:
-        for c0 in range(i0, i0 + n_k, CHUNK):
-            c_end = min(c0 + CHUNK, i0 + n_k)
-            cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, c0, cross, part, True, STAGES,
-                                         True)
-            cross, part = warpgroup_mma_wait(3, deps=(cross, part))  # the previous chunk's last block is done
-            if c0 > i0:
-                _sm90_release(empty, c0 - 1, STAGES)
-            for i in range(c0 + 1, c_end):
-                cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, i, cross, part, False,
-                                             STAGES, True)
-                cross, part = warpgroup_mma_wait(3, deps=(cross, part))  # block i - 1 is done
-                _sm90_release(empty, i - 1, STAGES)
-            part = warpgroup_mma_wait(2, deps=(part,))  # the chunk's last hi*hi is done
-            acc = acc + part
-        cross = warpgroup_mma_wait(0, deps=(cross,))
-        _sm90_release(empty, i0 + n_k - 1, STAGES)
-    else:
-        for c0 in range(i0, i0 + n_k, CHUNK):
-            c_end = min(c0 + CHUNK, i0 + n_k)
-            cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, c0, cross, part, True, STAGES)
-            cross, part = warpgroup_mma_wait(3, deps=(cross, part))
-            for i in range(c0 + 1, c_end):
-                cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, i, cross, part, False, STAGES)
-                cross, part = warpgroup_mma_wait(3, deps=(cross, part))  # block i - 1 is done
-                _sm90_release(empty, i - 1, STAGES)
-            cross, part = warpgroup_mma_wait(0, deps=(cross, part))  # drain: part may be read now
-            _sm90_release(empty, c_end - 1, STAGES)
-            acc = acc + part
+    for c0 in range(i0, i0 + n_k, CHUNK):
+        c_end = min(c0 + CHUNK, i0 + n_k)
+        cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, c0, cross, part, True, STAGES)
+        cross, part = warpgroup_mma_wait(3, deps=(cross, part))  # the previous chunk's last block is done
+        if c0 > i0:
+            _sm90_release(empty, c0 - 1, STAGES)
+        for i in range(c0 + 1, c_end):
+            cross, part = _sm90_products(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, i, cross, part, False, STAGES)
+            cross, part = warpgroup_mma_wait(3, deps=(cross, part))  # block i - 1 is done
+            _sm90_release(empty, i - 1, STAGES)
+        part = warpgroup_mma_wait(2, deps=(part,))  # the chunk's last hi*hi is done: part may be read
+        acc = acc + part
+    cross = warpgroup_mma_wait(0, deps=(cross,))
+    _sm90_release(empty, i0 + n_k - 1, STAGES)
     return acc + cross
 
 
@@ -248,8 +236,8 @@ def sm90_tail_sum(acc, slot, tail_ws, tail_split, BLOCK_M: tl.constexpr, BLOCK_N
 
 @sm90_jit
 def _sm90_one_tile(st, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
-                   CHUNK: tl.constexpr, EARLY: tl.constexpr):
-    return (sm90_tile_mma(st, 0, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK, EARLY),)
+                   CHUNK: tl.constexpr):
+    return (sm90_tile_mma(st, 0, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK),)
 
 
 @gluon.constexpr_function if HAVE_GLUON else (lambda f: f)
@@ -263,8 +251,7 @@ def _out_layout(BLOCK_M, BLOCK_N, num_warps):
 def gemm_tile_sm90(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,
                    stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr,
-                   GROUP_M: tl.constexpr = 8, STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4,
-                   EARLY: tl.constexpr = False):
+                   GROUP_M: tl.constexpr = 8, STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4):
     """gemm_tile's contract (fp16x3p, SPLIT_A=False, K a multiple of BLOCK_K, unit K strides) on sm_90, one tile per
     block: the fp32 (BLOCK_M, BLOCK_N) tile of x @ W^T at (pid_m, pid_n) (the block's, by _tile_ids and GROUP_M),
     scales undone, in a blocked layout. Rows/cols past M/N hold zeros."""
@@ -273,7 +260,7 @@ def gemm_tile_sm90(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, p
     st = sm90_setup(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, M, N, K, stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K,
                     STAGES)
     res = gl.warp_specialize([
-        (_sm90_one_tile, (st, gl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, STAGES, CHUNK, EARLY)),
+        (_sm90_one_tile, (st, gl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, STAGES, CHUNK)),
         (sm90_loader, (st, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES, False, 1)),
     ], [1], [24])
     # outside the partitions, so the stages' shared memory is free for the layout change
