@@ -96,14 +96,14 @@ def sm90_tail_piece(M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK
     """This block's piece of the tail (the last, partial wave of tiles): each tail tile's K blocks are cut into
     tail_split slices, block p taking slice p // tail of tile p % tail. Returns (tile, slot: the tile's index
     within the tail, the slice, its K blocks kb0 .. kb1 - 1); blocks past tail * tail_split get an empty range."""
-    full = sm90_full_tiles(M, N, BLOCK_M, BLOCK_N, True)
-    tail = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) - full
+    tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    tail = tiles % gl.num_programs(0)
     slot = gl.program_id(0) % tail
     j = gl.program_id(0) // tail
     n_k = gl.cdiv(K, BLOCK_K)
     kb0 = min(j, tail_split) * n_k // tail_split
     kb1 = min(j + 1, tail_split) * n_k // tail_split
-    return full + slot, slot, j, kb0, kb1
+    return tiles - tail + slot, slot, j, kb0, kb1
 
 
 @sm90_jit
@@ -206,16 +206,24 @@ def sm90_scaled(acc, a_scale_ptr, b_scale_ptr, pid_m, pid_n, M, N, BLOCK_M: tl.c
 
 
 @sm90_jit
-def sm90_tail_done(acc, slot, j, tail_ws, tail_cnt, tail_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Store this block's partial (unscaled, as sm90_tile_mma returns it) of tail tile `slot`, slice j, into the
-    workspace tail_ws (tail x tail_split tiles of fp32) and count it in tail_cnt[slot] (zeroed by the launcher).
-    True in the block that counted the tile's last slice: it then sums them (sm90_tail_sum) and runs the
-    epilogue. The stores are released at GPU scope by the count (after a barrier of the consumer warps), the
-    count is acquired by the summing block: CUTLASS's split-K semaphore, in Gluon."""
+def _sm90_tail_slices(acc, slot, tail_ws, tail_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pointers, in acc's layout, to slice 0 of tail tile `slot` in the workspace tail_ws (tail x tail_split
+    row-major (BLOCK_M, BLOCK_N) fp32 tiles); slice j is BLOCK_M * BLOCK_N further."""
     layout: tl.constexpr = acc.type.layout
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    gl.store(tail_ws + (slot * tail_split + j) * (BLOCK_M * BLOCK_N) + rows[:, None] * BLOCK_N + cols[None, :], acc)
+    return tail_ws + slot * tail_split * (BLOCK_M * BLOCK_N) + rows[:, None] * BLOCK_N + cols[None, :]
+
+
+@sm90_jit
+def sm90_tail_done(acc, slot, j, tail_ws, tail_cnt, tail_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store this block's partial (unscaled, as sm90_tile_mma returns it) of tail tile `slot`, slice j, into the
+    workspace tail_ws and count it in tail_cnt[slot] (zeroed by the launcher).
+    True in the block that counted the tile's last slice: it then sums them (sm90_tail_sum) and runs the
+    epilogue. The stores are released at GPU scope by the count (after a barrier of the consumer warps), the
+    count is acquired by the summing block: CUTLASS's split-K semaphore, in Gluon."""
+    ptrs = _sm90_tail_slices(acc, slot, tail_ws, tail_split, BLOCK_M, BLOCK_N)
+    gl.store(ptrs + j * (BLOCK_M * BLOCK_N), acc)
     gl.thread_barrier()
     return gl.atomic_add(tail_cnt + slot, 1, sem="acq_rel", scope="gpu") == tail_split - 1
 
@@ -224,10 +232,7 @@ def sm90_tail_done(acc, slot, j, tail_ws, tail_cnt, tail_split, BLOCK_M: tl.cons
 def sm90_tail_sum(acc, slot, tail_ws, tail_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Tail tile `slot`'s slices summed in slice order (the same sum whichever block runs it), in acc's layout.
     Read from L2 (.cg): the other blocks wrote them."""
-    layout: tl.constexpr = acc.type.layout
-    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    ptrs = tail_ws + slot * tail_split * (BLOCK_M * BLOCK_N) + rows[:, None] * BLOCK_N + cols[None, :]
+    ptrs = _sm90_tail_slices(acc, slot, tail_ws, tail_split, BLOCK_M, BLOCK_N)
     total = gl.load(ptrs, cache_modifier=".cg")
     for j in range(1, tail_split):
         total += gl.load(ptrs + j * (BLOCK_M * BLOCK_N), cache_modifier=".cg")

@@ -282,7 +282,7 @@ def sm90_tail(cfg: GemmConfig, M: int, N: int, K: int, device) -> dict:
     idle. Returns the twin's TAIL, tail_split and its workspace (slices) and counters (zeroed here: one
     memset), or nothing where no split applies."""
     tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
-    blocks = min(tiles, _num_sms(device))
+    blocks = gemm_grid(M, N, cfg, device)[0]  # the persistent grid: min(tiles, SMs)
     tail = tiles % blocks if blocks else 0
     split = min(blocks // tail, TAIL_SLICES, cdiv(K, cfg.block_k)) if tail else 1
     if split < 2:
