@@ -44,7 +44,8 @@ def test_planted_candidate(records, name):
 
 def test_controls_are_checked_at_every_shape(records):
     rec = records["honest"]
-    assert rec.shapes == ["as given", "batch_size=53", "in_features=50,out_features=142"]
+    assert rec.shapes[0] == "as given" and rec.shapes[1].startswith("batch_size=")
+    assert rec.shapes[2].startswith("in_features=") and len(rec.shapes) == 3
     assert rec.trials == 5 and rec.rules["extra_shape"] is True
     assert rec.triton_launches >= rec.trials and rec.kernels == ["linear_relu_kernel"]
     assert rec.max_abs_err <= 2 * rec.ref_max_abs_err + 1e-7

@@ -10,7 +10,7 @@ import torch
 
 from kfuse import timing
 from kfuse.judge import cheats
-from kfuse.judge.evaluate import EvalRecord, feature_shape_problem, plan_shapes
+from kfuse.judge.evaluate import EvalRecord, derive, extra_problems, plan_shapes
 from kfuse.judge.suite import FAST_P, fast_p
 from kfuse.load import load_problem
 
@@ -131,11 +131,23 @@ def test_fast_p():
     assert cpu["fast_0"] == 0.5 and cpu["fast_0.5"] is None
 
 
-def test_shape_plan():
+def test_shape_plan_draws_odd_sizes_per_run():
     prob = load_problem(PROBLEMS / "linear_relu.py")
-    feat, label = feature_shape_problem(prob)
-    assert label == "in_features=50,out_features=142" and feat.constants()["in_features"] == 50
+    labels = set()
+    for seed in range(40):
+        extra = extra_problems(prob, seed)
+        assert len(extra) == 2
+        (batch, b_label), (feat, f_label) = extra
+        labels.add(b_label)
+        for p in (batch, feat):
+            for name, v in p.constants().items():
+                if v != prob.constants()[name]:
+                    assert v % 2 == 1 and 5 <= v - prob.constants()[name] <= 64, (name, v)
+    assert len(labels) > 10  # drawn per run, not a fixed offset
     shapes = plan_shapes(prob, seed=10, trials=3, extra=True)
-    assert [s.label for s in shapes] == ["", "batch_size=53", label]
+    assert [s.label for s in shapes][0] == "" and len(shapes) == 3
     seeds = [s for sh in shapes for s in sh.input_seeds]
     assert len(seeds) == len(set(seeds)) == 5
+    # the worker sees model seeds only; input seeds are unrelated numbers
+    assert not {sh.model_seed for sh in shapes} & set(seeds)
+    assert derive(10, "input", 0, 0) != derive(11, "input", 0, 0)

@@ -1,71 +1,213 @@
-"""The judge's handle on one worker process: start it, send requests, enforce the timeout, survive crashes.
+"""The judge's handle on one worker process: start it (in the sandbox), send requests, enforce the timeout,
+survive crashes, and treat every answer as hostile data.
 
-Requests travel as files (torch.save) whose path goes down a pipe, so a large input never blocks the judge
-on a worker that stopped reading. Answers come back on a second pipe and are loaded with
-`weights_only=True`: a candidate can send wrong numbers, never code for the judge to run.
-The worker gets its own session (process group), so a kill also ends anything the candidate started.
+Requests travel as files (torch.save) in a folder the worker sees read-only, whose path goes down a pipe,
+so a large input never blocks the judge on a worker that stopped reading. Answers come back on a second
+pipe, at most `cap` bytes each (a larger one ends the worker), are loaded with `weights_only=True` (data,
+never code) and checked against the answer schema (`check_answer`) before the judge reads a field.
+The worker's output goes to a log outside its sandbox; the judge reads at most its last LOG_TAIL_BYTES,
+never through a symlink.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
+import re
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import torch
 
-LOG_TAIL_CHARS = 1500
+from kfuse.judge import sandbox
+
+LOG_TAIL_BYTES = 1500
+ANSWER_FLOOR_BYTES = 8 << 20  # load/build answers and small outputs
+MAX_ITEMS = 64  # per fact list, outputs, buffers
+MAX_TEXT = 400  # per fact line or error
+FACT_LISTS = ("replaced", "precision", "modes", "output_types", "aliases", "late_changes", "threads",
+              "introspection", "launch_names", "timing_replaced")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 class WorkerFailure(Exception):
-    """The worker timed out or died; `str()` says which, with the tail of its output."""
+    """The worker timed out, died or answered out of schema; `str()` says which, with the tail of its log."""
+
+
+def clean_text(text: Any, limit: int = MAX_TEXT) -> str:
+    """A candidate-supplied string made safe to store and print: no control characters, bounded length."""
+    s = _CONTROL.sub("?", str(text))
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+# --- the answer schema ---------------------------------------------------------------------------------
+
+
+def _tensor(t: Any, what: str) -> torch.Tensor:
+    if type(t) is not torch.Tensor or t.layout != torch.strided or t.device.type != "cpu":
+        raise WorkerFailure(f"malformed answer from the worker: {what} is not a plain CPU tensor")
+    return t
+
+
+def _tensors(v: Any, what: str) -> list[torch.Tensor]:
+    if not isinstance(v, list) or len(v) > MAX_ITEMS:
+        raise WorkerFailure(f"malformed answer from the worker: {what} is not a list of at most {MAX_ITEMS} tensors")
+    return [_tensor(t, f"{what}[{i}]") for i, t in enumerate(v)]
+
+
+def _facts(v: Any) -> dict[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise WorkerFailure("malformed answer from the worker: facts is not a mapping")
+    out: dict[str, Any] = {}
+    for key in FACT_LISTS:
+        items = v.get(key) or []
+        if not isinstance(items, list):
+            raise WorkerFailure(f"malformed answer from the worker: facts.{key} is not a list")
+        out[key] = [clean_text(x) for x in items[:MAX_ITEMS]]
+    launches = v.get("launches", 0)
+    if type(launches) is not int or launches < 0:
+        raise WorkerFailure("malformed answer from the worker: facts.launches is not a count")
+    out["launches"] = launches
+    return out
+
+
+def check_answer(op: str, answer: Any) -> dict[str, Any]:
+    """The answer with every field the judge reads present and of the right type; anything else raises
+    WorkerFailure (the candidate's record then carries the error, the judge goes on)."""
+    if not isinstance(answer, dict) or type(answer.get("ok")) is not bool:
+        raise WorkerFailure("malformed answer from the worker: not a mapping with a boolean 'ok'")
+    out: dict[str, Any] = {"ok": answer["ok"], "facts": _facts(answer.get("facts"))}
+    if "error" in answer:
+        out["error"] = clean_text(answer["error"], 2000)
+    if not answer["ok"]:
+        return out
+    if op == "build":
+        out["state_error"] = clean_text(answer.get("state_error") or "", 2000)
+    elif op == "call":
+        outputs = answer.get("outputs")
+        out["outputs"] = None if outputs is None else _tensors(outputs, "outputs")
+        out["inputs_after"] = _tensors(answer.get("inputs_after"), "inputs_after")
+        buffers = answer.get("buffers")
+        if not isinstance(buffers, dict) or len(buffers) > 4 * MAX_ITEMS:
+            raise WorkerFailure("malformed answer from the worker: buffers is not a mapping")
+        out["buffers"] = {clean_text(k): _tensor(t, f"buffer {clean_text(k)}") for k, t in buffers.items()}
+    elif op in ("time", "go"):
+        for key in ("wall_ms",):
+            if key in answer and not (isinstance(answer[key], float) and math.isfinite(answer[key])):
+                raise WorkerFailure(f"malformed answer from the worker: {key} is not a finite number")
+        out.update({k: answer[k] for k in ("wall_ms",) if k in answer})
+        timing = answer.get("timing")
+        if timing is not None:
+            out["timing"] = _timing(timing)
+    return out
+
+
+def _timing(t: Any) -> dict[str, Any]:
+    if not isinstance(t, dict):
+        raise WorkerFailure("malformed answer from the worker: timing is not a mapping")
+    out: dict[str, Any] = {"available": bool(t.get("available")), "reason": clean_text(t.get("reason") or "")}
+    for k in ("median_ms", "min_ms", "max_ms", "p10_ms", "p90_ms"):
+        v = t.get(k)
+        out[k] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+    n = t.get("n")
+    out["n"] = n if type(n) is int and n >= 0 else 0
+    return out
+
+
+def tensor_bytes(tensors: Any) -> int:
+    """Bytes of every tensor in a (nested) list/dict: what an honest answer about them weighs."""
+    if isinstance(tensors, torch.Tensor):
+        return tensors.numel() * tensors.element_size()
+    if isinstance(tensors, Mapping):
+        return sum(tensor_bytes(v) for v in tensors.values())
+    if isinstance(tensors, (list, tuple)):
+        return sum(tensor_bytes(v) for v in tensors)
+    return 0
+
+
+# --- the handle ------------------------------------------------------------------------------------------
 
 
 class WorkerHandle:
-    def __init__(self, *, interpret: bool, timeout_s: float) -> None:
+    def __init__(self, *, interpret: bool, timeout_s: float, candidate: Path, isolated: bool = True,
+                 gpu: bool = False) -> None:
         self.deadline = time.monotonic() + timeout_s
         self.timeout_s = timeout_s
         self.tmp = tempfile.TemporaryDirectory(prefix="kfuse-judge-")
-        self.log_path = Path(self.tmp.name) / "worker.log"
+        root = Path(self.tmp.name)
+        self.io_dir = root / "io"  # the worker's view: requests and its copy of the candidate
+        self.io_dir.mkdir()
+        self.log_path = root / "worker.log"
+        self.candidate = self.io_dir / candidate.name
+        shutil.copyfile(candidate, self.candidate)  # the worker never sees the user's path or its folder
         self._n = 0
-        env = dict(os.environ)
-        if interpret:
-            env["TRITON_INTERPRET"] = "1"  # CPU: Triton kernels run in the interpreter
+        self.cgroup: Path | None = None
         down_r, down_w = os.pipe()
         up_r, up_w = os.pipe()
+        limits = sandbox.limits_for(timeout_s)
+        worker = [sys.executable, "-m", "kfuse.judge.worker", str(down_r), str(up_w)]
+        if isolated:
+            box = sandbox.Sandbox(io_dir=self.io_dir, gpu=gpu, interpret=interpret, limits=limits)
+            self.cgroup = sandbox.pids_cgroup(limits.processes)
+            command = sandbox.enter_cgroup_command(self.cgroup, sandbox.argv(box, worker))
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+            self.worker_io = sandbox.IO_DIR
+        else:
+            command, env = worker, dict(os.environ)
+            if interpret:
+                env["TRITON_INTERPRET"] = "1"  # CPU: Triton kernels run in the interpreter
+            self.worker_io = str(self.io_dir)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kfuse.judge.worker", str(down_r), str(up_w)],
-                pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=env, cwd=self.tmp.name, start_new_session=True)
+                command, pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, cwd=self.io_dir, start_new_session=True)
         os.close(down_r)
         os.close(up_w)
         self._tx = Connection(down_w, readable=False)
         self._rx = Connection(up_r, writable=False)
         try:
-            self._receive()  # the worker's "ready": imports done, counters installed
+            ready = self._receive(ANSWER_FLOOR_BYTES)  # imports done, counters installed
+            if not isinstance(ready, dict) or ready.get("ready") is not True:
+                raise WorkerFailure("malformed answer from the worker: no ready message")
         except WorkerFailure:
             self.close()
             raise
 
-    def request(self, op: str, **fields: Any) -> dict[str, Any]:
+    @property
+    def candidate_path(self) -> str:
+        """The candidate's path as the worker sees it."""
+        return f"{self.worker_io}/{self.candidate.name}"
+
+    def request(self, op: str, cap: int = ANSWER_FLOOR_BYTES, **fields: Any) -> dict[str, Any]:
+        """Send one request and return its checked answer; at most `cap` bytes are accepted."""
+        self.send(op, **fields)
+        return check_answer(op, self._receive(cap))
+
+    def send(self, op: str, **fields: Any) -> None:
         self._n += 1
-        path = Path(self.tmp.name) / f"req{self._n}.pt"
-        torch.save({"op": op, **fields}, path)
+        name = f"req{self._n}.pt"
+        torch.save({"op": op, **fields}, self.io_dir / name)
         try:
-            self._tx.send_bytes(str(path).encode())
+            self._tx.send_bytes(f"{self.worker_io}/{name}".encode())
         except (BrokenPipeError, OSError):
             raise WorkerFailure(self._died()) from None
-        return self._receive()
 
-    def _receive(self) -> dict[str, Any]:
+    def receive(self, op: str, cap: int = ANSWER_FLOOR_BYTES) -> dict[str, Any]:
+        return check_answer(op, self._receive(cap))
+
+    def _receive(self, cap: int) -> Any:
         remaining = self.deadline - time.monotonic()
         try:
             ready = remaining > 0 and self._rx.poll(remaining)
@@ -75,16 +217,20 @@ class WorkerHandle:
             self.kill()
             raise WorkerFailure(f"timeout: no answer within {self.timeout_s:g} s (worker killed){self._tail()}")
         try:
-            raw = self._rx.recv_bytes()
-        except (EOFError, OSError):
+            raw = self._rx.recv_bytes(max(cap, ANSWER_FLOOR_BYTES))
+        except EOFError:
+            raise WorkerFailure(self._died()) from None
+        except OSError as err:
+            if "bad message length" in str(err):
+                self.kill()
+                raise WorkerFailure(f"answer larger than {cap} bytes (worker killed)") from None
             raise WorkerFailure(self._died()) from None
         try:
-            answer = torch.load(io.BytesIO(raw), weights_only=True)
+            return torch.load(io.BytesIO(raw), weights_only=True)
         except Exception as err:  # noqa: BLE001 - a worker answer we cannot read is a failed candidate
             raise WorkerFailure(f"unreadable answer from the worker: {type(err).__name__}") from None
-        if not isinstance(answer, dict):
-            raise WorkerFailure("malformed answer from the worker")
-        return answer
+        finally:
+            del raw
 
     def _died(self) -> str:
         try:
@@ -97,21 +243,25 @@ class WorkerHandle:
                 what = f"killed by {signal.Signals(-code).name}"
             except ValueError:
                 what = f"killed by signal {-code}"
+        elif code is not None and code > 128:
+            # bubblewrap reports a child killed by signal N as exit code 128 + N
+            try:
+                what = f"killed by {signal.Signals(code - 128).name}"
+            except ValueError:
+                what = f"exited with code {code}"
         else:
             what = f"exited with code {code}"
         return f"worker crashed: {what}{self._tail()}"
 
     def _tail(self) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").strip()
-        except OSError:
-            return ""
-        return f"\n--- worker output (tail) ---\n{text[-LOG_TAIL_CHARS:]}" if text else ""
+        text = read_tail(self.log_path, LOG_TAIL_BYTES)
+        return f"\n--- worker output (tail) ---\n{text}" if text else ""
 
     def kill(self) -> None:
+        """End the worker and everything it started: bubblewrap's pid namespace dies with it."""
         if self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # our child's own group: it and what it started
+                os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         self.proc.wait()
@@ -119,16 +269,18 @@ class WorkerHandle:
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                self._n += 1
-                path = Path(self.tmp.name) / f"req{self._n}.pt"
-                torch.save({"op": "quit"}, path)
-                self._tx.send_bytes(str(path).encode())
+                self.send("quit")
                 self.proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
+            except (OSError, WorkerFailure, subprocess.TimeoutExpired):
                 pass
         self.kill()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # whatever is left in the group (unsandboxed runs)
+        except (ProcessLookupError, PermissionError):
+            pass
         for conn in (self._tx, self._rx):
             conn.close()
+        sandbox.remove_cgroup(self.cgroup)
         self.tmp.cleanup()
 
     def __enter__(self) -> "WorkerHandle":
@@ -136,3 +288,20 @@ class WorkerHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def read_tail(path: Path, limit: int) -> str:
+    """The last `limit` bytes of a regular file, opened without following a symlink; '' otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ""
+        os.lseek(fd, max(0, st.st_size - limit), os.SEEK_SET)
+        data = os.read(fd, limit)
+    finally:
+        os.close(fd)
+    return _CONTROL.sub("", data.decode("utf-8", errors="replace")).strip()

@@ -1,0 +1,230 @@
+"""The privilege boundary around a candidate: bubblewrap (user, pid, net, mount, ipc, uts namespaces) plus
+kernel-enforced resource limits.
+
+Inside the sandbox the candidate sees: the system's libraries and the Python installation read-only, the
+kfuse package read-only, the judge's request folder read-only at /judge, and a private tmpfs at /tmp (its
+only writable place, size-capped). No home, no reference file, no database, no output path, no network,
+no other process (its own pid namespace: the judge is invisible, so it can be neither signalled nor
+traced), an environment of a dozen fixed variables. On the GPU the NVIDIA device nodes are the only devices
+passed in. Limits (memory, file size, CPU time, open files, processes) are set with `prlimit` on bubblewrap
+itself, so the kernel enforces them on everything the candidate starts; where a pids cgroup can be made,
+it caps the process count too (root ignores RLIMIT_NPROC). Killing bubblewrap ends the pid namespace and so
+every process the candidate started, exited or not.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import shutil
+import site
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import kfuse
+
+SANDBOX_UID = 65534  # "nobody" inside the user namespace
+IO_DIR = "/judge"  # the judge's request folder, read-only inside
+SCRATCH = "/tmp"  # the private tmpfs
+SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
+# Enough of /etc for the dynamic loader, user names and compilers (gcc/nvcc via /etc/alternatives).
+ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/passwd",
+             "/etc/group", "/etc/nsswitch.conf", "/etc/localtime")
+PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-process kernel limits for the sandbox (RLIMIT_AS is left alone: CUDA reserves huge address
+    ranges; RLIMIT_DATA counts the writable private memory a process really maps)."""
+
+    memory_bytes: int = 32 * GIB
+    file_bytes: int = 512 << 20  # also caps the worker's log
+    scratch_bytes: int = 4 * GIB  # the tmpfs at /tmp
+    open_files: int = 4096
+    processes: int = 512
+    cpu_s: int = 3600
+
+
+def limits_for(timeout_s: float, cores: int | None = None) -> Limits:
+    """CPU seconds: every core busy for the whole timeout, plus a minute for start and compilation."""
+    cores = cores or os.cpu_count() or 1
+    return Limits(cpu_s=int(timeout_s * cores) + 60)
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How one worker is started: the argv prefix that wraps `python -m kfuse.judge.worker ...`."""
+
+    io_dir: Path  # host folder bound read-only at IO_DIR
+    gpu: bool
+    interpret: bool
+    limits: Limits
+
+
+# --- can it start here? --------------------------------------------------------------------------------
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def userns_blocker() -> str | None:
+    """A sysctl that forbids unprivileged user namespaces, in words, or None."""
+    if _read("/proc/sys/user/max_user_namespaces") == "0":
+        return "user namespaces are disabled (user.max_user_namespaces = 0)"
+    if os.geteuid() != 0 and _read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
+        return "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0)"
+    if os.geteuid() != 0 and _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
+        return "AppArmor forbids unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns = 1)"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def unavailable() -> str | None:
+    """Why the sandbox cannot start on this machine (one line), or None when it can. Runs a trivial
+    program in the same namespaces the worker gets, once per process."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    if shutil.which("prlimit") is None:
+        return "prlimit (util-linux) is not installed"
+    blocker = userns_blocker()
+    if blocker:
+        return blocker
+    argv = ["bwrap", *_namespace_args(), *_system_binds(), "--", "/bin/true"]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"bwrap did not run: {type(err).__name__}"
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"bwrap cannot create its namespaces here: {last}"
+    return None
+
+
+# --- the command line ----------------------------------------------------------------------------------
+
+
+def _namespace_args() -> list[str]:
+    return ["--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+            "--disable-userns", "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--hostname", "judge",
+            "--clearenv", "--proc", "/proc", "--dev", "/dev"]
+
+
+def _system_binds() -> list[str]:
+    args: list[str] = []
+    for d in SYSTEM_DIRS:
+        if os.path.lexists(d):
+            # /lib -> usr/lib on merged-/usr systems: recreate the link rather than bind it twice
+            args += ["--symlink", os.readlink(d), d] if os.path.islink(d) else ["--ro-bind", d, d]
+    for f in ETC_FILES:
+        args += ["--ro-bind-try", f, f]
+    return args
+
+
+def python_dirs() -> list[str]:
+    """The folders Python needs to run kfuse's worker with this interpreter and its packages: the base
+    installation, the virtual environment, every site-packages, and the kfuse package itself (not the
+    folder it lives in: that may hold the user's problems and outputs)."""
+    dirs = {sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix,
+            str(Path(kfuse.__file__).resolve().parent)}
+    dirs.update(p for p in site.getsitepackages() if os.path.isdir(p))
+    user = site.getusersitepackages()
+    if isinstance(user, str) and os.path.isdir(user) and user in sys.path:
+        dirs.add(user)
+    resolved = sorted({str(Path(d).resolve()) for d in dirs} | dirs)
+    # bind each folder once: one inside another is covered by its parent, unless it is a different path
+    keep = [d for d in resolved if not any(d != p and d.startswith(p.rstrip("/") + "/") for p in resolved)]
+    return [d for d in keep if d not in SYSTEM_DIRS and not any(d.startswith(s + "/") for s in SYSTEM_DIRS)]
+
+
+def gpu_devices() -> list[str]:
+    """The NVIDIA device nodes (control, UVM, the cards, MIG capabilities): the only devices on the GPU."""
+    return sorted(p for pat in ("/dev/nvidia*", "/dev/nvidia-caps/*") for p in glob.glob(pat)
+                  if not os.path.isdir(p))
+
+
+def environment(box: Sandbox) -> dict[str, str]:
+    """The worker's whole environment (bubblewrap clears the rest: no tokens, no paths of the judge's)."""
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/local/cuda/bin:/usr/bin:/bin",
+        "HOME": SCRATCH, "TMPDIR": SCRATCH, "USER": "judge", "LOGNAME": "judge", "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
+        "TRITON_CACHE_DIR": f"{SCRATCH}/triton", "TORCH_EXTENSIONS_DIR": f"{SCRATCH}/torch_extensions",
+        "TORCHINDUCTOR_CACHE_DIR": f"{SCRATCH}/inductor",
+    }
+    env.update({k: os.environ[k] for k in PASSED_ENV if k in os.environ})
+    if box.interpret:
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
+def argv(box: Sandbox, command: Sequence[str]) -> list[str]:
+    """`prlimit ... bwrap ... -- command`: limits first (inherited by everything bubblewrap starts)."""
+    lim = box.limits
+    prlimit = ["prlimit", f"--data={lim.memory_bytes}", f"--fsize={lim.file_bytes}", f"--cpu={lim.cpu_s}",
+               f"--nofile={lim.open_files}", f"--nproc={lim.processes}", "--core=0", "--"]
+    bwrap = ["bwrap", *_namespace_args(), *_system_binds()]
+    for d in python_dirs():
+        bwrap += ["--ro-bind", d, d]
+    bwrap += ["--ro-bind", str(box.io_dir), IO_DIR, "--size", str(lim.scratch_bytes), "--tmpfs", SCRATCH,
+              "--chdir", SCRATCH]
+    if box.gpu:
+        bwrap += ["--ro-bind", "/sys", "/sys"]  # cuInit needs /sys (error 304 without it)
+        for node in gpu_devices():
+            bwrap += ["--dev-bind", node, node]  # after --dev: a plain bind gives "insufficient permissions"
+    for k, v in environment(box).items():
+        bwrap += ["--setenv", k, v]
+    return [*prlimit, *bwrap, "--", *command]
+
+
+# --- a process-count cap where the machine lets us make a pids cgroup -----------------------------------
+
+
+def pids_cgroup(processes: int) -> Path | None:
+    """A fresh pids cgroup with pids.max set (cgroup v2 or the v1 pids hierarchy), or None when this
+    process may not create one. Root is exempt from RLIMIT_NPROC, so this is its only process cap."""
+    parents = []
+    own = _read("/proc/self/cgroup") or ""
+    for line in own.splitlines():
+        _, controllers, rel = line.split(":", 2)
+        if controllers == "pids":
+            parents.append(Path("/sys/fs/cgroup/pids") / rel.lstrip("/"))
+        elif controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            parents.append(Path("/sys/fs/cgroup") / rel.lstrip("/"))
+    for parent in parents:
+        group = parent / f"kfuse-judge-{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            group.mkdir()
+            (group / "pids.max").write_text(str(processes))
+            return group
+        except OSError:
+            try:
+                group.rmdir()
+            except OSError:
+                pass
+    return None
+
+
+def enter_cgroup_command(group: Path | None, command: Sequence[str]) -> list[str]:
+    """Put the command in `group` before it starts anything: a shell joins the group, then execs it."""
+    if group is None:
+        return list(command)
+    return ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group), *command]
+
+
+def remove_cgroup(group: Path | None) -> None:
+    if group is None:
+        return
+    try:
+        group.rmdir()  # empty once bubblewrap's pid namespace is gone
+    except OSError:
+        pass
