@@ -28,7 +28,7 @@ import re
 from kfuse.backward_batchnorm import batchnorm_dz_kernel, batchnorm_dz_supported
 from kfuse.backward_epilogue import dz_kernel, dz_method, dz_supported
 from kfuse.backward_groupnorm import groupnorm_dz_kernel, groupnorm_dz_supported
-from kfuse.ir import Arg, Graph, Node, Param, Scalar
+from kfuse.ir import Arg, Graph, Node, Param, Scalar, attr_expr
 from kfuse.ops import POINTWISE
 from kfuse.partition import Region
 from kfuse.regions.common import RegionCode
@@ -68,7 +68,7 @@ def op_spelling(n: Node) -> str | None:
         x, groups, w, b, eps = args
         return f"torch.nn.functional.group_norm({x}, int({groups}), {w}, {b}, {eps})"
     if n.op == "batch_norm" and n.module:
-        return f"batch_norm_ref({args[0]}, self.{n.module}, fwd_state[{n.module!r}], cast)"
+        return f"batch_norm_ref({args[0]}, {attr_expr(n.module)}, fwd_state[{n.module!r}], cast)"
     if n.op in REDUCTIONS and "dim" in n.attrs:
         return f"torch.{n.op}({args[0]}, dim={n.attrs['dim']}, keepdim={bool(n.attrs.get('keepdim'))})"
     if n.op in ("softmax", "log_softmax") and "dim" in n.attrs:
@@ -111,9 +111,9 @@ def param_exprs(region: Region) -> list[str]:
     for n in region.nodes:
         exprs += [a.expr() for a in n.args if isinstance(a, Param)]
         if n.op == "batch_norm" and n.module:
-            exprs += [f"self.{n.module}.weight", f"self.{n.module}.bias"]
+            exprs += [attr_expr(f"{n.module}.weight"), attr_expr(f"{n.module}.bias")]
         elif n.module and uses_fx_code(n):  # the module's own call: all its parameters
-            exprs.append(f"*self.{n.module}.parameters()")
+            exprs.append(f"*{attr_expr(n.module)}.parameters()")
     return list(dict.fromkeys(exprs))
 
 
@@ -181,7 +181,7 @@ def function_class(region: Region, code: RegionCode, name: str, launcher_name: s
     lines += _method("params", ["self"], [f"return ({', '.join(params)}{',' if len(params) == 1 else ''})"])
     bns = [n.module for n in region.nodes if n.op == "batch_norm" and n.module]
     if bns:
-        lines += _method("state", ["self"], ["return {" + ", ".join(f"{m!r}: batch_norm_state(self.{m})" for m in bns) + "}"])
+        lines += _method("state", ["self"], ["return {" + ", ".join(f"{m!r}: batch_norm_state({attr_expr(m)})" for m in bns) + "}"])
     lines += _method("reference", ["self", "fwd_state", "cast", *inputs], _body(list(region.nodes), region))
     if gemm:
         a = region.anchor
@@ -210,7 +210,7 @@ def _dz_plan(region: Region, stem: str) -> tuple[str, tuple] | None:
 def with_autograd(region: Region, g: Graph, code: RegionCode, taken: set[str]) -> RegionCode:
     """The region's code with its Function class appended to the launcher and its forward lines calling it.
     Torch fallback regions are plain torch calls: autograd already flows through them."""
-    if region.kind == "torch" or not code.forward:
+    if not region.fused or not code.forward:
         return code
     called = re.search(r"=\s*(\w+)\(", code.forward[-1])
     launcher_name = called.group(1) if called else "_".join(n.op for n in region.nodes)

@@ -36,7 +36,7 @@ from __future__ import annotations
 from functools import partial
 
 from kfuse.backward_epilogue import NodeRule, Operands, accumulate, dz_kernel, pointwise_ok
-from kfuse.ir import Node
+from kfuse.ir import Node, attr_expr
 from kfuse.partition import Region
 from kfuse.regions.common import var
 from kfuse.regions.gemm_batchnorm import bn_params
@@ -150,4 +150,4 @@ def batchnorm_dz_kernel(region: Region, name: str) -> tuple[str, list[str], list
     src, params, scalars = dz_kernel(region, name, {"batch_norm": batchnorm_rule(region)}, PHASE_ARGS, "PHASE == 2")
     norm = next(n for n in region.nodes if n.op == "batch_norm")
     merged = ", bn_merged=True" if region.nodes[-1] is norm else ""
-    return src, params, scalars, f", bn_eps=float(self.{norm.module}.eps){merged}"
+    return src, params, scalars, f", bn_eps=float({attr_expr(norm.module)}.eps){merged}"

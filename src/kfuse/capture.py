@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch.fx.node import _get_qualified_name
 from torch.fx.passes.shape_prop import ShapeProp
 
-from kfuse.errors import ProblemError
-from kfuse.ir import Arg, Graph, Node, Param, Scalar
+from kfuse.ir import Arg, Graph, Node, Param, Scalar, attr_expr
+from kfuse.trace import Untraceable, functionalize, trace
 
 Spec = Callable[..., tuple[str, tuple[Any, ...], dict[str, Any]]]
 
@@ -142,22 +142,44 @@ def _dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = 
     return "dropout", (input,), {"p": float(p), "training": training}
 
 
-def _view_method(*shape: Any) -> None:
-    """view/reshape with literal sizes only (the shape comes from the trace); sizes read from tensors are kept."""
-    flat = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-    if not all(isinstance(d, int) for d in flat):
-        raise Reject
-
-
-def _view(input: Any, *shape: Any) -> tuple:
-    _view_method(*shape)
+def _view(input: Any, *shape: Any, **kwargs: Any) -> tuple:
+    """view/reshape/flatten/(un)squeeze: the result's shape comes from the trace, so sizes may be literals or read
+    from tensors (`x.view(x.size(0), -1)`); fused only where it adds or removes size-1 dims (partition.py), and
+    otherwise run as written, sizes and all."""
     return "view", (input,), {}
 
 
-def _plain_view(input: Any, *args: Any, **kwargs: Any) -> tuple:
-    if not all(isinstance(a, int) for a in [*args, *kwargs.values()]):
+def _alias(input: Any, *args: Any, **kwargs: Any) -> tuple:
+    """A transpose or permutation: a view of the same storage (no kernel), run as written; a GEMM reads it
+    through its strides."""
+    return "alias", (input,), {}
+
+
+def einsum_as_matmul(equation: str, ranks: tuple[int, int]) -> bool:
+    """Is `einsum(equation, a, b)` exactly torch.matmul(a, b)? "ij,jk->ik", "bij,bjk->bik", "bijl,lk->bijk": a's
+    last index is summed against b's second-to-last, b's other leading indices are a's (broadcast as matmul
+    does), and the output lists a's free indices then b's last."""
+    eq = equation.replace(" ", "")
+    if "->" not in eq or "." in eq or eq.count(",") != 1:
+        return False
+    ins, out = eq.split("->")
+    a, b = ins.split(",")
+    if (len(a), len(b)) != ranks or len(a) < 2 or len(b) < 2 or len(set(a)) != len(a) or len(set(b)) != len(b):
+        return False
+    k = a[-1]
+    return (b[-2] == k and k not in out and out == a[:-1] + b[-1] and b[-1] not in a
+            and (len(b) == 2 or b[:-2] == a[len(a) - len(b):-2]))
+
+
+def _einsum(equation: Any, *operands: Any) -> tuple:
+    if len(operands) == 1 and isinstance(operands[0], (tuple, list)):
+        operands = tuple(operands[0])
+    if not isinstance(equation, str) or len(operands) != 2 or not all(isinstance(o, torch.fx.Node) for o in operands):
         raise Reject
-    return "view", (input,), {}
+    ranks = tuple(len(o.meta["tensor_meta"].shape) if "tensor_meta" in o.meta else -1 for o in operands)
+    if not einsum_as_matmul(equation, ranks):
+        raise Reject
+    return "matmul", tuple(operands), {}
 
 
 FUNCTIONS: dict[Any, Spec] = {
@@ -174,7 +196,8 @@ FUNCTIONS: dict[Any, Spec] = {
     F.hardsigmoid: _unary("hardsigmoid"), F.softplus: _softplus,
     F.hardtanh: _hardtanh, torch.clamp: _clamp, torch.clip: _clamp,
     torch.exp: _unary("exp"), torch.abs: _unary("abs"),
-    F.linear: _linear, torch.matmul: _matmul, operator.matmul: _matmul, torch.mm: _matmul,
+    F.linear: _linear, torch.matmul: _matmul, operator.matmul: _matmul, torch.mm: _matmul, torch.bmm: _matmul,
+    torch.einsum: _einsum, torch.transpose: _alias, torch.t: _alias, torch.permute: _alias,
     F.group_norm: _group_norm,
     torch.sum: _reduce("sum"), torch.mean: _reduce("mean"), torch.amax: _reduce("amax"), torch.amin: _reduce("amin"),
     torch.logsumexp: _reduce("logsumexp"), torch.max: _max_dim("amax"), torch.min: _max_dim("amin"),
@@ -182,20 +205,30 @@ FUNCTIONS: dict[Any, Spec] = {
     torch.log_softmax: _softmax("log_softmax"), F.log_softmax: _softmax("log_softmax"),
     F.layer_norm: _layer_norm, F.dropout: _dropout,
     torch.maximum: _binary("clamp_min"), torch.minimum: _binary("clamp_max"),
-    torch.unsqueeze: _plain_view, torch.squeeze: _plain_view, torch.flatten: _plain_view, torch.reshape: _view,
+    torch.unsqueeze: _view, torch.squeeze: _view, torch.flatten: _view, torch.reshape: _view,
 }
 
 METHODS: dict[str, Spec] = {
     "add": _binary("add"), "sub": _binary("sub"), "mul": _binary("mul"), "div": _binary("div"),
     "neg": _unary("neg"), "relu": _unary("relu"), "sigmoid": _unary("sigmoid"), "tanh": _unary("tanh"),
     "clamp": _clamp, "clip": _clamp, "exp": _unary("exp"), "abs": _unary("abs"),
-    "matmul": _matmul, "mm": _matmul,
+    "matmul": _matmul, "mm": _matmul, "bmm": _matmul, "t": _alias, "transpose": _alias, "permute": _alias,
+    "mT": _alias,
     "sum": _reduce("sum"), "mean": _reduce("mean"), "amax": _reduce("amax"), "amin": _reduce("amin"),
     "logsumexp": _reduce("logsumexp"), "max": _max_dim("amax"), "min": _max_dim("amin"),
     "softmax": _softmax("softmax"), "log_softmax": _softmax("log_softmax"),
-    "clone": _unary("identity"), "contiguous": _unary("identity"), "detach": _plain_view,
-    "unsqueeze": _plain_view, "squeeze": _plain_view, "flatten": _plain_view, "view": _view, "reshape": _view,
+    "clone": _unary("identity"), "contiguous": _unary("identity"), "detach": _view,
+    "unsqueeze": _view, "squeeze": _view, "flatten": _view, "view": _view, "reshape": _view,
 }
+
+
+OPERATOR_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "pow": "**",
+                    "matmul": "@", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
+                    "and_": "&", "or_": "|", "xor": "^", "lshift": "<<", "rshift": ">>"}
+# Host values: a tensor's sizes and the Python arithmetic on them (`x.view(x.size(0), -1)`), no data touched.
+HOST_METHODS = frozenset({"size", "dim", "numel", "stride", "nelement", "ndimension", "element_size", "get_device",
+                          "is_contiguous"})
+HOST_ATTRS = frozenset({"shape", "ndim", "dtype", "device", "is_cuda"})
 
 
 def _module_linear(path: str, m: nn.Linear, x: Any) -> tuple:
@@ -335,13 +368,6 @@ def numeric_attributes(model: nn.Module) -> dict[float, str | None]:
     return found
 
 
-def trace(model: nn.Module) -> fx.GraphModule:
-    try:
-        return fx.symbolic_trace(model)
-    except Exception as err:  # noqa: BLE001 - data-dependent control flow, unsupported Python, ...
-        raise ProblemError(f"cannot capture Model.forward with torch.fx: {type(err).__name__}: {str(err).splitlines()[0]}") from None
-
-
 class _Converter:
     def __init__(self, gm: fx.GraphModule, attrs: Mapping[float, str | None]) -> None:
         self.gm = gm
@@ -370,7 +396,16 @@ class _Converter:
         if isinstance(a, (tuple, list)):
             inner = ", ".join(self.code_arg(x) for x in a)
             return f"({inner},)" if isinstance(a, tuple) and len(a) == 1 else (f"({inner})" if isinstance(a, tuple) else f"[{inner}]")
-        if isinstance(a, torch.dtype):
+        if isinstance(a, slice):
+            return f"slice({self.code_arg(a.start)}, {self.code_arg(a.stop)}, {self.code_arg(a.step)})"
+        if a is Ellipsis:
+            return "..."
+        if isinstance(a, dict):
+            return "{" + ", ".join(f"{k!r}: {self.code_arg(v)}" for k, v in a.items()) + "}"
+        if isinstance(a, (torch.dtype, torch.device)):
+            return f"torch.{a}" if isinstance(a, torch.dtype) and not str(a).startswith("torch.") else (
+                str(a) if isinstance(a, torch.dtype) else f"torch.device({str(a)!r})")
+        if isinstance(a, (torch.memory_format, torch.layout)):
             return str(a)
         if isinstance(a, float) and (a != a or a in (float("inf"), float("-inf"))):
             return f"float({str(a)!r})"
@@ -380,15 +415,19 @@ class _Converter:
         args = [self.code_arg(a) for a in node.args]
         kwargs = [f"{k}={self.code_arg(v)}" for k, v in node.kwargs.items()]
         if node.op == "call_module":
-            return f"self.{node.target}({', '.join(args + kwargs)})"
+            return f"{attr_expr(node.target)}({', '.join(args + kwargs)})"
         if node.op == "call_method":
             return f"{args[0]}.{node.target}({', '.join(args[1:] + kwargs)})"
+        if node.target is getattr and len(args) == 2 and isinstance(node.args[1], str) and node.args[1].isidentifier():
+            return f"{args[0]}.{node.args[1]}"
         if getattr(node.target, "__module__", None) == "_operator":
-            sym = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "matmul": "@", "getitem": None}.get(node.target.__name__)
+            sym = OPERATOR_SYMBOLS.get(node.target.__name__)
             if sym and len(args) == 2:
-                return f"{args[0]} {sym} {args[1]}"
+                return f"({args[0]} {sym} {args[1]})"
             if node.target is operator.getitem:
                 return f"{args[0]}[{args[1]}]"
+            if node.target.__name__ in ("neg", "pos", "invert") and len(args) == 1:
+                return f"({ {'neg': '-', 'pos': '+', 'invert': '~'}[node.target.__name__]}{args[0]})"
             return f"operator.{node.target.__name__}({', '.join(args)})"
         return f"{_get_qualified_name(node.target)}({', '.join(args + kwargs)})"
 
@@ -396,7 +435,8 @@ class _Converter:
         if node.op == "call_module":
             mod = self.gm.get_submodule(node.target)
             rule = MODULES.get(type(mod))
-            origin = f"nn.{type(mod).__name__} {node.target}"
+            torch_module = type(mod).__module__.startswith("torch.nn")
+            origin = f"{'nn.' if torch_module else ''}{type(mod).__name__} {node.target}"
             if rule is None or node.kwargs or len(node.args) != 1:
                 raise Reject(origin)
             try:
@@ -404,6 +444,8 @@ class _Converter:
             except Reject:
                 raise Reject(origin) from None  # reported by what the user wrote: "nn.AvgPool1d pool"
             return op, tuple(a if isinstance(a, (Param, Scalar)) or a is None else self.arg(a) for a in args), attrs, node.target, origin
+        if node.op == "call_function" and node.target is getattr and node.args[1] in ("T", "mT"):
+            return "alias", (self.arg(node.args[0]),), {}, None, f"Tensor.{node.args[1]}"
         if node.op == "call_function":
             spec, origin = FUNCTIONS.get(node.target), _get_qualified_name(node.target).replace("_operator.", "operator.")
         else:
@@ -442,6 +484,20 @@ def _param_transpose(node: fx.Node, conv: "_Converter") -> bool:
                and len(u.args) == 2 and u.args[1] is node for u in node.users)
 
 
+def _is_host(node: fx.Node, host: set[fx.Node]) -> bool:
+    """Does `node` compute a host value from sizes only: `x.size(0)`, `x.shape[1] // 2`, `len(x.shape)`?"""
+    if "tensor_meta" in node.meta:
+        return False
+    if node.op == "call_method":
+        return node.target in HOST_METHODS
+    if node.op != "call_function":
+        return False
+    if node.target is getattr:
+        return node.args[1] in HOST_ATTRS or node.args[0] in host
+    module = getattr(node.target, "__module__", None)
+    return module in ("_operator", "builtins", "math") and all(a in host for a in node.all_input_nodes)
+
+
 def _values_of(node: fx.Node) -> bool:
     """Is this node `t[0]` or `t.values` (the values of a (values, indices) pair)?"""
     return node.op == "call_function" and (
@@ -453,9 +509,11 @@ def capture(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Graph:
     """Trace `model` and record every value's shape by running a copy of it (the model itself is untouched:
     a training-mode BatchNorm would otherwise update its running statistics)."""
     gm = trace(copy.deepcopy(model))
+    kept = functionalize(gm)
     with torch.no_grad():
-        ShapeProp(gm).propagate(*[t.clone() for t in inputs])
+        ShapeProp(gm).propagate(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
     conv = _Converter(gm, numeric_attributes(model))
+    host: set[fx.Node] = set()
     placeholders: list[str] = []
     shapes: list[tuple[int, ...]] = []
     nodes: list[Node] = []
@@ -472,21 +530,32 @@ def capture(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Graph:
         elif node.op == "get_attr":
             value = _resolve_attr(gm, node.target)
             if not isinstance(value, torch.Tensor):
-                raise ProblemError(f"Model.forward reads self.{node.target}, which is not a tensor kfuse can pass on")
+                raise Untraceable(f"Model.forward reads self.{node.target}, which is not a tensor kfuse can pass on")
             conv.params[node] = Param(node.target, tuple(value.shape))
         elif node.op == "output":
             out = node.args[0]
-            if isinstance(out, (tuple, list)):
+            leaves: list[fx.Node] = []
+            fx.node.map_arg(out, leaves.append)
+            outputs = tuple(dict.fromkeys(conv.names[o] for o in leaves if o in conv.names))
+            if isinstance(out, fx.Node) and out in conv.names:
+                structure = "single"
+            elif isinstance(out, (tuple, list)) and all(isinstance(o, fx.Node) and o in conv.names for o in out) \
+                    and len(set(out)) == len(out):
                 structure = "tuple" if isinstance(out, tuple) else "list"
-                outputs = tuple(conv.names[o] for o in out)
-            else:
-                outputs = (conv.names[out],)
+            else:  # nested, repeated, constants or parameters: returned as the expression the forward wrote
+                structure = conv.code_arg(out)
         else:
             conv.names[node] = node.name
             code = conv.fx_code(node)
             shape = _shape(node)
             try:
-                if node in tuple_values:  # max(x, dim)[0] / .values: the values of a captured max/min
+                if node in kept:  # an in-place write into an input: the caller sees it, so it runs as written
+                    raise Reject(code)
+                if _is_host(node, host):
+                    host.add(node)
+                    op, args, attrs, module, origin = "shape", tuple(
+                        conv.names[a] for a in node.all_input_nodes if a in conv.names), {}, None, code
+                elif node in tuple_values:  # max(x, dim)[0] / .values: the values of a captured max/min
                     op, args, attrs, module, origin = "view", (conv.names[node.args[0]],), {}, None, code
                     code = conv.names[node.args[0]]
                 else:

@@ -6,9 +6,27 @@ Nothing here refers to fx, so the later stages are plain data transformations.
 
 from __future__ import annotations
 
+import keyword
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Union
+
+
+def attr_expr(path: str, root: str = "self") -> str:
+    """Python source reaching the submodule, parameter or attribute at dotted `path` from `root`.
+
+    Containers name their children by position ("network.0.weight" in an nn.Sequential or nn.ModuleList), which
+    is no attribute name: those parts are indexed (`self.network[0].weight`); a part that is neither an
+    identifier nor an index (a ModuleDict key such as "conv-1") is read with getattr, which every Module has."""
+    expr = root
+    for part in path.split(".") if path else []:
+        if part.isidentifier() and not keyword.iskeyword(part):
+            expr += f".{part}"
+        elif part.isdigit():
+            expr += f"[{int(part)}]"
+        else:
+            expr = f"getattr({expr}, {part!r})"
+    return expr
 
 
 @dataclass(frozen=True)
@@ -19,7 +37,7 @@ class Param:
     shape: tuple[int, ...]
 
     def expr(self) -> str:
-        return f"self.{self.path}"
+        return attr_expr(self.path)
 
 
 @dataclass(frozen=True)
@@ -32,7 +50,7 @@ class Scalar:
 
     def expr(self) -> str:
         if self.attr is not None:
-            return f"self.{self.attr}"
+            return attr_expr(self.attr)
         if self.value != self.value or self.value in (float("inf"), float("-inf")):
             return f"float({str(self.value)!r})"
         return repr(self.value)
@@ -65,7 +83,7 @@ class Graph:
     input_shapes: tuple[tuple[int, ...], ...]
     nodes: tuple[Node, ...]
     outputs: tuple[str, ...]
-    output_structure: str = "single"  # "single" | "tuple" | "list"
+    output_structure: str = "single"  # "single" | "tuple" | "list" | the return expression over value names
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes)

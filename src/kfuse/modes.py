@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kfuse.ir import Graph
+from kfuse.ir import Graph, attr_expr
 from kfuse.partition import Region, partition
 from kfuse.regions import call_time_rewrites
 from kfuse.rewrite import EVAL_RULES, RULES, Rule, follows_mode, rewrite
@@ -35,7 +35,7 @@ class Variant:
 
 def guards(g: Graph) -> tuple[str, ...]:
     """The flags that select the "train" forward: each mode-following Dropout's `training`."""
-    return tuple(dict.fromkeys(f"self.{n.module}.training" if n.module else "self.training"
+    return tuple(dict.fromkeys(f"{attr_expr(n.module)}.training" if n.module else "self.training"
                                for n in g if follows_mode(n)))
 
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import itertools
 import tempfile
@@ -26,12 +27,13 @@ import triton
 
 import kfuse
 from kfuse.capture import capture_with_modes
-from kfuse.emit import emit
-from kfuse.errors import UnsupportedError
-from kfuse.ir import Graph
+from kfuse.emit import emit, emit_original
+from kfuse.errors import ProblemError, UnsupportedError
+from kfuse.ir import Graph, Node
 from kfuse.load import Problem
 from kfuse.modes import Variant, primary, variants
 from kfuse.partition import Region
+from kfuse.trace import Untraceable, one_line
 from kfuse.verify import ContractReport, check_contract, run_in_process
 
 SCHEME_BY_DEVICE = {"cuda": "fp16x3p", "cpu": "ieee"}
@@ -54,6 +56,7 @@ class Compiled:
 
     source: str
     variants: tuple[Variant, ...]  # every forward ModelNew has (two where a Dropout follows the mode)
+    fallback: str | None = None  # why ModelNew runs Model.forward unchanged (None: it runs the pipeline's forward)
 
     # graph, regions, rewrites, unfused and mode: of the forward the model runs as constructed (modes.primary)
     @property
@@ -93,21 +96,60 @@ def capture_problem(problem: Problem, device: str) -> Graph:
     """The problem's graph with every value's shape. Capture needs shapes, not values, so the model and its
     inputs are first built on the meta device (no memory, no random init: a 32768 x 32768 Linear costs
     nothing instead of seconds of CPU init and a shape-propagation GEMM); a model that cannot be built or run
-    there (a constructor or forward that reads values) is captured for real on `device`."""
+    there (a constructor or forward that reads values) is captured for real on `device`, after one eager call
+    that shows the forward runs at all (a forward that raises is the user's to fix: ProblemError)."""
     try:
         return capture_with_modes(problem.build(device="meta"), problem.inputs(device="meta"))
-    except Exception:  # noqa: BLE001 - any failure on meta just means "capture it for real"
-        return capture_with_modes(problem.build(device=device), problem.inputs(device=device))
+    except Untraceable:
+        raise
+    except Exception:  # noqa: BLE001 - any other failure on meta just means "capture it for real"
+        pass
+    model, inputs = problem.build(device=device), problem.inputs(device=device)
+    try:
+        with torch.no_grad():
+            copy.deepcopy(model)(*inputs)
+    except Exception as err:  # noqa: BLE001 - the user's forward
+        raise ProblemError(f"{problem.path}: Model.forward raised {one_line(err)}") from None
+    try:
+        return capture_with_modes(model, inputs)
+    except Untraceable:
+        raise
+    except Exception as err:  # noqa: BLE001 - the traced graph did not run as the forward does
+        raise Untraceable(f"kfuse could not capture Model.forward ({one_line(err)})") from None
+
+
+def original_forward(reason: str) -> tuple[Variant, ...]:
+    """The one forward of a ModelNew that runs Model.forward unchanged, as the report describes it."""
+    node = Node("forward", "unknown", (), (), origin="Model.forward")
+    g = Graph((), (), (node,), ("forward",))
+    return (Variant("any", g, (Region("torch", (node,), ("forward",)),), ()),)
 
 
 def compile_problem(problem: Problem, opts: Options) -> Compiled:
-    vs = variants(capture_problem(problem, opts.device))
-    compiled = Compiled("", vs)
-    if opts.strict and compiled.unfused:
-        raise UnsupportedError(f"{problem.path}: --strict: not fused: {', '.join(compiled.unfused)}")
+    """The pipeline, one pass a line (the passes' own modules say how)."""
+    try:
+        graph = capture_problem(problem, opts.device)  # load's model traced: canonical ops with shapes
+    except Untraceable as why:  # nothing to fuse safely: ModelNew is Model, and the report says why
+        return _strict(compiled_original(problem, str(why)), problem, opts)
+    vs = variants(graph)  # rewrite + partition, once per forward mode
+    compiled = _strict(Compiled("", vs), problem, opts)  # --strict: an op left as a torch call is an error
     scheme = opts.scheme or SCHEME_BY_DEVICE.get(opts.device, "ieee")
-    compiled.source = emit(problem.source, problem.path.name, vs, scheme)
+    try:
+        compiled.source = emit(problem.source, problem.path.name, vs, scheme)  # codegen per region + the file
+    except Exception as err:  # noqa: BLE001 - a generator's own failure never costs the user a ModelNew
+        return compiled_original(problem, f"kfuse could not generate code ({one_line(err)})")
     return compiled
+
+
+def _strict(compiled: Compiled, problem: Problem, opts: Options) -> Compiled:
+    if opts.strict and compiled.unfused:
+        why = f" ({compiled.fallback})" if compiled.fallback else ""
+        raise UnsupportedError(f"{problem.path}: --strict: not fused: {', '.join(compiled.unfused)}{why}")
+    return compiled
+
+
+def compiled_original(problem: Problem, reason: str) -> Compiled:
+    return Compiled(emit_original(problem.source, problem.path.name, reason), original_forward(reason), reason)
 
 
 def load_module(path: Path) -> types.ModuleType:
@@ -134,14 +176,39 @@ def time_models(problem: Problem, model_new_cls: type, device: str) -> dict[str,
     return out
 
 
+def _verify(problem: Problem, opts: Options, compiled: Compiled, candidate: Path) -> tuple[Any, ContractReport]:
+    candidate.write_text(compiled.source)
+    try:
+        module = load_module(candidate)
+        runner = run_in_process(module.ModelNew)
+    except Exception as err:  # noqa: BLE001 - a generated file that does not import: a candidate that raised
+        error = f"candidate raised {one_line(err)}"
+        return None, check_contract(problem, _raising(error), device=opts.device, precision=opts.precision,
+                                    trials=1, seed=opts.seed, extra_shape=False)
+    return module, check_contract(problem, runner, device=opts.device, precision=opts.precision,
+                                  trials=opts.trials, seed=opts.seed)
+
+
+def _raising(error: str) -> Any:
+    def runner(*_: Any) -> Any:
+        raise RuntimeError(error)
+    return runner
+
+
+def raised(contract: ContractReport) -> str | None:
+    """The first exception the candidate raised in verification, or None."""
+    return next((f for v in contract.verdicts for f in v.failures if f.startswith("candidate raised")), None)
+
+
 def optimize(problem: Problem, opts: Options, workdir: Path | None = None) -> Result:
     compiled = compile_problem(problem, opts)
     workdir = workdir or Path(tempfile.mkdtemp(prefix="kfuse-"))
     candidate = workdir / f"{problem.name}_candidate.py"
-    candidate.write_text(compiled.source)
-    module = load_module(candidate)
-    contract = check_contract(problem, run_in_process(module.ModelNew), device=opts.device,
-                              precision=opts.precision, trials=opts.trials, seed=opts.seed)
+    module, contract = _verify(problem, opts, compiled, candidate)
+    error = raised(contract)
+    if error is not None and compiled.fallback is None:  # kfuse's own failure: the user still gets Model's forward
+        compiled = compiled_original(problem, f"the fused ModelNew failed to run ({error.removeprefix('candidate raised ')})")
+        module, contract = _verify(problem, opts, compiled, candidate)
     result = Result(compiled, contract, candidate)
     if opts.device == "cuda" and contract.correct:
         result.timings_ms = time_models(problem, module.ModelNew, opts.device)
@@ -168,6 +235,7 @@ def report(problem: Problem, opts: Options, result: Result, output: Path | None)
         "trials": c.trials,
         **forward_json(k.main),
         "mode": k.mode,
+        "fallback": k.fallback,
         "modes": {v.mode: forward_json(v) for v in k.variants if v.mode != "any"},
         "output": str(output) if output is not None else None,
         "overrides": dict(problem.overrides),

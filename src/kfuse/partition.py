@@ -21,7 +21,8 @@ while every value they read is the region's own, a scalar, or a per-column param
 The sum (or mean) of a whole GEMM output is rewritten to a GEMV first (rewrite.py): node `linear_rowsum`
 anchors a region of kind `gemv`, with the per-row ops after it.
 Every other node is a region of kind `torch` on its own: it stays a torch call in ModelNew and is listed
-in the report's `unfused_ops`.
+in the report's `unfused_ops`; a host value (a tensor's sizes, arithmetic on them) or a view (a transpose) is a
+region of kind `view`: no kernel, not listed there.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ GROUP_MAX = 128  # widest group (channels) fused into one column tile: on an H10
 POOL_MAX = 64  # widest pooling window fused into one column tile
 
 
+# "torch": a torch call as written; "view": no kernel at all: a host value (a tensor's sizes) or a view sharing a
+# tensor's storage (a transpose: the GEMM reads it through strides)
+UNFUSED_KINDS = ("torch", "view")
+NO_KERNEL_OPS = ("shape", "alias")
+
+
 @dataclass(frozen=True)
 class Region:
     kind: str
@@ -50,15 +57,21 @@ class Region:
     def ops(self) -> list[str]:
         return [n.op for n in self.nodes]
 
+    @property
+    def fused(self) -> bool:
+        return self.kind not in UNFUSED_KINDS
+
 
 def is_gemm_anchor(n: Node, g: Graph) -> bool:
     if n.op == "linear":
         x, w = n.args[0], n.args[1]
-        return isinstance(x, str) and isinstance(w, Param) and len(w.shape) == 2 and (
+        w_shape = w.shape if isinstance(w, Param) else g.shape_of(w) if isinstance(w, str) else ()
+        return isinstance(x, str) and len(w_shape) == 2 and all(n.shape) and (
             len(n.args) < 3 or n.args[2] is None or isinstance(n.args[2], Param))
-    if n.op == "matmul":
+    if n.op == "matmul":  # x @ W with W a 2-d parameter or value (a @ b of two inputs, a 3-d or 4-d tensor @ b)
         x, w = n.args
-        return isinstance(x, str) and len(g.shape_of(x)) >= 2 and isinstance(w, Param) and len(w.shape) == 2
+        w_shape = w.shape if isinstance(w, Param) else g.shape_of(w) if isinstance(w, str) else ()
+        return isinstance(x, str) and len(g.shape_of(x)) >= 2 and len(w_shape) == 2 and all(n.shape)
     if n.op == "linear_rowsum":
         x = n.args[0]
         return isinstance(x, str) and len(g.shape_of(x)) == 2
@@ -305,7 +318,7 @@ def partition(g: Graph) -> list[Region]:
         if is_gemm_anchor(n, g):
             kind, members = _grow(n, g, taken)
         else:
-            kind, members = "torch", [n]
+            kind, members = ("view" if n.op in NO_KERNEL_OPS else "torch"), [n]
         taken.update(m.name for m in members)
         regions.append(Region(kind, tuple(members), _outputs(members, g)))
     return regions

@@ -152,6 +152,29 @@ def _gemv(n: Node, g: Graph) -> Node:
                    fx_code=code)
 
 
+SKINNY_ROWS = 16  # at most this many rows: the GEMM runs the float64 split-K pass (kernels/gemm_core.SKINNY_M)
+
+
+def _matvec(n: Node, g: Graph) -> bool:
+    """A @ v of two values, A (M, K) with more than SKINNY_ROWS rows, v (K,) or (K, 1)."""
+    if n.op != "matmul" or not all(isinstance(a, str) for a in n.args):
+        return False
+    a_shape, v_shape = g.shape_of(n.args[0]), g.shape_of(n.args[1])
+    return (len(a_shape) == 2 and a_shape[0] > SKINNY_ROWS and v_shape in ((a_shape[1],), (a_shape[1], 1))
+            and a_shape[1] > 0)
+
+
+def _vector_matrix(n: Node, g: Graph) -> list[Node]:
+    """A @ v = (v^T A^T)^T: one row against A in nn.Linear's (M, K) layout, so the GEMM is a skinny one (a read of
+    A, summed in float64) rather than a tile of which all but one column would be wasted."""
+    a, v = n.args
+    m = g.shape_of(a)[0]
+    row, out = f"{n.name}_row", f"{n.name}_t"
+    return [Node(row, "alias", (v,), (1, g.shape_of(v)[0]), origin=n.origin, fx_code=f"{v}.reshape(1, -1)"),
+            Node(out, "linear", (row, a, None), (1, m), origin=n.origin),
+            n.with_(op="alias", args=(out,), attrs={}, fx_code=f"{out}.reshape({'-1' if len(n.shape) == 1 else '-1, 1'})")]
+
+
 RULES: list[Rule] = [
     Rule("x+x->2x", "x + x is 2 * x exactly (doubling is exact in binary floating point)",
          _self_add, lambda n, g: n.with_(op="mul", args=(n.args[0], Scalar(2.0)))),
@@ -168,6 +191,8 @@ RULES: list[Rule] = [
          _scaled_sum, _sum_then_scale),
     Rule("sum-of-gemm->gemv", "sum over the features of x @ W^T + b = x @ (sum of W's rows) + sum(b)",
          _gemm_sum, _gemv),
+    Rule("matvec->skinny", "A @ v = (v^T A^T)^T: a single row against A, the skinny GEMM",
+         _matvec, _vector_matrix),
 ]
 
 # Applied only for the forward ModelNew runs while every mode-following Dropout is in eval mode (modes.py).
@@ -184,7 +209,8 @@ def _drop_dead(g: Graph) -> Graph:
     while changed:
         changed = False
         live = {a for n in nodes for a in n.value_args()} | set(g.outputs)
-        keep = [n for n in nodes if n.name in live or n.op == "unknown"]
+        # unknown ops may have effects; host values (sizes) may be read by a torch call's own spelling
+        keep = [n for n in nodes if n.name in live or n.op in ("unknown", "shape")]
         changed = len(keep) != len(nodes)
         nodes = keep
     return g.with_nodes(nodes)

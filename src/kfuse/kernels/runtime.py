@@ -299,7 +299,8 @@ def gemm_grid(M: int, N: int, cfg: GemmConfig, device) -> tuple:
     return (min(tiles, _num_sms(device)),) if cfg.sm90 and cfg.persistent else (tiles,)
 
 
-def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, scheme: str, cfg: GemmConfig) -> tuple:
+def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, scheme: str, cfg: GemmConfig,
+                  cached: bool = True) -> tuple:
     """(ops, k_run, strides): the six operand pointers, the K the tile kernel runs to and the four strides
     gemm_tile takes, for x2 (M, K) and the weight ((N, K) nn.Linear layout, or (K, N) for `x @ W` when kn_layout).
     k_run is K, or padded_k(K) where both operands are pre-split (their rows zero-padded: every K block full).
@@ -315,7 +316,10 @@ def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, schem
         return (part,) * 6, K, strides
     if scheme not in SPLIT_SCHEMES:
         return (x2, x2, x2, b, b, b), K, (x2.stride(0), x2.stride(1), b.stride(0), b.stride(1))
-    w_hi, w_lo, w_scale = cached_split(weight, kn_layout)
+    if cached:
+        w_hi, w_lo, w_scale = cached_split(weight, kn_layout)
+    else:  # an activation: split on every call, never kept (the next call's tensor may hold other values)
+        w_hi, w_lo, w_scale = split_weight(weight.t() if kn_layout else weight)
     x2 = x2.float()
     if cfg.split_a:  # fp32 x split in the kernel (2: its row scales too); x's own K, masked
         x_scale = x2 if cfg.split_a == 2 else row_scales(x2)

@@ -19,6 +19,7 @@ GENERATORS = {
     "gemm_pool": gemm_pool.generate,
     "gemv": gemv.generate,
     "torch": torch_fallback.generate,
+    "view": torch_fallback.generate,
 }
 
 

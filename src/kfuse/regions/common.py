@@ -8,6 +8,7 @@ Generated names follow the values: the kernel for `gemm -> mul -> leaky_relu` is
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from kfuse.ir import Arg, Graph, Node, Param, Scalar
@@ -25,6 +26,16 @@ class RegionCode:
     # this call's path never forms it, e.g. BatchNorm folded into W): the autograd Function saves it for
     # backward instead of recomputing the GEMM (docs/training.md). Empty: the launcher cannot store z.
     z_forward: tuple[str, ...] = ()
+
+
+def ident(path: str) -> str:
+    """A dotted attribute path as part of an identifier: "blocks.0.conv-1.bias" -> "blocks_0_conv_1_bias"."""
+    return re.sub(r"\W", "_", path)
+
+
+def operand_code(a: Arg) -> str:
+    """How a launcher call spells a GEMM operand: a parameter read from the model, or a value by its name."""
+    return a.expr() if isinstance(a, Param) else str(a)
 
 
 def var(name: str) -> str:
@@ -75,10 +86,10 @@ class KernelArgs:
             return env[a]
         if isinstance(a, Scalar):
             # s_ / p_ prefixes keep user names (a parameter called `b`, a scalar called `N`) off kfuse's own
-            stem = "s_" + (a.attr.replace(".", "_") if a.attr else f"c{len(self.registry)}")
+            stem = "s_" + (ident(a.attr) if a.attr else f"c{len(self.registry)}")
             return self.add(stem, f"float({a.expr()})", False)
         if isinstance(a, Param):
-            name = self.add("p_" + a.path.replace(".", "_"), f"as_vector({a.expr()})", True)
+            name = self.add("p_" + ident(a.path), f"as_vector({a.expr()})", True)
             if name not in self.loaded:
                 self.loaded.add(name)
                 if is_single(a):
@@ -208,7 +219,9 @@ def gemm_head(anchor: Node) -> list[str]:
 
 def gemm_operand_lines(anchor: Node) -> list[str]:
     """Launcher lines for a chosen `cfg`: the GEMM operands and the tile grid."""
-    return [f"ops, k_run, strides = gemm_operands(x2, weight, {anchor.op == 'matmul'}, scheme, cfg)",
+    # a parameter's split is cached until it changes; a value's (`a @ b` of two inputs) is made on every call
+    cached = isinstance(anchor.args[1], Param)
+    return [f"ops, k_run, strides = gemm_operands(x2, weight, {anchor.op == 'matmul'}, scheme, cfg, cached={cached})",
             "grid = gemm_grid(M, N, cfg, x.device)"]
 
 
@@ -249,8 +262,8 @@ def gemm_region_code(region: Region, name: str, args: KernelArgs, body: list[str
     lines += ["if save_z:", f"    return {shaped}, {KEPT}", f"return {shaped}"]
     launch = launcher(f"fused_{name}", ["x", "weight", *extra_params, *args.params, "save_z=False"], lines,
                       doc + f" {SAVE_Z_DOC}")
-    weight: Param = anchor.args[1]
-    call_args = [anchor.args[0], weight.expr(), *extra_values, *args.values]
+    weight = anchor.args[1]
+    call_args = [anchor.args[0], operand_code(weight), *extra_values, *args.values]
     call = f"fused_{name}({', '.join(call_args)})"
     outs_code = ", ".join(region.outputs)
     return RegionCode((kernel,), launch, (f"{outs_code} = {call}",),

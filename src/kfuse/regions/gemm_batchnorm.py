@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kfuse.ir import Graph, Node, Param, Scalar
+from kfuse.ir import Graph, Node, Param, Scalar, attr_expr
 from kfuse.partition import Region
-from kfuse.regions.common import (KEPT, SAVE_Z_DOC, KernelArgs, RegionCode, gemm_head, gemm_kernel, gemm_launch, is_column_vector,
+from kfuse.regions.common import (operand_code, KEPT, SAVE_Z_DOC, KernelArgs, RegionCode, gemm_head, gemm_kernel, gemm_launch, is_column_vector,
                                   is_single, kernel_name, launcher, linear_bias, pointwise_kernel, pointwise_lines,
                                   store_line, tuned_launch_lines, var)
 
@@ -260,8 +260,8 @@ def generate(region: Region, g: Graph) -> RegionCode:
     launch_src = launcher(f"fused_{name}", ["x", "weight", "bn", *params, "save_z=False"], lines,
                           f"Fused: {replaced}. Batch statistics in training mode, {in_eval}. "
                           f"{SAVE_Z_DOC} Nothing in eval.")
-    weight: Param = region.anchor.args[1]
-    call_args = [region.anchor.args[0], weight.expr(), f"self.{bn.module}", *registry]
+    weight = region.anchor.args[1]
+    call_args = [region.anchor.args[0], operand_code(weight), attr_expr(bn.module), *registry]
     call = f"{', '.join(region.outputs)} = fused_{name}({', '.join(call_args)})"
     z_call = f"{', '.join(region.outputs)}, kept = fused_{name}({', '.join(call_args)}, save_z=True)"
     return RegionCode((stats, apply) + ((evalk[0],) if evalk else ()), launch_src, (call,), z_forward=(z_call,))

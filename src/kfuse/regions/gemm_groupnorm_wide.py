@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Param
 from kfuse.partition import Region
-from kfuse.regions.common import (KEPT, SAVE_Z_DOC, KernelArgs, RegionCode, gemm_head, gemm_kernel, gemm_launch, kernel_name,
+from kfuse.regions.common import (operand_code, KEPT, SAVE_Z_DOC, KernelArgs, RegionCode, gemm_head, gemm_kernel, gemm_launch, kernel_name,
                                   launcher, linear_bias, pointwise_kernel, pointwise_lines, store_line,
                                   tuned_launch_lines, var)
 from kfuse.regions.gemm_groupnorm import affine_lines
@@ -236,8 +236,8 @@ def generate(region: Region, g: Graph) -> RegionCode:
            "moments, a per-(row, group) Chan merge, one apply pass.")
     launch = launcher(f"fused_{name}", ["x", "weight", "groups", *params, "save_z=False"], lines,
                       f"{doc} {SAVE_Z_DOC}")
-    weight: Param = anchor.args[1]
-    call_args = [anchor.args[0], weight.expr(), f"int({norm.args[1].expr()})", *registry]
+    weight = anchor.args[1]
+    call_args = [anchor.args[0], operand_code(weight), f"int({norm.args[1].expr()})", *registry]
     call = f"{', '.join(outputs)} = fused_{name}({', '.join(call_args)})"
     z_call = f"{', '.join(outputs)}, kept = fused_{name}({', '.join(call_args)}, save_z=True)"
     return RegionCode((gemm, finalize, apply), launch, (call,), z_forward=(z_call,))

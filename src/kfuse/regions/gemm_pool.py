@@ -16,7 +16,7 @@ from __future__ import annotations
 from kfuse.ir import Graph, Param
 from kfuse.ops import POOL_OPS, REDUCE_OPS
 from kfuse.partition import Region
-from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, kernel_name,
+from kfuse.regions.common import (operand_code, LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, kernel_name,
                                   launcher, linear_bias, pointwise_lines, store_line, var)
 from kfuse.regions.gemm_rowreduce import PARTIAL_DTYPE, PARTIAL_LINES, STAT, TWO_PARTIALS, finalize_kernel, shape_expr
 
@@ -105,6 +105,6 @@ def generate(region: Region, g: Graph) -> RegionCode:
     # every kernel's parameters (the finalize kernel's per-row ops may read numbers the GEMM kernel does not)
     params, values = [n for n, _ in args.registry.values()], list(args.registry)
     launch = launcher(f"fused_{name}", ["x", "weight", "kernel", *params], lines, doc)
-    weight: Param = anchor.args[1]
-    call_args = [anchor.args[0], weight.expr(), pool.args[1].expr(), *values]
+    weight = anchor.args[1]
+    call_args = [anchor.args[0], operand_code(weight), pool.args[1].expr(), *values]
     return RegionCode(tuple(kernels), launch, (f"{', '.join(outputs)} = fused_{name}({', '.join(call_args)})",))

@@ -27,7 +27,7 @@ from __future__ import annotations
 from kfuse.ir import Graph, Node, Param
 from kfuse.ops import REDUCE_OPS, ROW_NORM_OPS, VIEW_OPS
 from kfuse.partition import Region, row_roles
-from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, kernel_name,
+from kfuse.regions.common import (operand_code, LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, kernel_name,
                                   launcher, linear_bias, pointwise_kernel, pointwise_lines, store_line, var)
 
 # The statistic each reduction / row norm needs per tile: one or two partials.
@@ -275,6 +275,6 @@ def generate(region: Region, g: Graph) -> RegionCode:
     lines.append("return " + ", ".join(rets))
     doc = f"Fused: {replaced}. Two-phase row {red.op}: per-tile partials, a per-row merge."
     launch = launcher(f"fused_{name}", ["x", "weight", *params], lines, doc)
-    weight: Param = anchor.args[1]
-    call = f"{', '.join(outputs)} = fused_{name}({', '.join([anchor.args[0], weight.expr(), *values])})"
+    weight = anchor.args[1]
+    call = f"{', '.join(outputs)} = fused_{name}({', '.join([anchor.args[0], operand_code(weight), *values])})"
     return RegionCode(tuple(kernels), launch, (call,))

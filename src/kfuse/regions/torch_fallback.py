@@ -22,4 +22,5 @@ def generate(region: Region, g: Graph) -> RegionCode:
     code = node.fx_code
     if not code:  # a node made by a rewrite: spell it from the op table
         code = POINTWISE[node.op].torch_code(*[_code_arg(a) for a in node.args])
-    return RegionCode((), "", (f"{node.name} = {code}  # not fused: {node.origin}",))
+    note = "not fused" if region.kind == "torch" else "no kernel"  # "view": sizes, or a view of the same storage
+    return RegionCode((), "", (f"{node.name} = {code}  # {note}: {node.origin}",))
