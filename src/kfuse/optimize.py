@@ -232,6 +232,8 @@ def report(problem: Problem, opts: Options, result: Result, output: Path | None)
         "rules": c.rules,
         "max_abs_err": c.max_abs_err,
         "ref_max_abs_err": c.ref_max_abs_err,
+        "allclose_reference": c.allclose_reference,
+        "kernelbench_allclose": c.kernelbench_allclose,
         "trials": c.trials,
         **forward_json(k.main),
         "mode": k.mode,
