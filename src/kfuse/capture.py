@@ -458,6 +458,9 @@ class _Converter:
             raise Reject(origin) from None
         if op == "matmul" and args[1] in self.transposed:  # x @ W.T
             return "linear", (self.arg(args[0]), self.transposed[args[1]], None), attrs, None, origin
+        if op == "matmul" and all(len(_shape(a)) >= 3 for a in args if isinstance(a, fx.Node)) and all(
+                isinstance(a, fx.Node) and a not in self.params for a in args):
+            attrs = {**attrs, "batched": True}  # products of matching leading dims (a broadcast stays torch)
         return op, tuple(self.arg(a) for a in args), attrs, None, origin
 
 
@@ -498,6 +501,17 @@ def _is_host(node: fx.Node, host: set[fx.Node]) -> bool:
     return module in ("_operator", "builtins", "math") and all(a in host for a in node.all_input_nodes)
 
 
+def _constant_code(t: torch.Tensor) -> str:
+    """Source re-making a small constant tensor the trace recorded (on the CPU, as `torch.tensor(v)` made it)."""
+    if t.numel() > 64:
+        raise Untraceable("Model.forward makes a large constant tensor from Python data")
+    def code(v: Any) -> str:
+        if isinstance(v, list):
+            return "[" + ", ".join(code(x) for x in v) + "]"
+        return f"float({str(v)!r})" if isinstance(v, float) and (v != v or abs(v) == float("inf")) else repr(v)
+    return f"torch.tensor({code(t.tolist())}, dtype={t.dtype})"
+
+
 def _values_of(node: fx.Node) -> bool:
     """Is this node `t[0]` or `t.values` (the values of a (values, indices) pair)?"""
     return node.op == "call_function" and (
@@ -527,6 +541,11 @@ def capture(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Graph:
             shapes.append(_shape(node))
         elif _param_transpose(node, conv):  # self.weight.T / self.weight.t(): x @ W.T is linear(x, W)
             conv.transposed[node] = conv.params[node.args[0]]
+        elif node.op == "get_attr" and node.target.startswith("_tensor_constant"):
+            # a tensor the forward made from numbers (`torch.tensor(self.c)`): made again, as written, by a torch call
+            conv.names[node] = node.name
+            nodes.append(Node(node.name, "unknown", (), _shape(node), origin="torch.tensor",
+                              fx_code=_constant_code(_resolve_attr(gm, node.target))))
         elif node.op == "get_attr":
             value = _resolve_attr(gm, node.target)
             if not isinstance(value, torch.Tensor):

@@ -71,6 +71,9 @@ def is_gemm_anchor(n: Node, g: Graph) -> bool:
     if n.op == "matmul":  # x @ W with W a 2-d parameter or value (a @ b of two inputs, a 3-d or 4-d tensor @ b)
         x, w = n.args
         w_shape = w.shape if isinstance(w, Param) else g.shape_of(w) if isinstance(w, str) else ()
+        if n.attrs.get("batched"):  # bmm, or x[..., M, K] @ w[..., K, N] with the same leading dims
+            x_shape = g.shape_of(x)
+            return isinstance(w, str) and x_shape[:-2] == w_shape[:-2] and all(n.shape)
         return isinstance(x, str) and len(g.shape_of(x)) >= 2 and len(w_shape) == 2 and all(n.shape)
     if n.op == "linear_rowsum":
         x = n.args[0]
@@ -320,5 +323,6 @@ def partition(g: Graph) -> list[Region]:
         else:
             kind, members = ("view" if n.op in NO_KERNEL_OPS else "torch"), [n]
         taken.update(m.name for m in members)
-        regions.append(Region(kind, tuple(members), _outputs(members, g)))
+        # a region nothing reads still runs (a BatchNorm in it updates its statistics): it stores its last value
+        regions.append(Region(kind, tuple(members), _outputs(members, g) or (members[-1].name,)))
     return regions

@@ -81,9 +81,18 @@ def _in_place_proxies() -> Iterator[None]:
             delattr(fx.Proxy, name)
 
 
-def _attribute_ids(model: nn.Module) -> dict[tuple[str, str], int]:
-    return {(path, k): id(v) for path, m in model.named_modules() for k, v in vars(m).items()
-            if k not in ("_forward_hooks", "_forward_pre_hooks", "training")}
+def _attribute_ids(model: nn.Module) -> dict[tuple[str, ...], int]:
+    """Every module attribute, parameter, buffer and child by identity: a forward that assigns one shows here
+    (the tracer's own `_tensor_constant<i>`, tensors it made while tracing, are not the forward's)."""
+    ids: dict[tuple[str, ...], int] = {}
+    for path, m in model.named_modules():
+        for k, v in vars(m).items():
+            if k.startswith("_tensor_constant") or k in ("_forward_hooks", "_forward_pre_hooks", "training"):
+                continue
+            ids[(path, k)] = id(v)
+            if k in ("_parameters", "_buffers", "_modules"):
+                ids.update({(path, k, name): id(item) for name, item in v.items()})
+    return ids
 
 
 def trace(model: nn.Module) -> fx.GraphModule:

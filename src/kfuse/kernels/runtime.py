@@ -162,29 +162,35 @@ def _time_launches(launch, candidates: list, reps: int) -> tuple[dict, list[str]
     return timings, failed
 
 
-def tuned_gemm(kernel, x2: torch.Tensor, N: int, scheme: str, min_block_n: int, launch) -> tuple:
+def tuned_gemm(kernel, x2: torch.Tensor, N: int, scheme: str, min_block_n: int, launch, batch: int = 1) -> tuple:
     """(cfg, launch(cfg)) with the tile config for this GEMM: tuned on a GPU the first time the key is seen.
     `launch(cfg)` prepares the operands, allocates the outputs and launches `kernel`; it must only write
-    buffers it allocates (tuning calls it several times)."""
+    buffers it allocates (tuning calls it several times). `batch` > 1: x2 holds that many products' rows
+    (batched_operands), run by the Triton tile only (the Hopper twin has no batch), split-K never."""
     import time
     M, K = x2.shape
-    fast = (kernel, M, N, K, x2.dtype, x2.device, scheme, min_block_n)
+    fast = (kernel, M, N, K, x2.dtype, x2.device, scheme, min_block_n, batch)
     cfg = TUNED_FAST.get(fast)
     if cfg is not None:  # the per-call path: one dict lookup (the full key costs ~30 us of host time per call)
         return cfg, launch(cfg)
-    default = gemm_config(M, N, K, scheme, min_block_n)
+    default = gemm_config(M // batch, N, K, scheme, min_block_n)
+    if batch > 1 and default.k_slices:
+        default = dataclasses.replace(default, k_slices=0)
     mode = _tune_mode()
     if not x2.is_cuda or interpreting() or mode in ("0", "off", "false"):
         return default, launch(default)
     kname = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "kernel")
-    key = "|".join([torch.cuda.get_device_name(x2.device), kname, _kernel_hash(kernel), f"{M}x{N}x{K}",
+    key = "|".join([torch.cuda.get_device_name(x2.device), kname, _kernel_hash(kernel),
+                    f"{M}x{N}x{K}" + (f"x{batch}" if batch > 1 else ""),
                     str(x2.dtype).replace("torch.", ""), scheme, f"bn>={min_block_n}"])
     cfg = TUNED.get(key)
     if cfg is not None:
         TUNED_FAST[fast] = cfg
         return cfg, launch(cfg)
     t0 = time.perf_counter()
-    candidates = tune_candidates(M, N, K, scheme, min_block_n, sm90_ok(x2))
+    candidates = tune_candidates(M // batch, N, K, scheme, min_block_n, sm90_ok(x2) and batch == 1)
+    if batch > 1:
+        candidates = [c for c in candidates if not c.k_slices]
     entry = None if mode == "force" else _read_tune_cache().get(key)
     if entry is not None:
         try:
@@ -329,6 +335,31 @@ def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, schem
     x_hi, x_lo, x_scale = split_x(x2)
     return ((x_hi, x_lo, x_scale, w_hi, w_lo, w_scale), padded_k(K),
             (x_hi.stride(0), x_hi.stride(1), w_hi.stride(0), w_hi.stride(1)))
+
+
+def batched_operands(x3: torch.Tensor, w3: torch.Tensor, scheme: str, cfg: GemmConfig) -> tuple:
+    """(ops, k_run, strides, batch_strides) for B independent products x3[b] @ w3[b], x3 (B, M, K), w3 (B, K, N):
+    what gemm_operands gives for one product, with each operand's step from one product to the next (the kernel
+    offsets its pointers by program_id(1) times these: A, A's row scales, B, B's row scales). Activations on both
+    sides, so nothing is cached; skinny products run the float64 tile without split-K."""
+    B, M, K = x3.shape
+    N = w3.shape[2]
+    b3 = w3.transpose(1, 2)  # (B, N, K) views
+    if scheme in ("ieee", "fp64") and interpreting() and x3.dtype != torch.float32:
+        x3, b3 = x3.float(), b3.float()  # the interpreter mishandles bf16: read fp32 operands
+    if scheme not in SPLIT_SCHEMES:
+        return ((x3, x3, x3, b3, b3, b3), K, (x3.stride(1), x3.stride(2), b3.stride(1), b3.stride(2)),
+                (x3.stride(0), 0, b3.stride(0), 0))
+    x2 = x3.reshape(B * M, K).float()
+    w_hi, w_lo, w_scale = split_weight(b3.reshape(B * N, K))  # every product's rows scaled on their own
+    w_steps = (N * w_hi.stride(0), N)
+    if cfg.split_a:
+        x_scale = x2 if cfg.split_a == 2 else row_scales(x2)
+        return ((x2, x2, x_scale, w_hi, w_lo, w_scale), K, (x2.stride(0), x2.stride(1), w_hi.stride(0), w_hi.stride(1)),
+                (M * x2.stride(0), M, *w_steps))
+    x_hi, x_lo, x_scale = split_x(x2)
+    return ((x_hi, x_lo, x_scale, w_hi, w_lo, w_scale), padded_k(K),
+            (x_hi.stride(0), x_hi.stride(1), w_hi.stride(0), w_hi.stride(1)), (M * x_hi.stride(0), M, *w_steps))
 
 
 def saved_for_backward(z: torch.Tensor, ops: tuple, scheme: str, cfg: GemmConfig) -> tuple:

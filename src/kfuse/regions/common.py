@@ -155,17 +155,35 @@ def z_store_body(body: list[str], z_var: str) -> list[str]:
     return body[:at] + store + body[at:]
 
 
+BATCH_PARAMS = "step_a, step_a_scale, step_b, step_b_scale, "
+
+
+def batch_offsets(outs: list[str]) -> list[str]:
+    """Kernel lines moving every pointer to product program_id(1) of a batched GEMM (runtime.batched_operands)."""
+    return ["pid_b = tl.program_id(1).to(tl.int64)",
+            "a_ptr += pid_b * step_a",
+            "a_lo_ptr += pid_b * step_a",
+            "a_scale_ptr += pid_b * step_a_scale",
+            "b_ptr += pid_b * step_b",
+            "b_lo_ptr += pid_b * step_b",
+            "b_scale_ptr += pid_b * step_b_scale",
+            *[f"{o}_ptr += pid_b * M * N" for o in outs]]
+
+
 def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str], extra_sig: str = "",
-                z_var: str | None = None, sm90: bool = True) -> str:
+                z_var: str | None = None, sm90: bool = True, batched: bool = False) -> str:
     """A GEMM tile kernel: tile ids, the fp32-accurate accumulator, masks, then `body` (epilogue + stores).
     z_var: the variable holding x W^T + b; the kernel then takes `z_ptr` and STORE_Z (write z too).
-    sm90: also its Hopper twin `<name>_kernel_sm90` (regions/sm90_twin.py), which launchers pick for sm90 configs."""
+    sm90: also its Hopper twin `<name>_kernel_sm90` (regions/sm90_twin.py), which launchers pick for sm90 configs.
+    batched: B products, one per program_id(1), each M x N (no twin: runtime.tuned_gemm offers none)."""
     out_sig = "".join(f"{o}_ptr, " for o in outs) + ("z_ptr, " if z_var else "")
     constexprs = GEMM_CONSTEXPRS + (", STORE_Z: tl.constexpr = False" if z_var else "")
     if z_var:
         body = z_store_body(body, z_var)
     params = (f"{GEMM_PARAMS}{out_sig}{args.signature()}M, N, K,\n"
-              f"        stride_am, stride_ak, stride_bn, stride_bk, {extra_sig}{constexprs}")
+              f"        stride_am, stride_ak, stride_bn, stride_bk, {BATCH_PARAMS if batched else ''}"
+              f"{extra_sig}{constexprs}")
+    offsets = batch_offsets([*outs, *(["z"] if z_var else [])]) if batched else []
     epilogue = [
         "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         "offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
@@ -178,6 +196,7 @@ def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: li
         "@triton.jit",
         f"def {name}_kernel({params}):",
         f'    """{doc}"""',
+        *[f"    {ln}" for ln in offsets],
         "    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)",
         "    acc = gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,",
         "                    stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K,",
@@ -185,7 +204,7 @@ def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: li
         *[f"    {ln}" for ln in epilogue],
     ]
     src = "\n".join(lines) + "\n"
-    return src + "\n\n" + sm90_twin(name, params, doc, epilogue) if sm90 else src
+    return src + "\n\n" + sm90_twin(name, params, doc, epilogue) if sm90 and not batched else src
 
 
 def gemm_launch(kernel: str, args: str) -> str:
@@ -239,6 +258,37 @@ def tuned_launch_lines(anchor: Node, kernel: str, body: list[str], results: list
     inner = [*gemm_operand_lines(anchor), *body, f"return ({names})"]
     return ["def launch(cfg):", *[f"    {ln}" for ln in inner],
             f"cfg, ({names}) = tuned_gemm({kernel}_kernel, x2, N, scheme, min_block_n, launch)"]
+
+
+def batched_region_code(region: Region, name: str, args: KernelArgs, body: list[str], doc: str) -> RegionCode:
+    """Kernel + launcher + forward line for a batched product x[..., M, K] @ w[..., K, N] (the same leading dims)
+    and its epilogue: one launch, program_id(1) picking the product."""
+    anchor = region.anchor
+    outs = [f"out{i}" for i in range(len(region.outputs))]
+    kernel = gemm_kernel(name, doc, outs, args, body, z_var=var(anchor.name), batched=True)
+    positional = "".join(f"{a}, " for a in [*outs, "z", *args.params])
+    tail = LAUNCH_TAIL.replace("K_SLICES=cfg.k_slices", "K_SLICES=0")
+    launch_body = [*[f"{o} = torch.empty((B * M, N), device=x.device, dtype=x.dtype)" for o in outs],
+                   f"z = torch.empty((B * M, N), device=x.device, dtype=x.dtype) if save_z else {outs[0]}  # unused if not",
+                   "ops, k_run, strides, steps = batched_operands(x3, w3, scheme, cfg)",
+                   "grid = (gemm_grid(M, N, cfg, x.device)[0], B)",
+                   f"{name}_kernel[grid](*ops, {positional}M, N, k_run, *strides, *steps, STORE_Z=save_z, {tail})",
+                   f"return ({', '.join([*outs, 'z'])},)"]
+    lines = ["min_block_n = 16",
+             "lead = x.shape[:-1]",
+             "x3 = x.reshape(-1, x.shape[-2], x.shape[-1])",
+             "w3 = weight.reshape(-1, weight.shape[-2], weight.shape[-1])",
+             "B, M, K, N = x3.shape[0], x3.shape[1], x3.shape[2], w3.shape[2]",
+             "x2 = x3.reshape(B * M, K)",
+             "scheme = gemm_scheme(x2)",
+             "def launch(cfg):", *[f"    {ln}" for ln in launch_body],
+             f"cfg, ({', '.join([*outs, 'z'])},) = tuned_gemm({name}_kernel, x2, N, scheme, min_block_n, launch, batch=B)"]
+    shaped = ", ".join(f"{o}.reshape(*lead, N)" for o in outs)
+    lines += ["if save_z:", f"    return {shaped}, (z.reshape(*lead, N),)", f"return {shaped}"]
+    launch = launcher(f"fused_{name}", ["x", "weight", *args.params, "save_z=False"], lines, doc + f" {SAVE_Z_DOC}")
+    call = f"fused_{name}({', '.join([anchor.args[0], operand_code(anchor.args[1]), *args.values])})"
+    outs_code = ", ".join(region.outputs)
+    return RegionCode((kernel,), launch, (f"{outs_code} = {call}",))
 
 
 def gemm_region_code(region: Region, name: str, args: KernelArgs, body: list[str], doc: str, *,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kfuse.ir import Graph
 from kfuse.partition import Region
-from kfuse.regions.common import (KernelArgs, RegionCode, gemm_region_code, kernel_name, linear_bias,
+from kfuse.regions.common import (KernelArgs, RegionCode, batched_region_code, gemm_region_code, kernel_name, linear_bias,
                                   pointwise_lines, store_lines)
 
 
@@ -21,4 +21,6 @@ def generate(region: Region, g: Graph) -> RegionCode:
     body += pointwise_lines(list(region.nodes[1:]), env, args)
     body += store_lines(region, env)
     doc = "Fused: " + ", ".join(n.origin for n in region.nodes) + "."
+    if region.anchor.attrs.get("batched"):
+        return batched_region_code(region, kernel_name(region), args, body, doc)
     return gemm_region_code(region, kernel_name(region), args, body, doc)
