@@ -288,3 +288,28 @@ def test_value_matmul_trains(tmp_path):
     torch.tanh(a2 @ b2).sum().backward()
     torch.testing.assert_close(a.grad, a2.grad, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(b.grad, b2.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", sorted(MATMULS))
+def test_bare_matmul_on_the_gpu(tmp_path, name):
+    """The same products on the GPU's fp32-accurate scheme (fp16x3p, batched tiles included), odd sizes."""
+    expr, inputs = MATMULS[name]
+    path = tmp_path / "p.py"
+    path.write_text(HEADER + textwrap.dedent(f'''
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return {expr}
+
+        batch_size = 301
+        def get_inputs():
+            return [{inputs.replace("70", "517").replace("129", "263").replace("33", "131")}]
+        def get_init_inputs():
+            return []
+        '''))
+    prob = load_problem(path)
+    opts = Options(device="cuda", trials=3)
+    result = optimize(prob, opts, workdir=tmp_path)
+    rep = report(prob, opts, result, None)
+    assert rep["correct"], rep["failures"]

@@ -388,6 +388,9 @@ def bench_cmd(
     retune: bool = typer.Option(False, "--retune", help="Ignore the autotune disk cache (tune again)."),
     train: bool = typer.Option(False, "--train", help="Time a training step (forward + backward, no optimizer "
                                                       "step) and check the gradient contract too."),
+    baselines: str = typer.Option(",".join(m for m in MODELS if m != "kfuse"), "--baselines",
+                                  help="Comma-separated models timed beside kfuse (eager, compile_default, "
+                                       "compile_max_autotune); those left out are reported as missing."),
 ) -> None:
     """Time eager fp32, torch.compile (default, max-autotune) and kfuse's ModelNew side by side on one GPU."""
     import os
@@ -402,6 +405,12 @@ def bench_cmd(
         raise typer.Exit(2)
     if retune:
         os.environ["KFUSE_AUTOTUNE"] = "force"
+    chosen = tuple(b.strip() for b in baselines.split(",") if b.strip())
+    unknown = [b for b in chosen if b not in MODELS or b == "kfuse"]
+    if unknown:
+        typer.echo(f"kfuse: error: --baselines {unknown[0]}: expected eager, compile_default or compile_max_autotune",
+                   err=True)
+        raise typer.Exit(2)
     overrides = parse_set(set_)
     loaded = [load_problem(p, overrides) for p in problems]  # every file is checked before the long part
     command = command_line()
@@ -416,7 +425,7 @@ def bench_cmd(
         for prob in loaded:
             try:
                 results.append(bench_problem(prob, runs=runs, warmup=warmup, trials=trials, progress=progress,
-                                             train=train))
+                                             train=train, baselines=(*chosen, "kfuse")))
             except Exception as err:  # noqa: BLE001 - one broken problem must not lose the others' numbers
                 results.append(failed_result(prob, err))
                 progress(f"{prob.name}: FAILED: {results[-1].errors['kfuse']}")

@@ -67,7 +67,8 @@ class Float64Plan:
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes of the tensors among `tensors` (a number an input list holds counts nothing)."""
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
 def module_bytes(module: nn.Module) -> int:

@@ -151,14 +151,21 @@ def seeded_inputs(problem: Problem, seed: int, device: str | None = None) -> lis
     return problem.inputs(device=device)
 
 
-def cast_inputs(inputs: Sequence[torch.Tensor], device: str, dtype: torch.dtype) -> list[torch.Tensor]:
-    return [t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device) for t in inputs]
+def cast_inputs(inputs: Sequence[Any], device: str, dtype: torch.dtype) -> list[Any]:
+    """Tensors on `device`, floats in `dtype`; a number get_inputs returned (`A * s`) is passed as it is."""
+    return [(t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device))
+            if isinstance(t, torch.Tensor) else t for t in inputs]
 
 
 def fresh_inputs(inputs: Sequence[torch.Tensor], device: str, dtype: torch.dtype) -> list[torch.Tensor]:
     """Copies of the inputs on `device`, floats in `dtype`: a model that writes into its inputs writes into
     these, and there is one copy, not a cast and then a clone."""
-    return [t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype, copy=True) for t in inputs]
+    return [t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype, copy=True)
+            if isinstance(t, torch.Tensor) else t for t in inputs]
+
+
+def _shape(t: Any) -> torch.Size:
+    return t.shape if isinstance(t, torch.Tensor) else torch.Size()
 
 
 def call_model(model: torch.nn.Module, inputs: Sequence[torch.Tensor], seed: int) -> Results:
@@ -171,7 +178,7 @@ def call_model(model: torch.nn.Module, inputs: Sequence[torch.Tensor], seed: int
 
 def run_model(model: torch.nn.Module, inputs: Sequence[torch.Tensor], seed: int) -> Results:
     """Call the model on fresh copies of the inputs, with the RNG seeded."""
-    return call_model(model, [t.clone() for t in inputs], seed)
+    return call_model(model, [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs], seed)
 
 
 # --- the reference results of one draw ------------------------------------------------------------------
@@ -195,7 +202,8 @@ def reference_run(problem: Problem, seed: int, device: str, precision: str = "fp
     original = seeded_build(problem, seed, device=device)
     # the inputs are kept on the CPU, as drawn before models were built on the device: the judge ships them to
     # its worker and compares what comes back bit for bit; each run gets its own device copy
-    inputs = [t.cpu() for t in seeded_inputs(problem, seed if input_seed is None else input_seed, device=device)]
+    drawn = seeded_inputs(problem, seed if input_seed is None else input_seed, device=device)
+    inputs = [t.cpu() if isinstance(t, torch.Tensor) else t for t in drawn]
     pristine = copy.deepcopy(original).to(dtype=dtype)
     try:
         eager, need = _eager_run(copy.deepcopy(pristine), inputs, device, dtype, seed, STRICT)
@@ -287,13 +295,13 @@ def _sliceable_batch(problem: Problem, model: torch.nn.Module, inputs: Sequence[
     batch = int(problem.constants()[name]) if name else None
     changed = any(not torch.equal(b.cpu(), eager.buffers[k].cpu()) for k, b in model.named_buffers()
                   if k in eager.buffers)
-    blocked = memory.slicing_blocked(model, [t.shape for t in inputs], [o.shape for o in eager.outputs], batch,
+    blocked = memory.slicing_blocked(model, [_shape(t) for t in inputs], [o.shape for o in eager.outputs], batch,
                                      changed)
     return None if blocked else batch
 
 
 def _slice_inputs(inputs: Sequence[torch.Tensor], batch: int, a: int, b: int) -> list[torch.Tensor]:
-    rows = memory.batch_rows([t.shape for t in inputs], batch)
+    rows = memory.batch_rows([_shape(t) for t in inputs], batch)
     return [t[a:b] if r else t for t, r in zip(inputs, rows)]
 
 
