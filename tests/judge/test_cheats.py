@@ -24,8 +24,12 @@ EXPECTED = {
     "unwritten": (False, {"unwritten_output"}),
     "specialized_batch": (False, {"shape_specialized"}),
     "specialized_features": (False, {"shape_specialized"}),
+    "specialized_offsets": (False, {"shape_specialized"}),
+    # plain torch that would raise "ESCAPED" had it predicted a draw: it cannot, so it is simply right
+    "predicts_inputs": (True, {"no_custom_kernel"}),
+    "honest_renamed_buffers": (True, {"no_custom_kernel", "state_dict_mismatch"}),
 }
-CONTROLS = ("honest", "honest_scale", "no_kernel")
+CONTROLS = ("honest", "honest_scale", "no_kernel", "predicts_inputs", "honest_renamed_buffers")
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -35,6 +35,79 @@ def test_hang_times_out(records):
     assert rec.elapsed_s < 30
 
 
+def test_malformed_answer_is_a_record(records):
+    rec = records["malformed_answer"]
+    assert not rec.correct and "malformed answer" in rec.error
+
+
+def test_oversized_answer_is_refused(records):
+    rec = records["huge_output"]
+    assert not rec.correct and "answer larger than" in rec.error
+
+
+def test_log_flood_and_symlinked_log(records):
+    for name in ("log_flood", "log_symlink"):
+        rec = records[name]
+        assert not rec.compiled and "exited with code 3" in rec.error and len(rec.error) < 2500, name
+
+
+def test_log_tail_never_follows_a_symlink(tmp_path):
+    from kfuse.judge.ipc import read_tail
+
+    link = tmp_path / "worker.log"
+    link.symlink_to("/dev/zero")
+    assert read_tail(link, 100) == ""
+    (tmp_path / "big.log").write_bytes(b"x" * 10_000 + b"\x1b[2Jend")
+    assert read_tail(tmp_path / "big.log", 20).endswith("[2Jend") and "\x1b" not in read_tail(tmp_path / "big.log", 20)
+
+
+def test_markup_and_escapes_never_reach_the_terminal(tmp_path):
+    from typer.testing import CliRunner
+
+    from kfuse.cli import app
+
+    refs, cands = tmp_path / "refs", tmp_path / "cands"
+    refs.mkdir()
+    cands.mkdir()
+    shutil.copy(PROBLEMS / "scale_relu.py", refs / "scale_relu.py")
+    shutil.copy(CANDIDATES / "markup_error.py", cands / "scale_relu.py")
+    db = tmp_path / "k.db"
+    runner = CliRunner()
+    res = runner.invoke(app, ["eval-suite", str(refs), str(cands), "--db", str(db), "--device", "cpu",
+                              "--trials", "1", "--seed", "1", "--unsandboxed"])
+    assert res.exit_code == 0, res.output
+    rep = runner.invoke(app, ["report", "--db", str(db), "--png", str(tmp_path / "r.png")])
+    assert rep.exit_code == 0, rep.output
+    for out in (res.output, rep.output):
+        assert "run 1" in out and "fast_0" in out  # the table and fast_p were drawn
+        assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out
+
+
+def test_each_record_is_committed_as_it_is_judged(tmp_path):
+    """The judge dies after the first record: that record is in the database, and report shows the run."""
+    from kfuse.judge.evaluate import EvalConfig
+    from kfuse.judge.suite import load_run, run_suite
+
+    refs, cands = tmp_path / "refs", tmp_path / "cands"
+    refs.mkdir()
+    cands.mkdir()
+    for name in ("a", "b"):
+        shutil.copy(PROBLEMS / "scale_relu.py", refs / f"{name}.py")
+        shutil.copy(CANDIDATES / "honest_scale.py", cands / f"{name}.py")
+
+    def die(record):
+        raise KeyboardInterrupt
+
+    db = tmp_path / "k.db"
+    try:
+        run_suite(refs, cands, EvalConfig(trials=1, seed=7, timeout_s=120, sandboxed=False), db, on_record=die)
+    except KeyboardInterrupt:
+        pass
+    meta, rows = load_run(db)
+    assert [r["problem"] for r in rows] == ["a"] and rows[0]["correct"]
+    assert not meta["finished"] and meta["fast_p"]["fast_0"] == 1.0
+
+
 def test_suite_goes_on_after_a_crash(tmp_path):
     from kfuse.judge.evaluate import EvalConfig
     from kfuse.judge.report import draw_png

@@ -104,7 +104,7 @@ def test_every_detector_fires_on_its_evidence_and_not_on_clean():
               "lazy_output": "output_types", "output_aliases_input": "aliases", "inputs_modified": "inputs_modified",
               "cached_results": "repeated", "unwritten_output": "unwritten", "deferred_work": "late_changes",
               "process_introspection": "introspection", "shape_specialized": "specialized",
-              "timing_inconsistent": "timing", "background_thread": "threads"}
+              "timing_inconsistent": "timing", "timed_output_wrong": "timed_wrong", "background_thread": "threads"}
     for name, attr in fields.items():
         ev = cheats.Evidence(calls=3, custom_launches=3)
         getattr(ev, attr).append("seen")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import gc
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -364,6 +363,7 @@ class Evidence:
     introspection: list[str] = field(default_factory=list)  # heap scans during forward
     specialized: list[str] = field(default_factory=list)  # correct at the file's sizes, wrong at others
     timing: list[str] = field(default_factory=list)  # timing reports the judge's clock contradicts
+    timed_wrong: list[str] = field(default_factory=list)  # timed calls whose outputs failed the contract
     state: str = ""  # why Model's state_dict did not load into ModelNew
     poison_error: str = ""  # why the poisoned pass could not run
     custom_launches: int = 0
@@ -408,6 +408,8 @@ DETECTORS: tuple[Detector, ...] = (
     Detector("shape_specialized", True, "correct at the file's sizes only", lambda e: _lines(e.specialized)),
     Detector("timing_inconsistent", True, "reported times the judge's own clock contradicts",
              lambda e: _lines(e.timing)),
+    Detector("timed_output_wrong", True, "wrong while being timed (fast only in the timing phase, stale after N calls)",
+             lambda e: _lines(e.timed_wrong)),
     Detector("no_custom_kernel", False, "launched no custom (Triton) kernel: plain torch ops did the work",
              lambda e: f"0 Triton launches in {e.calls} forward calls" if e.calls and not e.custom_launches else None),
     Detector("background_thread", False, "left threads running after forward returned", lambda e: _lines(e.threads)),

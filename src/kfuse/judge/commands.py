@@ -13,11 +13,10 @@ from typing import Optional
 import torch
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from kfuse.errors import KfuseError
 from kfuse.judge.evaluate import EvalConfig, EvalRecord, evaluate
-from kfuse.judge.report import draw_png, fast_p_table, records_table
+from kfuse.judge.report import cell, draw_png, fast_p_table, records_table
 from kfuse.judge.suite import list_runs, load_run, run_suite
 from kfuse.load import parse_set
 
@@ -31,17 +30,20 @@ TimeoutOpt = typer.Option(300.0, "--timeout", min=1, help="Seconds for one candi
 SeedOpt = typer.Option(None, "--seed", help="Base seed (default: random, recorded in the output).")
 SetOpt = typer.Option([], "--set", help="Override a REF constant, NAME=VALUE (repeatable).")
 RequireOpt = typer.Option(False, "--require-correct", help="Exit 1 unless every candidate is correct.")
+UnsandboxedOpt = typer.Option(False, "--unsandboxed",
+                              help="Run candidates without the bubblewrap sandbox (where it cannot start); "
+                                   "the record says so. Only for candidates you trust.")
 
 
 def _config(device: Optional[str], precision: str, trials: int, perf_trials: int, timeout: float,
-            seed: Optional[int], set_: list[str]) -> EvalConfig:
+            seed: Optional[int], set_: list[str], unsandboxed: bool = False) -> EvalConfig:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cuda", "cpu"):
         raise KfuseError(f"--device {device}: expected cuda or cpu")
     if precision not in ("fp32", "bf16"):
         raise KfuseError(f"--precision {precision}: expected fp32 or bf16")
     return EvalConfig(device=device, precision=precision, trials=trials, perf_trials=perf_trials,
-                      timeout_s=timeout, seed=seed, overrides=parse_set(set_))
+                      timeout_s=timeout, seed=seed, overrides=parse_set(set_), sandboxed=not unsandboxed)
 
 
 def _fmt(v: object, spec: str) -> str:
@@ -50,11 +52,13 @@ def _fmt(v: object, spec: str) -> str:
 
 def print_record(r: EvalRecord) -> None:
     verdict = "[green]correct[/]" if r.correct else "[red]not correct[/]" if r.compiled else "[red]did not compile[/]"
-    console.print(f"[bold]{r.problem}[/] <- {r.candidate}: {verdict}  ({r.device}, {r.precision}, seed {r.seed}, "
-                  f"{r.trials} checks at {', '.join(r.shapes) or '-'})")
+    console.print(f"[bold]{cell(r.problem)}[/] <- {cell(r.candidate)}: {verdict}  ({r.device}, {r.precision}, "
+                  f"seed {r.seed}, {r.trials} checks at {cell(', '.join(r.shapes) or '-')})")
+    if r.sandbox != "bwrap":
+        console.print(f"  [yellow]sandbox: {cell(r.sandbox)}[/]")
     if r.compiled:
         console.print(f"  max abs err {_fmt(r.max_abs_err, '.3g')} (eager's own {_fmt(r.ref_max_abs_err, '.3g')}),"
-                      f" Triton launches {r.triton_launches} {r.kernels or ''}")
+                      f" Triton launches {r.triton_launches} {cell(', '.join(r.kernels))}")
     if r.runtime_ms is not None:
         console.print(f"  runtime {r.runtime_ms:.4f} ms | eager {_fmt(r.ref_runtime_ms, '.4f')} ms "
                       f"(x{_fmt(r.speedup_eager, '.2f')}) | torch.compile {_fmt(r.compile_runtime_ms, '.4f')} ms "
@@ -62,11 +66,11 @@ def print_record(r: EvalRecord) -> None:
     else:
         console.print(f"  timing unavailable: {r.timing.get('candidate', {}).get('reason') or 'not measured'}")
     for name, detail in r.flag_details.items():
-        console.print(f"  [yellow]flag[/] {name}: {escape(detail)}")
+        console.print(f"  [yellow]flag[/] {name}: {cell(detail, 2000)}")
     for line in r.failures[:5]:
-        console.print(f"  [red]fail[/] {escape(line)}")
+        console.print(f"  [red]fail[/] {cell(line, 2000)}")
     if r.error:
-        console.print(f"  [red]error[/] {escape(r.error)}")
+        console.print(f"  [red]error[/] {cell(r.error, 4000)}")
 
 
 def eval_cmd(
@@ -76,10 +80,10 @@ def eval_cmd(
     perf_trials: int = PerfOpt, timeout: float = TimeoutOpt, seed: Optional[int] = SeedOpt,
     set_: list[str] = SetOpt,
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the record as JSON here."),
-    require_correct: bool = RequireOpt,
+    require_correct: bool = RequireOpt, unsandboxed: bool = UnsandboxedOpt,
 ) -> None:
-    """Judge one candidate ModelNew against a reference problem, in an isolated process."""
-    record = evaluate(ref, candidate, _config(device, precision, trials, perf_trials, timeout, seed, set_))
+    """Judge one candidate ModelNew against a reference problem, in a sandboxed worker process."""
+    record = evaluate(ref, candidate, _config(device, precision, trials, perf_trials, timeout, seed, set_, unsandboxed))
     print_record(record)
     if json_path:
         json_path.write_text(json.dumps(record.to_json(), indent=2) + "\n")
@@ -93,11 +97,16 @@ def eval_suite_cmd(
     db: Path = typer.Option(Path("kfuse.db"), "--db", help="SQLite database the run is added to."),
     device: Optional[str] = DeviceOpt, precision: str = PrecisionOpt, trials: int = TrialsOpt,
     perf_trials: int = PerfOpt, timeout: float = TimeoutOpt, seed: Optional[int] = SeedOpt,
-    set_: list[str] = SetOpt, require_correct: bool = RequireOpt,
+    set_: list[str] = SetOpt, require_correct: bool = RequireOpt, unsandboxed: bool = UnsandboxedOpt,
+    jobs: int = typer.Option(1, "--jobs", min=1, help="Candidates judged side by side (imports, compilation and "
+                                                      "correctness overlap; timings never do)."),
+    ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS",
+                                      help="Judge on a Ray cluster: 'local' starts one here, 'auto' joins the "
+                                           "running one, or host:port / ray://host:port."),
 ) -> None:
-    """Judge every candidate of a folder, compute fast_p, store the run in the database."""
-    cfg = _config(device, precision, trials, perf_trials, timeout, seed, set_)
-    result = run_suite(ref_dir, cand_dir, cfg, db, on_record=print_record)
+    """Judge every candidate of a folder, compute fast_p, store the run in the database (record by record)."""
+    cfg = _config(device, precision, trials, perf_trials, timeout, seed, set_, unsandboxed)
+    result = run_suite(ref_dir, cand_dir, cfg, db, on_record=print_record, jobs=jobs, ray_address=ray)
     meta, records = load_run(db, result.run_id)
     console.print(records_table(meta, records))
     console.print(fast_p_table(meta))

@@ -19,10 +19,11 @@ import hashlib
 import math
 import re
 import secrets
+import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +32,13 @@ import torch
 
 from kfuse.errors import KfuseError, ProblemError
 from kfuse.judge import cheats
-from kfuse.judge import sandbox
+from kfuse.judge import cache, sandbox
+from kfuse.judge.clock import GATE, ClockConfig, time_outside
 from kfuse.judge.ipc import ANSWER_FLOOR_BYTES, WorkerFailure, WorkerHandle, clean_text, tensor_bytes
 from kfuse.load import Problem, load_problem
-from kfuse.timing import time_cuda, timing_unavailable
+from kfuse.timing import timing_unavailable
 from kfuse.verify import (DTYPES, RULES, TOLERANCES, Reference, Results, Verdict, cast_inputs, combine_references,
-                          compare, flatten, kernelbench_allclose, reference_run)
+                          compare, flatten, kernelbench_allclose, reference_run, seeded_inputs)
 
 FEATURE_NAME = re.compile(r"(features|channels|hidden\w*|_dim|^dim|embed\w*|d_model)$")
 # The references seed torch's global RNG: evaluations that run side by side (threads) take turns.
@@ -55,7 +57,10 @@ class EvalConfig:
     overrides: Mapping[str, int | float] = field(default_factory=dict)
     extra_shapes: bool = True
     compile_baseline: bool = True
+    time_on_cpu: bool = False  # time by the judge's clock on the CPU too (tests of the protocol; not a speed)
+    timed_checks: int = 2  # timed calls checked per batch, picked after they ran (and the batch's last)
     sandboxed: bool = True  # False only on the user's explicit --unsandboxed; the record says so
+    limits: sandbox.Limits = sandbox.Limits()  # kernel limits on the worker (machine defaults where None)
 
 
 @dataclass
@@ -238,25 +243,47 @@ def evaluate(ref_path: Path | str, cand_path: Path | str, cfg: EvalConfig) -> Ev
     if cfg.sandboxed and (refusal := sandbox_refusal()):
         raise KfuseError(refusal)
     with tempfile.TemporaryDirectory(prefix="kfuse-ref-") as private:
-        problem = load_problem(snapshot_reference(ref_path, Path(private)), cfg.overrides)
+        ref_copy = snapshot_reference(ref_path, Path(private))
+        problem = load_problem(ref_copy, cfg.overrides)
         check_paths(ref_path, cand_path)
         seed = cfg.seed if cfg.seed is not None else secrets.randbelow(2**31 - 10**6)
         record = EvalRecord(problem=problem.name, ref=str(ref_path), candidate=str(cand_path),
                             device=cfg.device, precision=cfg.precision, seed=seed,
                             sandbox="bwrap" if cfg.sandboxed else "none (--unsandboxed)")
         started = time.monotonic()
-        planned = prepare(problem, seed, cfg, record)
-    ev = cheats.Evidence()
-    verdicts: list[Verdict] = []
-    try:
-        with WorkerHandle(interpret=cfg.device == "cpu", timeout_s=cfg.timeout_s, candidate=cand_path,
-                          isolated=cfg.sandboxed, gpu=cfg.device == "cuda") as worker:
-            _run(worker, planned, cfg, record, ev, verdicts)
-    except WorkerFailure as err:
-        record.error = clean_text(err, 4000)
+        with GATE.shared():  # references run on the device: never while another candidate is timed
+            planned = prepare(problem, seed, cfg, record)
+        ctx = Context(cfg, seed, ref_copy, hashlib.sha256(ref_copy.read_bytes()).hexdigest())
+        ev = cheats.Evidence()
+        verdicts: list[Verdict] = []
+        try:
+            with _worker(ctx, cand_path) as worker:
+                _run(worker, planned, ctx, record, ev, verdicts)
+        except WorkerFailure as err:
+            record.error = clean_text(err, 4000)
     _conclude(record, ev, verdicts)
     record.elapsed_s = round(time.monotonic() - started, 3)
     return record
+
+
+@dataclass(frozen=True)
+class Context:
+    """One evaluation's fixed facts: its config, base seed and the judge's private copy of REF."""
+
+    cfg: EvalConfig
+    seed: int
+    ref_copy: Path
+    ref_sha256: str
+
+    @property
+    def timed(self) -> bool:
+        return self.cfg.device == "cuda" or self.cfg.time_on_cpu
+
+
+def _worker(ctx: Context, path: Path) -> WorkerHandle:
+    cfg = ctx.cfg
+    return WorkerHandle(interpret=cfg.device == "cpu", timeout_s=cfg.timeout_s, candidate=path,
+                        isolated=cfg.sandboxed, gpu=cfg.device == "cuda", limits=cfg.limits)
 
 
 def answer_cap(ref: Reference) -> int:
@@ -265,53 +292,63 @@ def answer_cap(ref: Reference) -> int:
         + ANSWER_FLOOR_BYTES
 
 
-def _run(worker: WorkerHandle, planned: Sequence[PlannedShape], cfg: EvalConfig, record: EvalRecord,
+def _run(worker: WorkerHandle, planned: Sequence[PlannedShape], ctx: Context, record: EvalRecord,
          ev: cheats.Evidence, verdicts: list[Verdict]) -> None:
+    cfg = ctx.cfg
     loaded = worker.request("load", path=worker.candidate_path, device=cfg.device, precision=cfg.precision)
     _absorb(ev, loaded.get("facts"))
     if not loaded["ok"]:
         record.error = loaded.get("error", "candidate failed to import")
         return
     record.compiled = True
-    tol = TOLERANCES[cfg.precision]
-    dtype = DTYPES[cfg.precision]
     for plan in planned:
-        shape, refs, pristine = plan.shape, plan.refs, plan.pristine
-        record.shapes.append(shape.label or "as given")
-        state = {k: v.detach().to("cpu", copy=True) for k, v in pristine.state_dict().items()}
-        built = worker.request("build", key=shape.label, seed=shape.model_seed,
-                               init_inputs=shape.problem.init_inputs(), state=state)
-        _absorb(ev, built.get("facts"))
-        if not built["ok"]:
-            record.error = f"ModelNew(*get_init_inputs()) raised {built.get('error')}"
-            verdicts.append(_failed_verdict(shape.model_seed, shape.label, record.error))
-            return
-        if built.get("state_error"):
-            ev.state = built["state_error"]
-        digests: list[str | None] = []
-        first: list[torch.Tensor] | None = None
-        for i, ref in enumerate(refs):
-            ref.seed = shape.input_seeds[i]  # verdicts name the draw
-            answer = worker.request("call", cap=answer_cap(ref), key=shape.label, seed=shape.model_seed,
-                                    inputs=ref.inputs, late=(i == 0 and not shape.label))
-            outs = _judge_call(answer, ref, shape.label, dtype, tol, ev, verdicts, record)
-            digests.append(output_digest(outs))
-            if i == 0 and not shape.label:
-                first = outs  # kept for the poisoned pass; every other draw's output is dropped here
-            del outs, answer
-        _check_repeats(digests, refs, shape.label, ev)
-        if not shape.label:
-            _poison_pass(worker, shape, refs[0], first, ev)
-            first = None
-            with _REFERENCE_LOCK:
-                ev.ref_aliases_input, ev.ref_modifies_inputs = reference_behaviour(pristine, refs[0].inputs,
-                                                                                   cfg.device, dtype)
-            if cfg.device == "cuda":
-                _time_all(worker, shape, pristine, refs[0].inputs, cfg, record, ev)
+        with GATE.shared():
+            if not _check_shape(worker, plan, cfg, record, ev, verdicts):
+                return
     main_ok = all(v.ok for v in verdicts if not v.shape)
     for v in verdicts:
         if v.shape and main_ok and not v.ok:
             ev.specialized.append(f"correct at the given sizes, wrong at {v.shape}")
+    if ctx.timed and main_ok and record.error is None:  # a wrong answer's speed means nothing
+        with GATE.exclusive():
+            _time_all(worker, planned[0], ctx, record, ev)
+
+
+def _check_shape(worker: WorkerHandle, plan: PlannedShape, cfg: EvalConfig, record: EvalRecord,
+                 ev: cheats.Evidence, verdicts: list[Verdict]) -> bool:
+    """Build the candidate at one shape and judge its draws (and, at the given shape, the poisoned pass);
+    False when it cannot even be built there."""
+    tol, dtype = TOLERANCES[cfg.precision], DTYPES[cfg.precision]
+    shape, refs, pristine = plan.shape, plan.refs, plan.pristine
+    record.shapes.append(shape.label or "as given")
+    state = {k: v.detach().to("cpu", copy=True) for k, v in pristine.state_dict().items()}
+    built = worker.request("build", key=shape.label, seed=shape.model_seed,
+                           init_inputs=shape.problem.init_inputs(), state=state)
+    _absorb(ev, built.get("facts"))
+    if not built["ok"]:
+        record.error = f"ModelNew(*get_init_inputs()) raised {built.get('error')}"
+        verdicts.append(_failed_verdict(shape.model_seed, shape.label, record.error))
+        return False
+    if built.get("state_error"):
+        ev.state = built["state_error"]
+    digests: list[str | None] = []
+    first: list[torch.Tensor] | None = None
+    for i, ref in enumerate(refs):
+        ref.seed = shape.input_seeds[i]  # verdicts name the draw
+        answer = worker.request("call", cap=answer_cap(ref), key=shape.label, seed=shape.model_seed,
+                                inputs=ref.inputs, late=(i == 0 and not shape.label))
+        outs = _judge_call(answer, ref, shape.label, dtype, tol, ev, verdicts, record)
+        digests.append(output_digest(outs))
+        if i == 0 and not shape.label:
+            first = outs  # kept for the poisoned pass; every other draw's output is dropped here
+        del outs, answer
+    _check_repeats(digests, refs, shape.label, ev)
+    if not shape.label:
+        _poison_pass(worker, shape, refs[0], first, ev)
+        with _REFERENCE_LOCK:
+            ev.ref_aliases_input, ev.ref_modifies_inputs = reference_behaviour(pristine, refs[0].inputs,
+                                                                               cfg.device, dtype)
+    return True
 
 
 def output_digest(outs: Sequence[torch.Tensor] | None) -> str | None:
@@ -403,46 +440,110 @@ def reference_behaviour(pristine: torch.nn.Module, inputs: Sequence[torch.Tensor
     return bool(cheats.aliases(outs, xs)), any(not cheats.bitwise_equal(a, b) for a, b in zip(before, xs))
 
 
-def _time_all(worker: WorkerHandle, shape: Shape, pristine: torch.nn.Module, inputs: Sequence[torch.Tensor],
-              cfg: EvalConfig, record: EvalRecord, ev: cheats.Evidence) -> None:
-    """GPU: the candidate in its worker, eager and torch.compile here, all with kfuse.timing.time_cuda."""
-    start = time.perf_counter()
-    answer = worker.request("time", key=shape.label, inputs=list(inputs), warmup=cfg.warmup, runs=cfg.perf_trials)
-    judge_wall_ms = (time.perf_counter() - start) * 1e3
-    _absorb(ev, answer.get("facts"))
-    if answer.get("facts", {}).get("timing_replaced"):
-        ev.replaced.extend(answer["facts"]["timing_replaced"])
-    if not answer["ok"]:
-        record.notes.append(f"timing failed: {answer.get('error')}")
-        return
-    t = answer["timing"]
-    record.timing = {"candidate": t}
-    if t.get("available") and t["median_ms"] is not None:
-        # n runs each at least the median for half of them: their sum cannot exceed the judge's wall clock
-        if t["median_ms"] * t["n"] / 2 > judge_wall_ms:
-            ev.timing.append(f"reported median {t['median_ms']:.3g} ms x {t['n']} runs > judge wall {judge_wall_ms:.3g} ms")
-        record.runtime_ms = t["median_ms"]
-    xs = cast_inputs(inputs, cfg.device, DTYPES[cfg.precision])
-    eager = copy.deepcopy(pristine)
-    with torch.no_grad():
-        ref_t = time_cuda(lambda: eager(*xs), warmup=cfg.warmup, runs=cfg.perf_trials)
-    record.timing["eager"] = ref_t.to_json()
-    record.ref_runtime_ms = ref_t.median_ms if ref_t.available else None
-    comp_t = timing_unavailable("torch.compile baseline not requested")
-    if cfg.compile_baseline:
-        try:
-            compiled = torch.compile(copy.deepcopy(pristine))
-            with torch.no_grad():
-                comp_t = time_cuda(lambda: compiled(*xs), warmup=max(cfg.warmup, 3), runs=cfg.perf_trials)
-        except Exception as err:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
-            comp_t = timing_unavailable(f"torch.compile failed: {type(err).__name__}")
-    record.timing["compile"] = comp_t.to_json()
-    record.compile_runtime_ms = comp_t.median_ms if comp_t.available else None
+def _time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: EvalRecord,
+              ev: cheats.Evidence) -> None:
+    """The candidate and the baselines (eager and torch.compile of Model, each in its own sandboxed worker)
+    timed by the judge's clock on the same fresh draws; the candidate's timed outputs checked. The
+    candidate's own CUDA-event time is reported beside it (`timing.candidate_events`), deciding nothing."""
+    cfg, shape = ctx.cfg, plan.shape
+    clock_cfg = ClockConfig(runs=max(cfg.perf_trials, MIN_TIMED_RUNS), warmup=cfg.warmup,
+                            checks_per_batch=cfg.timed_checks)
+    device = cfg.device if cfg.device == "cuda" else None
+
+    def draw(i: int) -> list[torch.Tensor]:
+        with _REFERENCE_LOCK:
+            return [t.cpu() for t in seeded_inputs(shape.problem, derive(ctx.seed, "timed", i), device=device)]
+
+    def check(i: int, outs: list[torch.Tensor]) -> list[str]:
+        with _REFERENCE_LOCK:
+            ref, _ = reference_run(shape.problem, shape.model_seed, cfg.device, cfg.precision,
+                                   input_seed=derive(ctx.seed, "timed", i))
+        return compare(Results(outs, ref.eager.buffers), ref, TOLERANCES[cfg.precision]).failures
+
+    out_bytes = tensor_bytes(plan.refs[0].eager.outputs)
+    result = time_outside(worker, shape.label, draw, check, clock_cfg, out_bytes, derive(ctx.seed, "checks"))
+    ev.timed_wrong.extend(result.failures[:5])
+    record.timing = {"candidate": result.timing.to_json(),
+                     "protocol": {"overhead_ms": result.overhead_ms, "stage_median_ms": _median(result.stage_ms),
+                                  "checked_calls": result.checked}}
+    record.runtime_ms = result.timing.median_ms if not result.failures else None
+    if cfg.device == "cuda":
+        _event_timing(worker, plan, cfg, record, ev)
+    for name, compiled in (("eager", False), ("compile", True)):
+        if compiled and not cfg.compile_baseline:
+            record.timing[name] = timing_unavailable("torch.compile baseline not requested").to_json()
+            continue
+        base = _baseline(plan, ctx, draw, clock_cfg, out_bytes, compiled)
+        record.timing[name] = base
+        if name == "eager" and base.get("stage_median_ms") is not None and result.stage_ms:
+            extra = _median(result.stage_ms) - base["stage_median_ms"]
+            if extra > max(STAGE_SLACK_MS, result.timing.median_ms):
+                ev.timing.append(f"staging took {extra:.3g} ms longer than the reference's, more than the timed "
+                                 f"call itself ({result.timing.median_ms:.3g} ms): work done before the clock started")
+    record.ref_runtime_ms = record.timing["eager"].get("median_ms")
+    record.compile_runtime_ms = record.timing["compile"].get("median_ms")
     if record.runtime_ms:
         if record.ref_runtime_ms:
             record.speedup_eager = record.ref_runtime_ms / record.runtime_ms
         if record.compile_runtime_ms:
             record.speedup_compile = record.compile_runtime_ms / record.runtime_ms
+
+
+MIN_TIMED_RUNS = 30  # DESIGN.md: at least 30 timed runs
+STAGE_SLACK_MS = 0.5  # staging noise (file, copy, L2 flush) tolerated before it counts as hidden work
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _event_timing(worker: WorkerHandle, plan: PlannedShape, cfg: EvalConfig, record: EvalRecord,
+                  ev: cheats.Evidence) -> None:
+    """The candidate timed in its worker with CUDA events (kfuse.timing.time_cuda), reported beside the
+    judge's clock; a report the judge's wall clock contradicts is flagged."""
+    start = time.perf_counter()
+    answer = worker.request("time", key=plan.shape.label, inputs=list(plan.refs[0].inputs), warmup=cfg.warmup,
+                            runs=cfg.perf_trials)
+    judge_wall_ms = (time.perf_counter() - start) * 1e3
+    _absorb(ev, answer.get("facts"))
+    ev.replaced.extend(answer.get("facts", {}).get("timing_replaced") or [])
+    if not answer["ok"] or "timing" not in answer:
+        record.notes.append(f"in-worker event timing failed: {answer.get('error')}")
+        return
+    t = answer["timing"]
+    record.timing["candidate_events"] = t
+    if t.get("available") and t["median_ms"] is not None and t["median_ms"] * t["n"] / 2 > judge_wall_ms:
+        # n runs each at least the median for half of them: their sum cannot exceed the judge's wall clock
+        ev.timing.append(f"reported median {t['median_ms']:.3g} ms x {t['n']} runs > judge wall {judge_wall_ms:.3g} ms")
+
+
+def _baseline(plan: PlannedShape, ctx: Context, draw: Callable[[int], list[torch.Tensor]], clock_cfg: ClockConfig,
+              out_bytes: int, compiled: bool) -> dict[str, Any]:
+    """Model (eager, or torch.compile default) timed like the candidate, in its own sandboxed worker;
+    cached on disk by everything the number depends on (cache.py)."""
+    cfg, shape = ctx.cfg, plan.shape
+    k = cache.key(kind="baseline", ref=ctx.ref_sha256, overrides=dict(cfg.overrides), shape=shape.label,
+                  compiled=compiled, device=cfg.device, precision=cfg.precision, runs=clock_cfg.runs,
+                  warmup=clock_cfg.warmup, sandboxed=cfg.sandboxed)
+    hit = cache.load(k)
+    if hit is not None:
+        return {**hit, "cached": True}
+    state = {n: v.detach().to("cpu", copy=True) for n, v in plan.pristine.state_dict().items()}
+    try:
+        with _worker(ctx, ctx.ref_copy) as worker:
+            loaded = worker.request("load", path=worker.candidate_path, device=cfg.device, precision=cfg.precision,
+                                    class_name="Model")
+            built = worker.request("build", key=shape.label, seed=shape.model_seed, compile=compiled,
+                                   init_inputs=shape.problem.init_inputs(), state=state) if loaded["ok"] else loaded
+            if not built["ok"]:
+                return timing_unavailable(f"baseline failed: {built.get('error')}").to_json()
+            result = time_outside(worker, shape.label, draw, lambda i, outs: [], clock_cfg, out_bytes, 0)
+    except WorkerFailure as err:
+        return timing_unavailable(f"baseline failed: {clean_text(err, 300)}").to_json()
+    value = {**result.timing.to_json(), "stage_median_ms": _median(result.stage_ms),
+             "overhead_ms": result.overhead_ms}
+    cache.store(k, value)
+    return value
 
 
 def _absorb(ev: cheats.Evidence, facts: Mapping[str, Any] | None) -> None:

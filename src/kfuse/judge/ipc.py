@@ -103,7 +103,12 @@ def check_answer(op: str, answer: Any) -> dict[str, Any]:
         if not isinstance(buffers, dict) or len(buffers) > 4 * MAX_ITEMS:
             raise WorkerFailure("malformed answer from the worker: buffers is not a mapping")
         out["buffers"] = {clean_text(k): _tensor(t, f"buffer {clean_text(k)}") for k, t in buffers.items()}
-    elif op in ("time", "go"):
+    elif op == "kept":
+        lists = answer.get("outputs_list")
+        if not isinstance(lists, list) or len(lists) > MAX_ITEMS:
+            raise WorkerFailure("malformed answer from the worker: outputs_list is not a list")
+        out["outputs_list"] = [_tensors(x, "kept outputs") for x in lists]
+    elif op == "time":
         for key in ("wall_ms",):
             if key in answer and not (isinstance(answer[key], float) and math.isfinite(answer[key])):
                 raise WorkerFailure(f"malformed answer from the worker: {key} is not a finite number")
@@ -142,7 +147,7 @@ def tensor_bytes(tensors: Any) -> int:
 
 class WorkerHandle:
     def __init__(self, *, interpret: bool, timeout_s: float, candidate: Path, isolated: bool = True,
-                 gpu: bool = False) -> None:
+                 gpu: bool = False, limits: sandbox.Limits = sandbox.Limits()) -> None:
         self.deadline = time.monotonic() + timeout_s
         self.timeout_s = timeout_s
         self.tmp = tempfile.TemporaryDirectory(prefix="kfuse-judge-")
@@ -156,7 +161,7 @@ class WorkerHandle:
         self.cgroup: Path | None = None
         down_r, down_w = os.pipe()
         up_r, up_w = os.pipe()
-        limits = sandbox.limits_for(timeout_s)
+        limits = sandbox.limits_for(timeout_s, limits)
         worker = [sys.executable, "-m", "kfuse.judge.worker", str(down_r), str(up_w)]
         if isolated:
             box = sandbox.Sandbox(io_dir=self.io_dir, gpu=gpu, interpret=interpret, limits=limits)
@@ -165,7 +170,9 @@ class WorkerHandle:
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
             self.worker_io = sandbox.IO_DIR
         else:
-            command, env = worker, dict(os.environ)
+            # no boundary, but the same kernel limits where prlimit exists
+            command = [*sandbox.prlimit(limits), *worker] if shutil.which("prlimit") else worker
+            env = dict(os.environ)
             if interpret:
                 env["TRITON_INTERPRET"] = "1"  # CPU: Triton kernels run in the interpreter
             self.worker_io = str(self.io_dir)
@@ -207,7 +214,31 @@ class WorkerHandle:
     def receive(self, op: str, cap: int = ANSWER_FLOOR_BYTES) -> dict[str, Any]:
         return check_answer(op, self._receive(cap))
 
+    def quick(self, message: bytes) -> float:
+        """One judge-clock exchange (worker.INLINE_GO / INLINE_NOP): the seconds between sending it and the
+        worker's one-byte reply, on the judge's clock. A failure inside raises WorkerFailure."""
+        start = time.perf_counter()
+        try:
+            self._tx.send_bytes(message)
+        except (BrokenPipeError, OSError):
+            raise WorkerFailure(self._died()) from None
+        reply = self._receive_raw(4096)
+        elapsed = time.perf_counter() - start
+        if reply != b"D":
+            text = clean_text(reply[1:].decode(errors="replace"), 1000) if reply[:1] == b"E" else "malformed reply"
+            raise WorkerFailure(f"timed call failed: {text}")
+        return elapsed
+
     def _receive(self, cap: int) -> Any:
+        raw = self._receive_raw(cap)
+        try:
+            return torch.load(io.BytesIO(raw), weights_only=True)
+        except Exception as err:  # noqa: BLE001 - a worker answer we cannot read is a failed candidate
+            raise WorkerFailure(f"unreadable answer from the worker: {type(err).__name__}") from None
+        finally:
+            del raw
+
+    def _receive_raw(self, cap: int) -> bytes:
         remaining = self.deadline - time.monotonic()
         try:
             ready = remaining > 0 and self._rx.poll(remaining)
@@ -217,7 +248,7 @@ class WorkerHandle:
             self.kill()
             raise WorkerFailure(f"timeout: no answer within {self.timeout_s:g} s (worker killed){self._tail()}")
         try:
-            raw = self._rx.recv_bytes(max(cap, ANSWER_FLOOR_BYTES))
+            raw = self._rx.recv_bytes(cap)
         except EOFError:
             raise WorkerFailure(self._died()) from None
         except OSError as err:
@@ -225,12 +256,7 @@ class WorkerHandle:
                 self.kill()
                 raise WorkerFailure(f"answer larger than {cap} bytes (worker killed)") from None
             raise WorkerFailure(self._died()) from None
-        try:
-            return torch.load(io.BytesIO(raw), weights_only=True)
-        except Exception as err:  # noqa: BLE001 - a worker answer we cannot read is a failed candidate
-            raise WorkerFailure(f"unreadable answer from the worker: {type(err).__name__}") from None
-        finally:
-            del raw
+        return raw
 
     def _died(self) -> str:
         try:

@@ -6,9 +6,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
+from kfuse.judge.ipc import clean_text
 from kfuse.judge.suite import FAST_P
+
+
+def cell(text: Any, limit: int = 400) -> str:
+    """Candidate-controlled text for the terminal: control characters (escapes, bells) replaced, markup
+    escaped, length bounded."""
+    return escape(clean_text(text, limit))
 
 
 def _num(v: Any, fmt: str) -> str:
@@ -20,7 +28,7 @@ def _num(v: Any, fmt: str) -> str:
 
 
 def records_table(meta: dict[str, Any], records: Sequence[dict[str, Any]]) -> Table:
-    table = Table(title=f"run {meta['id']}  {meta['started']}  {meta['device']} ({meta['gpu']})  {meta['precision']}  "
+    table = Table(title=f"run {meta['id']}  {meta['started']}  {meta['device']} ({cell(meta['gpu'])})  {meta['precision']}  "
                         f"seed {meta['seed']}  torch {meta['torch']}  triton {meta['triton']}  "
                         f"commit {(meta['git_commit'] or '-')[:10]}")
     for col, justify in (("problem", "left"), ("compiled", "center"), ("correct", "center"), ("max abs err", "right"),
@@ -28,18 +36,19 @@ def records_table(meta: dict[str, Any], records: Sequence[dict[str, Any]]) -> Ta
                          ("flags / error", "left")):
         table.add_column(col, justify=justify, no_wrap=col == "problem")  # type: ignore[arg-type]
     for r in records:
-        note = ", ".join(r.get("flags") or [])
+        note = ", ".join(map(str, r.get("flags") or []))
         if r.get("error"):
-            note = (note + "; " if note else "") + str(r["error"]).splitlines()[0][:80]
-        table.add_row(r["problem"], "yes" if r["compiled"] else "no",
+            note = (note + "; " if note else "") + (str(r["error"]).splitlines() or [""])[0][:80]
+        table.add_row(cell(r["problem"]), "yes" if r["compiled"] else "no",
                       "[green]yes[/]" if r["correct"] else "[red]no[/]", _num(r.get("max_abs_err"), ".2e"),
                       _num(r.get("runtime_ms"), ".4f"), _num(r.get("ref_runtime_ms"), ".4f"),
-                      _num(r.get("speedup_eager"), ".2f"), _num(r.get("speedup_compile"), ".2f"), note)
+                      _num(r.get("speedup_eager"), ".2f"), _num(r.get("speedup_compile"), ".2f"), cell(note))
     return table
 
 
 def fast_p_table(meta: dict[str, Any]) -> Table:
-    table = Table(title=f"fast_p over {meta['n_problems']} problems (correct and speedup vs eager > p)")
+    done = "" if meta.get("finished") else " -- run not finished: fast_p over the records stored so far"
+    table = Table(title=f"fast_p over {meta['n_problems']} problems (correct and speedup vs eager > p){done}")
     keys = list(meta["fast_p"])
     for k in keys:
         table.add_column(k, justify="right")

@@ -22,7 +22,7 @@ import site
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import kfuse
@@ -38,23 +38,33 @@ PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "OMP_NUM_THREADS
 GIB = 1 << 30
 
 
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 64 * GIB
+
+
 @dataclass(frozen=True)
 class Limits:
     """Per-process kernel limits for the sandbox (RLIMIT_AS is left alone: CUDA reserves huge address
-    ranges; RLIMIT_DATA counts the writable private memory a process really maps)."""
+    ranges; RLIMIT_DATA counts the writable private memory a process really maps). None: the default
+    for this machine (`limits_for`)."""
 
-    memory_bytes: int = 32 * GIB
-    file_bytes: int = 512 << 20  # also caps the worker's log
+    memory_bytes: int | None = None  # default: 3/4 of the machine's memory, at most 64 GiB
+    file_bytes: int = 512 << 20  # any one file, the worker's log included
     scratch_bytes: int = 4 * GIB  # the tmpfs at /tmp
     open_files: int = 4096
     processes: int = 512
-    cpu_s: int = 3600
+    cpu_s: int | None = None  # default: every core busy for the whole timeout, plus a minute
 
 
-def limits_for(timeout_s: float, cores: int | None = None) -> Limits:
-    """CPU seconds: every core busy for the whole timeout, plus a minute for start and compilation."""
+def limits_for(timeout_s: float, base: Limits = Limits(), cores: int | None = None) -> Limits:
+    """`base` with its machine-dependent defaults filled in."""
     cores = cores or os.cpu_count() or 1
-    return Limits(cpu_s=int(timeout_s * cores) + 60)
+    memory = base.memory_bytes or min(64 * GIB, _physical_memory() * 3 // 4)
+    cpu = base.cpu_s or int(timeout_s * cores) + 60
+    return replace(base, memory_bytes=memory, cpu_s=cpu)
 
 
 @dataclass(frozen=True)
@@ -64,7 +74,7 @@ class Sandbox:
     io_dir: Path  # host folder bound read-only at IO_DIR
     gpu: bool
     interpret: bool
-    limits: Limits
+    limits: Limits  # filled in (limits_for)
 
 
 # --- can it start here? --------------------------------------------------------------------------------
@@ -167,11 +177,15 @@ def environment(box: Sandbox) -> dict[str, str]:
     return env
 
 
+def prlimit(lim: Limits) -> list[str]:
+    """The `prlimit` prefix that sets the limits on the command it starts (and so on all it starts)."""
+    return ["prlimit", f"--data={lim.memory_bytes}", f"--fsize={lim.file_bytes}", f"--cpu={lim.cpu_s}",
+            f"--nofile={lim.open_files}", f"--nproc={lim.processes}", "--core=0", "--"]
+
+
 def argv(box: Sandbox, command: Sequence[str]) -> list[str]:
     """`prlimit ... bwrap ... -- command`: limits first (inherited by everything bubblewrap starts)."""
     lim = box.limits
-    prlimit = ["prlimit", f"--data={lim.memory_bytes}", f"--fsize={lim.file_bytes}", f"--cpu={lim.cpu_s}",
-               f"--nofile={lim.open_files}", f"--nproc={lim.processes}", "--core=0", "--"]
     bwrap = ["bwrap", *_namespace_args(), *_system_binds()]
     for d in python_dirs():
         bwrap += ["--ro-bind", d, d]
@@ -183,7 +197,8 @@ def argv(box: Sandbox, command: Sequence[str]) -> list[str]:
             bwrap += ["--dev-bind", node, node]  # after --dev: a plain bind gives "insufficient permissions"
     for k, v in environment(box).items():
         bwrap += ["--setenv", k, v]
-    return [*prlimit, *bwrap, "--", *command]
+    bwrap += ["--remount-ro", "/"]  # the folders bwrap made to hold the binds: read-only, /tmp stays writable
+    return [*prlimit(lim), *bwrap, "--", *command]
 
 
 # --- a process-count cap where the machine lets us make a pids cgroup -----------------------------------
@@ -212,6 +227,12 @@ def pids_cgroup(processes: int) -> Path | None:
             except OSError:
                 pass
     return None
+
+
+def pids_cgroup_possible() -> bool:
+    group = pids_cgroup(1)
+    remove_cgroup(group)
+    return group is not None
 
 
 def enter_cgroup_command(group: Path | None, command: Sequence[str]) -> list[str]:

@@ -14,7 +14,9 @@ import platform
 import secrets
 import sqlite3
 import subprocess
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,7 +37,7 @@ CREATE TABLE IF NOT EXISTS runs (
     ref_dir TEXT, cand_dir TEXT, device TEXT, precision TEXT,
     gpu TEXT, torch TEXT, triton TEXT, python TEXT, git_commit TEXT,
     seed INTEGER, trials INTEGER, perf_trials INTEGER,
-    n_problems INTEGER, fast_p TEXT, config TEXT
+    n_problems INTEGER, fast_p TEXT, config TEXT, finished INTEGER DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS records (
     run_id INTEGER NOT NULL REFERENCES runs(id),
@@ -109,57 +111,102 @@ def missing_record(ref: Path, cand_dir: Path, cfg: EvalConfig, seed: int) -> Eva
                       precision=cfg.precision, seed=seed, error=f"no candidate {ref.name} in {cand_dir}")
 
 
+def judge_pair(ref: Path, cand: Path | None, cand_dir: Path, cfg: EvalConfig, seed: int) -> EvalRecord:
+    """One row of a suite, whatever happens: a missing candidate, a bad REF or a judge failure on a hostile
+    answer is that row's error, never the end of the suite."""
+    if cand is None:
+        return missing_record(ref, cand_dir, cfg, seed)
+    try:
+        return evaluate(ref, cand, dataclasses.replace(cfg, seed=seed))
+    except KfuseError as err:
+        text = f"reference: {err}"
+    except Exception as err:  # noqa: BLE001 - the judge's own failure on this pair; the others go on
+        text = f"judge failed on this candidate: {type(err).__name__}: {str(err)[:300]}"
+    return EvalRecord(problem=ref.stem, ref=str(ref), candidate=str(cand), device=cfg.device,
+                      precision=cfg.precision, seed=seed, error=text)
+
+
 def run_suite(ref_dir: Path, cand_dir: Path, cfg: EvalConfig, db_path: Path,
-              on_record: Callable[[EvalRecord], None] | None = None) -> SuiteResult:
-    """Evaluate every pair one after another (one GPU: timings must not overlap), then store the run."""
+              on_record: Callable[[EvalRecord], None] | None = None, jobs: int = 1,
+              ray_address: str | None = None) -> SuiteResult:
+    """Judge every pair; each record is committed to the database as soon as it is judged, and the run's
+    fast_p when all are. `jobs` pairs run side by side in this process (their imports, compilation and
+    correctness checks overlap; timings never do: clock.GATE); with `ray_address`, every pair is a Ray
+    task instead (distributed.py). The records are the same either way."""
     pairs = pair_files(ref_dir, cand_dir)
     base = cfg.seed if cfg.seed is not None else secrets.randbelow(2**30)
-    records = []
-    for i, (ref, cand) in enumerate(pairs):
-        seed = base + i * PROBLEM_SEED_STRIDE
-        if cand is None:
-            record = missing_record(ref, cand_dir, cfg, seed)
-        else:
-            try:
-                record = evaluate(ref, cand, dataclasses.replace(cfg, seed=seed))
-            except KfuseError as err:  # a bad REF in a suite is one failed row, not the end of the suite
-                record = EvalRecord(problem=ref.stem, ref=str(ref), candidate=str(cand), device=cfg.device,
-                                    precision=cfg.precision, seed=seed, error=f"reference: {err}")
-        records.append(record)
-        if on_record:
-            on_record(record)
-    fp = fast_p(records)
     env = environment(cfg.device)
-    run_id = save_run(db_path, ref_dir, cand_dir, cfg, base, env, fp, records)
-    return SuiteResult(run_id, records, fp, env)
+    run_id = start_run(db_path, ref_dir, cand_dir, cfg, base, env, len(pairs))
+    records: dict[int, EvalRecord] = {}
+    lock = threading.Lock()
+
+    def done(i: int, record: EvalRecord) -> None:
+        with lock:
+            save_record(db_path, run_id, record)
+            records[i] = record
+            if on_record:
+                on_record(record)
+
+    seeds = [base + i * PROBLEM_SEED_STRIDE for i in range(len(pairs))]
+    for i, (ref, cand) in enumerate(pairs):
+        if cand is None:
+            done(i, missing_record(ref, cand_dir, cfg, seeds[i]))
+    present = [(i, ref, cand, seeds[i]) for i, (ref, cand) in enumerate(pairs) if cand is not None]
+    if ray_address:
+        from kfuse.judge.distributed import run_pairs
+
+        run_pairs(present, cand_dir, cfg, ray_address, done)
+    elif jobs <= 1:
+        for i, ref, cand, seed in present:
+            done(i, judge_pair(ref, cand, cand_dir, cfg, seed))
+    else:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:  # the work is in worker processes; threads wait
+            futures = {pool.submit(judge_pair, ref, cand, cand_dir, cfg, seed): i for i, ref, cand, seed in present}
+            for future in as_completed(futures):
+                done(futures[future], future.result())
+    ordered = [records[i] for i in sorted(records)]
+    fp = fast_p(ordered)
+    finish_run(db_path, run_id, fp)
+    return SuiteResult(run_id, ordered, fp, env)
 
 
 def connect(db_path: Path) -> sqlite3.Connection:
-    con = sqlite3.connect(db_path)
+    con = sqlite3.connect(db_path, timeout=60)
     con.executescript(SCHEMA)
+    columns = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
+    if "finished" not in columns:  # databases written before runs recorded their completion
+        con.execute("ALTER TABLE runs ADD COLUMN finished INTEGER DEFAULT 1")
     con.row_factory = sqlite3.Row
     return con
 
 
-def save_run(db_path: Path, ref_dir: Path, cand_dir: Path, cfg: EvalConfig, seed: int, env: dict[str, Any],
-             fp: dict[str, float | None], records: Sequence[EvalRecord]) -> int:
+def start_run(db_path: Path, ref_dir: Path, cand_dir: Path, cfg: EvalConfig, seed: int, env: dict[str, Any],
+              n_problems: int) -> int:
     config = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "seed"}
     with connect(db_path) as con:
         cur = con.execute(
             "INSERT INTO runs (started, ref_dir, cand_dir, device, precision, gpu, torch, triton, python, git_commit,"
-            " seed, trials, perf_trials, n_problems, fast_p, config) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " seed, trials, perf_trials, n_problems, fast_p, config, finished) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0)",
             (datetime.now(timezone.utc).isoformat(timespec="seconds"), str(ref_dir), str(cand_dir), cfg.device,
              cfg.precision, env["gpu"], env["torch"], env["triton"], env["python"], env["git_commit"], seed,
-             cfg.trials, cfg.perf_trials, len(records), json.dumps(fp), json.dumps(config, default=str)))
-        run_id = int(cur.lastrowid)
-        for r in records:
-            j = r.to_json()
-            con.execute(
-                "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (run_id, r.problem, r.candidate, int(r.compiled), int(r.correct), json.dumps(r.flags),
-                 _real(j["max_abs_err"]), r.runtime_ms, r.ref_runtime_ms, r.speedup_eager, r.speedup_compile,
-                 r.error, json.dumps(j)))
-    return run_id
+             cfg.trials, cfg.perf_trials, n_problems, None, json.dumps(config, default=str)))
+        return int(cur.lastrowid)
+
+
+def save_record(db_path: Path, run_id: int, r: EvalRecord) -> None:
+    """One record, committed at once: a later crash (of a candidate or of the judge) cannot lose it."""
+    j = r.to_json()
+    with connect(db_path) as con:
+        con.execute(
+            "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (run_id, r.problem, r.candidate, int(r.compiled), int(r.correct), json.dumps(r.flags),
+             _real(j["max_abs_err"]), r.runtime_ms, r.ref_runtime_ms, r.speedup_eager, r.speedup_compile,
+             r.error, json.dumps(j)))
+
+
+def finish_run(db_path: Path, run_id: int, fp: dict[str, float | None]) -> None:
+    with connect(db_path) as con:
+        con.execute("UPDATE runs SET fast_p = ?, finished = 1 WHERE id = ?", (json.dumps(fp), run_id))
 
 
 def _real(v: Any) -> float | None:
@@ -179,12 +226,18 @@ def load_run(db_path: Path, run_id: int | None = None) -> tuple[dict[str, Any], 
             raise KfuseError(f"{db_path}: no run {run_id}" if run_id is not None else f"{db_path}: no runs yet")
         records = [json.loads(r["record"]) for r in
                    con.execute("SELECT record FROM records WHERE run_id = ? ORDER BY problem", (row["id"],))]
+    return _run_meta(row, records), records
+
+
+def _run_meta(row: sqlite3.Row, records: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A run's row; an unfinished run's fast_p is computed over the records stored so far."""
     meta = dict(row)
-    meta["fast_p"] = json.loads(meta["fast_p"])
-    return meta, records
+    meta["fast_p"] = json.loads(meta["fast_p"]) if meta["fast_p"] else fast_p(records or [])
+    return meta
 
 
 def list_runs(db_path: Path, limit: int = 10) -> list[dict[str, Any]]:
     with connect(db_path) as con:
         rows = con.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
-    return [{**dict(r), "fast_p": json.loads(r["fast_p"])} for r in rows]
+        return [_run_meta(r, [json.loads(x["record"]) for x in
+                              con.execute("SELECT record FROM records WHERE run_id = ?", (r["id"],))]) for r in rows]

@@ -37,6 +37,7 @@ _real_perf_counter = time.perf_counter
 _real_sleep = time.sleep
 _real_sync = torch.cuda.synchronize
 _KFUSE_DIR = str(Path(timing.__file__).parent)  # frames from the judge itself are not the candidate's
+INLINE_GO, INLINE_NOP, INLINE_DONE, INLINE_FAILED = b"G", b"N", b"D", b"E"  # judge-clock messages
 LATE_WAIT_S = 0.2  # how long a deferred write (thread, side stream) gets before the second read
 THREAD_JOIN_S = 1.0
 
@@ -51,6 +52,12 @@ class Worker:
         self.module: Any = None
         self.models: dict[str, torch.nn.Module] = {}
         self.initial: dict[str, dict[str, torch.Tensor]] = {}
+        self.bare: dict[str, torch.nn.Module] = {}  # the model before torch.compile (baseline worker)
+        self.class_name = "ModelNew"
+        # the judge-clock timing protocol (docs/eval.md, "Timing"): one staged input set, the kept outputs
+        self.staged: tuple[str, list[torch.Tensor]] | None = None
+        self.kept: list[list[torch.Tensor]] = []
+        self.flush: torch.Tensor | None = None
         self.device = "cpu"
         self.dtype = torch.float32
         self.last_out_bytes = 1 << 16
@@ -79,15 +86,16 @@ class Worker:
             spec.loader.exec_module(module)
         except BaseException as err:  # noqa: BLE001 - SystemExit included: the candidate must not end us
             return {"ok": False, "stage": "compile", "error": _describe(err), "facts": self.integrity()}
-        cls = getattr(module, "ModelNew", None)
+        self.class_name = req.get("class_name", "ModelNew")  # "Model" for the baseline worker (the REF file)
+        cls = getattr(module, self.class_name, None)
         if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-            return {"ok": False, "stage": "compile", "error": f"{path}: no ModelNew(nn.Module) class defined"}
+            return {"ok": False, "stage": "compile", "error": f"{path}: no {self.class_name}(nn.Module) class defined"}
         self.module = module
         return {"ok": True, "facts": self.integrity()}
 
     def build(self, req: dict[str, Any]) -> dict[str, Any]:
         torch.manual_seed(req["seed"])  # the reference's build seed: identical init even without its state
-        model = self.module.ModelNew(*req["init_inputs"])
+        model = getattr(self.module, self.class_name)(*req["init_inputs"])
         state_error = ""
         try:
             model.load_state_dict(req["state"], strict=True)
@@ -95,15 +103,16 @@ class Worker:
             state_error = _describe(err)
             load_by_position(model, req["state"])
         model = model.to(device=self.device, dtype=self.dtype)
-        self.models[req["key"]] = model
+        self.models[req["key"]] = torch.compile(model) if req.get("compile") else model
         # each call starts from this state: buffers (BatchNorm statistics) never carry over between draws,
         # whatever the candidate names them
         self.initial[req["key"]] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.bare[req["key"]] = model
         return {"ok": True, "state_error": state_error, "facts": self.integrity()}
 
     def call(self, req: dict[str, Any]) -> dict[str, Any]:
         model = self.models[req["key"]]
-        model.load_state_dict(self.initial[req["key"]], strict=True)  # undo buffer updates of earlier calls
+        self.bare[req["key"]].load_state_dict(self.initial[req["key"]], strict=True)  # undo earlier buffer updates
         inputs = cast_inputs(req["inputs"], self.device, self.dtype)
         cheats.poison_allocator(self.device, self.last_out_bytes)
         threads_before = set(threading.enumerate())
@@ -160,6 +169,43 @@ class Worker:
                 lines.append(f"output {i} changed after forward returned")
         return lines
 
+    # --- timing by the judge's clock: stage (untimed), go (timed by the judge), kept (after the clock) ----
+    def stage(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Put one fresh input set on the device and evict L2; nothing of the model runs."""
+        model = self.models[req["key"]]
+        self.bare[req["key"]].load_state_dict(self.initial[req["key"]], strict=True)
+        self.staged = (req["key"], cast_inputs(req["inputs"], self.device, self.dtype))
+        if self.device == "cuda":
+            if self.flush is None:
+                self.flush = torch.empty(timing.L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+            self.flush.zero_()
+            _real_sync()
+        del model
+        return {"ok": True}
+
+    def go(self) -> None:
+        """The timed call: forward on the staged inputs, then wait for the whole device (side streams too).
+        The output is copied at once, so nothing can change it before the judge reads it."""
+        key, inputs = self.staged
+        with torch.no_grad():
+            out = self.models[key](*inputs)
+        if self.device == "cuda":
+            _real_sync()
+        self.kept.append([o.detach().clone() for o in flatten(out)])
+
+    def nop(self) -> None:
+        """The protocol's own cost (two pipe messages and a device sync), subtracted from every timed call."""
+        if self.device == "cuda":
+            _real_sync()
+
+    def kept_outputs(self, req: dict[str, Any]) -> dict[str, Any]:
+        """After the clock: the outputs of the timed calls the judge picked (it picks after they ran); every
+        kept output is dropped."""
+        picked = [[_plain_copy(o) for o in self.kept[i]] for i in req["indices"] if 0 <= i < len(self.kept)]
+        self.kept.clear()
+        self.staged = None
+        return {"ok": True, "outputs_list": picked, "facts": self.integrity()}
+
     def time(self, req: dict[str, Any]) -> dict[str, Any]:
         model = self.models[req["key"]]
         inputs = cast_inputs(req["inputs"], self.device, self.dtype)
@@ -210,14 +256,23 @@ def _describe(err: BaseException) -> str:
 def serve(fd_in: int, fd_out: int) -> None:
     rx, tx = Connection(fd_in, writable=False), Connection(fd_out, readable=False)
     worker = Worker()
-    handlers = {"load": worker.load, "build": worker.build, "call": worker.call, "time": worker.time}
+    handlers = {"load": worker.load, "build": worker.build, "call": worker.call, "time": worker.time,
+                "stage": worker.stage, "kept": worker.kept_outputs}
+    quick = {INLINE_GO: worker.go, INLINE_NOP: worker.nop}
     tx.send_bytes(_dump({"ok": True, "ready": True, "pid": os.getpid()}))
     while True:
         try:
-            path = rx.recv_bytes().decode()
+            message = rx.recv_bytes()
         except EOFError:
             return
-        req = torch.load(path, weights_only=False)  # written by the judge, which we trust
+        if message in quick:  # timed by the judge: no file, no pickling, one byte each way
+            try:
+                quick[message]()
+                tx.send_bytes(INLINE_DONE)
+            except BaseException as err:  # noqa: BLE001
+                tx.send_bytes(INLINE_FAILED + _describe(err).encode()[:1000])
+            continue
+        req = torch.load(message.decode(), weights_only=False)  # written by the judge, which we trust
         if req["op"] == "quit":
             return
         try:

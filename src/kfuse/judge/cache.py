@@ -1,0 +1,62 @@
+"""The judge's disk cache: baseline timings (eager and torch.compile of the reference), so a suite times
+each problem's baselines once per machine, not once per candidate.
+
+Entries are JSON, keyed by a hash of everything the number depends on: the problem file's bytes, the
+overrides and the shape, the GPU, torch/triton versions, the precision flags, the timing protocol's
+settings. The cache lives where candidates never reach (outside their sandbox), in
+$KFUSE_CACHE_DIR or ~/.cache/kfuse/judge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KFUSE_CACHE_DIR") or Path.home() / ".cache" / "kfuse" / "judge")
+
+
+def machine() -> dict[str, Any]:
+    """What a timing depends on besides the problem: the device, the software, the numeric flags."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:  # noqa: BLE001
+        triton_version = None
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"gpu": gpu, "torch": torch.__version__, "triton": triton_version,
+            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+            "matmul_precision": torch.get_float32_matmul_precision()}
+
+
+def key(**parts: Any) -> str:
+    return hashlib.sha256(json.dumps({**parts, "machine": machine()}, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def load(k: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads((cache_dir() / f"{k}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def store(k: str, value: dict[str, Any]) -> None:
+    """Write atomically (a rename), so parallel judges never read half an entry."""
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(value, f)
+        os.replace(tmp, folder / f"{k}.json")
+    except OSError:
+        pass  # a cache that cannot be written only costs time

@@ -1,0 +1,147 @@
+"""Timing by the judge's clock: speed a candidate cannot fake from inside its process.
+
+For each timed call the judge (1) sends a fresh input set (`stage`: the worker puts it on the device and
+evicts L2; untimed), then (2) starts its own clock, sends one byte (`go`), and stops the clock when the
+worker's one-byte reply arrives: the forward ran and the whole device was synchronized (side streams
+included). The protocol's own cost, measured the same way with a no-op (`nop`), is subtracted. After each
+batch of timed calls, the judge picks some of them at random (always the last one too) and checks their
+outputs against references it computes for those very inputs; the worker cannot know which, since it is
+asked after the calls ran. So a candidate that is fast only on repeated inputs (every call gets new
+tensors), only while being timed, or stale after N calls returns wrong timed outputs, and a forged timer
+changes nothing (the worker's clock decides nothing).
+
+Known limit: the worker shares its process with the candidate, so a candidate that rewrites the serving
+loop can do work between `stage` and `go` (it has the inputs then). The judge times `stage` too and flags
+a candidate whose staging takes longer than the reference's by more than its own timed call.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from kfuse.judge.ipc import WorkerHandle, tensor_bytes
+from kfuse.judge.worker import INLINE_GO, INLINE_NOP
+from kfuse.timing import Timing, summarize
+
+Draw = Callable[[int], list[torch.Tensor]]  # timed call i -> its fresh inputs (the judge's seeds)
+Check = Callable[[int, list[torch.Tensor]], list[str]]  # timed call i, its outputs -> failures
+
+
+@dataclass(frozen=True)
+class ClockConfig:
+    runs: int = 100
+    warmup: int = 5
+    checks_per_batch: int = 2  # random picks besides the batch's last call
+    budget_bytes: int = 4 << 30  # device memory for the outputs the worker keeps until the judge picks
+
+
+@dataclass
+class ClockResult:
+    timing: Timing  # the timed calls minus the protocol's cost
+    raw_ms: list[float] = field(default_factory=list)
+    stage_ms: list[float] = field(default_factory=list)
+    overhead_ms: float = 0.0
+    checked: list[int] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+def batch_size(out_bytes: int, in_bytes: int, cfg: ClockConfig) -> int:
+    """How many timed calls run before the judge picks outputs: as many as the kept outputs fit."""
+    per_call = max(1, out_bytes + in_bytes)
+    return max(1, min(cfg.runs, cfg.budget_bytes // per_call))
+
+
+def pick(batch: Sequence[int], k: int, rng: random.Random) -> list[int]:
+    """Positions in the batch to check: k at random and the last (a candidate stale after N calls)."""
+    positions = list(range(len(batch)))
+    chosen = set(rng.sample(positions, min(k, len(positions))))
+    chosen.add(positions[-1])
+    return sorted(chosen)
+
+
+def protocol_cost(worker: WorkerHandle, n: int = 30) -> float:
+    """Median seconds of a no-op exchange: what every timed call carries besides the forward."""
+    return statistics.median(worker.quick(INLINE_NOP) for _ in range(n))
+
+
+def time_outside(worker: WorkerHandle, key: str, draw: Draw, check: Check, cfg: ClockConfig,
+                 out_bytes: int, seed: int) -> ClockResult:
+    """Warm up on fresh draws, then `cfg.runs` timed calls, each on a fresh draw, outputs checked in
+    batches. Negative i are the warm-up draws."""
+    rng = random.Random(seed)
+    for i in range(-cfg.warmup, 0):
+        worker.request("stage", key=key, inputs=draw(i))
+        worker.quick(INLINE_GO)
+    worker.request("kept", indices=[])
+    overhead = protocol_cost(worker)
+    raw, stage = [], []
+    checked: list[int] = []
+    failures: list[str] = []
+    size = batch_size(out_bytes, tensor_bytes(draw(0)), cfg)
+    for start in range(0, cfg.runs, size):
+        batch = list(range(start, min(start + size, cfg.runs)))
+        for i in batch:
+            inputs = draw(i)
+            t0 = time.perf_counter()
+            worker.request("stage", key=key, inputs=inputs)
+            stage.append((time.perf_counter() - t0) * 1e3)
+            raw.append(worker.quick(INLINE_GO) * 1e3)
+            del inputs
+        positions = pick(batch, cfg.checks_per_batch, rng)
+        answer = worker.request("kept", cap=4 * out_bytes * len(positions) + (8 << 20), indices=positions)
+        for pos, outs in zip(positions, answer.get("outputs_list") or []):
+            checked.append(batch[pos])
+            failures += [f"timed call {batch[pos]}: {f}" for f in check(batch[pos], outs)]
+        if not answer["ok"] or len(answer.get("outputs_list") or []) != len(positions):
+            failures.append(f"the outputs of timed calls {[batch[p] for p in positions]} were not returned")
+    net = [max(r - overhead * 1e3, 0.0) for r in raw]
+    return ClockResult(summarize(net), raw, stage, overhead * 1e3, checked, failures)
+
+
+class Gate:
+    """Timing must have the device to itself; everything else may share it. Evaluations that run side by
+    side (eval-suite --jobs) take `shared()` for imports, builds and correctness calls (so candidates
+    compile in parallel) and `exclusive()` for timing; a waiting timer goes before new sharers."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._sharers = 0
+        self._timing = False
+        self._waiting = 0
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._timing and not self._waiting)
+            self._sharers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._sharers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: not self._timing and not self._sharers)
+            self._waiting -= 1
+            self._timing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._timing = False
+                self._cond.notify_all()
+
+
+GATE = Gate()

@@ -1,0 +1,52 @@
+"""`eval-suite --ray`: the same records from Ray tasks as from a local run (a local Ray cluster, CPU)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kfuse.judge import sandbox
+from kfuse.judge.evaluate import EvalConfig
+from kfuse.judge.suite import load_run, run_suite
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'kfuse[ray]')")
+HERE = Path(__file__).parent
+CFG = EvalConfig(device="cpu", trials=1, seed=11, timeout_s=120, sandboxed=sandbox.unavailable() is None)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, object_store_memory=200 * 1024 * 1024, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def _folders(tmp_path: Path) -> tuple[Path, Path]:
+    refs, cands = tmp_path / "refs", tmp_path / "cands"
+    refs.mkdir()
+    cands.mkdir()
+    for name, cand in (("scale_relu", "honest_scale"), ("crash", "segfault"), ("missing", None)):
+        problem = "scale_relu" if name == "scale_relu" else "linear_relu"
+        shutil.copy(HERE / "problems" / f"{problem}.py", refs / f"{name}.py")
+        if cand:
+            shutil.copy(HERE / "candidates" / f"{cand}.py", cands / f"{name}.py")
+    return refs, cands
+
+
+def _comparable(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if k != "elapsed_s"}
+
+
+def test_ray_records_match_local_records(cluster, tmp_path):
+    refs, cands = _folders(tmp_path)
+    local = run_suite(refs, cands, CFG, tmp_path / "local.db")
+    remote = run_suite(refs, cands, CFG, tmp_path / "ray.db", ray_address="auto")
+    assert [r.problem for r in remote.records] == ["crash", "missing", "scale_relu"]
+    assert [_comparable(r.to_json()) for r in remote.records] == [_comparable(r.to_json()) for r in local.records]
+    assert remote.fast_p == local.fast_p and remote.fast_p["fast_0"] == pytest.approx(1 / 3)
+    _, rows = load_run(tmp_path / "ray.db")
+    assert [r["problem"] for r in rows] == ["crash", "missing", "scale_relu"]
+    assert "SIGSEGV" in rows[0]["error"] and rows[2]["correct"]

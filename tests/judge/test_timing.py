@@ -1,0 +1,71 @@
+"""Timing by the judge's clock (clock.py), exercised on the CPU (`time_on_cpu`): every timed call gets a
+fresh input, some timed outputs are checked after the fact, the worker's own timer decides nothing.
+CPU times say nothing about speed; what is tested is that the protocol sees through each cheat."""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from kfuse.judge import sandbox
+from kfuse.judge.clock import ClockConfig, batch_size, pick
+from kfuse.judge.evaluate import EvalConfig, evaluate
+
+HERE = Path(__file__).parent
+PROBLEM = HERE / "problems" / "scale_relu.py"
+TIMED = EvalConfig(device="cpu", trials=2, seed=99, timeout_s=180, perf_trials=30, warmup=2, time_on_cpu=True,
+                   compile_baseline=False, sandboxed=sandbox.unavailable() is None)
+NAMES = ("honest_scale", "timing_input_cache", "timing_phase", "timing_stale")
+
+
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory, monkeypatch_module):
+    monkeypatch_module.setenv("KFUSE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        recs = list(pool.map(lambda n: evaluate(PROBLEM, HERE / "candidates" / f"{n}.py", TIMED), NAMES))
+    return dict(zip(NAMES, recs))
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def test_honest_is_timed_with_every_check_passing(timed):
+    rec = timed["honest_scale"]
+    assert rec.correct and rec.flags == [], rec.flag_details
+    assert rec.runtime_ms is not None and rec.ref_runtime_ms is not None and rec.speedup_eager is not None
+    assert rec.timing["candidate"]["n"] == 30 and len(rec.timing["protocol"]["checked_calls"]) >= 2
+    assert 29 in rec.timing["protocol"]["checked_calls"]  # the last timed call is always checked
+
+
+def test_fast_only_on_repeated_inputs_is_timed_as_it_is(timed):
+    """Fresh inputs every timed call: the memo never hits, so it runs at its real speed."""
+    rec = timed["timing_input_cache"]
+    assert rec.correct, (rec.flag_details, rec.error)
+    assert rec.speedup_eager is not None and rec.speedup_eager < 5, rec.timing
+
+
+@pytest.mark.parametrize("name", ["timing_phase", "timing_stale"])
+def test_wrong_only_while_timed_is_caught(timed, name):
+    rec = timed[name]
+    assert not rec.correct and "timed_output_wrong" in rec.flags, rec.flag_details
+    assert "timed call" in rec.flag_details["timed_output_wrong"]
+    assert rec.runtime_ms is None and rec.speedup_eager is None
+
+
+def test_baseline_timing_is_cached(timed):
+    assert any(r.timing["eager"].get("cached") for r in timed.values())
+
+
+def test_batches_and_picks():
+    cfg = ClockConfig(runs=100, budget_bytes=1000)
+    assert batch_size(out_bytes=100, in_bytes=150, cfg=cfg) == 4
+    assert batch_size(out_bytes=10**9, in_bytes=0, cfg=cfg) == 1
+    chosen = pick(list(range(10, 20)), 3, random.Random(0))
+    assert 9 in chosen and len(chosen) in (3, 4) and all(0 <= c < 10 for c in chosen)
