@@ -4,6 +4,7 @@ time (each in its own worker process), and the tests read the records."""
 from __future__ import annotations
 
 import os
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pytest
 from kfuse.judge import sandbox
 from kfuse.judge.evaluate import EvalConfig, EvalRecord, evaluate
 
+# the judge's disk caches (baseline timings, compilation) stay inside this test session
+os.environ.setdefault("KFUSE_JUDGE_CACHE_DIR", tempfile.mkdtemp(prefix="kfuse-judge-cache-"))
 HERE = Path(__file__).parent
 PROBLEMS = HERE / "problems"
 CANDIDATES = HERE / "candidates"

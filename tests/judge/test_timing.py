@@ -23,7 +23,7 @@ NAMES = ("honest_scale", "timing_input_cache", "timing_phase", "timing_stale")
 
 @pytest.fixture(scope="module")
 def timed(tmp_path_factory, monkeypatch_module):
-    monkeypatch_module.setenv("KFUSE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch_module.setenv("KFUSE_JUDGE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     with ThreadPoolExecutor(max_workers=2) as pool:
         recs = list(pool.map(lambda n: evaluate(PROBLEM, HERE / "candidates" / f"{n}.py", TIMED), NAMES))
     return dict(zip(NAMES, recs))

@@ -1,10 +1,10 @@
 """The judge's disk cache: baseline timings (eager and torch.compile of the reference), so a suite times
-each problem's baselines once per machine, not once per candidate.
+each problem's baselines once per machine, not once per candidate; and per-file compilation caches.
 
 Entries are JSON, keyed by a hash of everything the number depends on: the problem file's bytes, the
 overrides and the shape, the GPU, torch/triton versions, the precision flags, the timing protocol's
 settings. The cache lives where candidates never reach (outside their sandbox), in
-$KFUSE_CACHE_DIR or ~/.cache/kfuse/judge.
+$KFUSE_JUDGE_CACHE_DIR, else $KFUSE_CACHE_DIR/judge, else ~/.cache/kfuse/judge.
 """
 
 from __future__ import annotations
@@ -20,7 +20,21 @@ import torch
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("KFUSE_CACHE_DIR") or Path.home() / ".cache" / "kfuse" / "judge")
+    if os.environ.get("KFUSE_JUDGE_CACHE_DIR"):
+        return Path(os.environ["KFUSE_JUDGE_CACHE_DIR"])
+    return Path(os.environ.get("KFUSE_CACHE_DIR") or Path.home() / ".cache" / "kfuse") / "judge"
+
+
+def compile_cache(source: bytes) -> Path | None:
+    """A folder for one file's compilation caches (Triton, load_inline, Inductor), named by the file's
+    hash: judging the same file again skips its compilation, and no other file ever shares it (a candidate
+    can only ever poison its own cache)."""
+    folder = cache_dir() / "compile" / hashlib.sha256(source).hexdigest()[:32]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return folder
 
 
 def machine() -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ WATCHED = (
     "torch.cuda.synchronize", "torch.cuda.current_stream", "torch.cuda.Stream", "torch.cuda.is_available",
     "time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic",
     "time.monotonic_ns", "time.process_time", "time.sleep",
+    # what counts the kernels that ran on the GPU
+    "torch.profiler.profile", "torch.profiler.profile.events", "torch.profiler.profile.__exit__",
     # the judge's own type checks
     "builtins.isinstance", "builtins.type", "builtins.getattr", "builtins.id", "math.isnan", "math.isfinite",
 )
@@ -343,6 +346,33 @@ def install_introspection_counter() -> None:
         setattr(gc, name, counted)
 
 
+# --- kernels that ran on the GPU (profiler records: CUPTI through kineto) ---------------------------------
+
+# Kernels that are not the candidate's own: torch's native kernels, vendor libraries (cuBLAS/cuBLASLt incl.
+# nvjet, CUTLASS inside them, cuDNN), copies and fills, and kernels torch.compile (Inductor) generates.
+LIBRARY_KERNEL = re.compile(
+    r"(^void at::|at::native|^at_|^void (cutlass|cublas|cudnn|gemv|gemmk|gemmSN|splitKreduce|dot_kernel|"
+    r"reduce_1Block|scal_kernel|axpy)|cublas|cudnn|cutlass|nvjet|xmma|^sm\d+_|^(ampere|volta|turing|hopper|"
+    r"maxwell)_|^Memcpy|^Memset|^memcpy|^memset|^triton_(poi|red|per|tem|mm|bmm)_|^void (cask|fft|cub)|"
+    r"^void c10|^elementwise_kernel|^vectorized_elementwise_kernel|^reduce_kernel)")
+
+
+def gpu_kernel_names(profiler: Any) -> list[str]:
+    """Names of the CUDA kernels the profiler recorded (one entry per launch)."""
+    names = []
+    for event in profiler.events():
+        if getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            names.append(str(event.name))
+    return names[:4096]
+
+
+def split_kernels(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the candidate's own kernels, library kernels): what LIBRARY_KERNEL does not match is custom --
+    Triton, load_inline CUDA, CuPy, raw PTX alike."""
+    custom = [n for n in names if not LIBRARY_KERNEL.search(n)]
+    return custom, [n for n in names if LIBRARY_KERNEL.search(n)]
+
+
 # --- the detector table (judge side) ------------------------------------------------------------------
 
 
@@ -366,11 +396,22 @@ class Evidence:
     timed_wrong: list[str] = field(default_factory=list)  # timed calls whose outputs failed the contract
     state: str = ""  # why Model's state_dict did not load into ModelNew
     poison_error: str = ""  # why the poisoned pass could not run
-    custom_launches: int = 0
+    custom_launches: int = 0  # Triton launches counted in the worker (the CPU's only count)
     custom_names: list[str] = field(default_factory=list)
+    gpu_custom: list[str] | None = None  # the candidate's own kernels in the profiler's records (GPU)
+    gpu_library: list[str] = field(default_factory=list)  # library kernels in those records
     calls: int = 0  # forward calls the launch count covers
     ref_aliases_input: bool = False  # the reference itself returns a view of an input
     ref_modifies_inputs: bool = False  # the reference itself writes into an input
+
+
+def _no_custom(e: Evidence) -> str | None:
+    if e.gpu_custom is not None:  # the GPU: what the profiler saw run decides
+        if e.gpu_custom:
+            return None
+        library = ", ".join(sorted(set(e.gpu_library))[:3]) or "none"
+        return f"0 kernels of its own on the GPU in a profiled forward (library kernels: {library})"
+    return f"0 Triton launches in {e.calls} forward calls" if e.calls and not e.custom_launches else None
 
 
 def _lines(items: Sequence[str]) -> str | None:
@@ -410,8 +451,8 @@ DETECTORS: tuple[Detector, ...] = (
              lambda e: _lines(e.timing)),
     Detector("timed_output_wrong", True, "wrong while being timed (fast only in the timing phase, stale after N calls)",
              lambda e: _lines(e.timed_wrong)),
-    Detector("no_custom_kernel", False, "launched no custom (Triton) kernel: plain torch ops did the work",
-             lambda e: f"0 Triton launches in {e.calls} forward calls" if e.calls and not e.custom_launches else None),
+    Detector("no_custom_kernel", False, "ran no kernel of its own: library and torch kernels did the work",
+             lambda e: _no_custom(e)),
     Detector("background_thread", False, "left threads running after forward returned", lambda e: _lines(e.threads)),
     Detector("state_dict_mismatch", False, "Model's state_dict does not load into ModelNew (built from the same seed)",
              lambda e: e.state or None),

@@ -59,6 +59,7 @@ class EvalConfig:
     compile_baseline: bool = True
     time_on_cpu: bool = False  # time by the judge's clock on the CPU too (tests of the protocol; not a speed)
     timed_checks: int = 2  # timed calls checked per batch, picked after they ran (and the batch's last)
+    compile_cache: bool = True  # keep each file's Triton/load_inline/Inductor cache (by its hash) across runs
     sandboxed: bool = True  # False only on the user's explicit --unsandboxed; the record says so
     limits: sandbox.Limits = sandbox.Limits()  # kernel limits on the worker (machine defaults where None)
 
@@ -94,10 +95,13 @@ class EvalRecord:
     speedup_compile: float | None = None
     timing: dict[str, Any] = field(default_factory=dict)
     triton_launches: int = 0
-    kernels: list[str] = field(default_factory=list)
+    kernels: list[str] = field(default_factory=list)  # the candidate's own kernels (GPU: from the profiler)
+    library_kernels: list[str] = field(default_factory=list)  # GPU: library/torch kernels the profiler saw
+    kernel_count_source: str = "triton_launches"  # "profiler" on the GPU
     notes: list[str] = field(default_factory=list)
     error: str | None = None
     elapsed_s: float = 0.0
+    phases_s: dict[str, float] = field(default_factory=dict)  # references, worker_start, import, checks, timing
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
@@ -253,11 +257,14 @@ def evaluate(ref_path: Path | str, cand_path: Path | str, cfg: EvalConfig) -> Ev
         started = time.monotonic()
         with GATE.shared():  # references run on the device: never while another candidate is timed
             planned = prepare(problem, seed, cfg, record)
+        _phase(record, "references", started)
         ctx = Context(cfg, seed, ref_copy, hashlib.sha256(ref_copy.read_bytes()).hexdigest())
         ev = cheats.Evidence()
         verdicts: list[Verdict] = []
         try:
+            t0 = time.monotonic()
             with _worker(ctx, cand_path) as worker:
+                _phase(record, "worker_start", t0)
                 _run(worker, planned, ctx, record, ev, verdicts)
         except WorkerFailure as err:
             record.error = clean_text(err, 4000)
@@ -283,7 +290,8 @@ class Context:
 def _worker(ctx: Context, path: Path) -> WorkerHandle:
     cfg = ctx.cfg
     return WorkerHandle(interpret=cfg.device == "cpu", timeout_s=cfg.timeout_s, candidate=path,
-                        isolated=cfg.sandboxed, gpu=cfg.device == "cuda", limits=cfg.limits)
+                        isolated=cfg.sandboxed, gpu=cfg.device == "cuda", limits=cfg.limits,
+                        compile_cache=cache.compile_cache(path.read_bytes()) if cfg.compile_cache else None)
 
 
 def answer_cap(ref: Reference) -> int:
@@ -295,23 +303,36 @@ def answer_cap(ref: Reference) -> int:
 def _run(worker: WorkerHandle, planned: Sequence[PlannedShape], ctx: Context, record: EvalRecord,
          ev: cheats.Evidence, verdicts: list[Verdict]) -> None:
     cfg = ctx.cfg
+    t0 = time.monotonic()
     loaded = worker.request("load", path=worker.candidate_path, device=cfg.device, precision=cfg.precision)
+    _phase(record, "import", t0)
     _absorb(ev, loaded.get("facts"))
     if not loaded["ok"]:
         record.error = loaded.get("error", "candidate failed to import")
         return
     record.compiled = True
+    t0 = time.monotonic()
     for plan in planned:
         with GATE.shared():
             if not _check_shape(worker, plan, cfg, record, ev, verdicts):
                 return
+    _phase(record, "checks", t0)
     main_ok = all(v.ok for v in verdicts if not v.shape)
     for v in verdicts:
         if v.shape and main_ok and not v.ok:
             ev.specialized.append(f"correct at the given sizes, wrong at {v.shape}")
     if ctx.timed and main_ok and record.error is None:  # a wrong answer's speed means nothing
+        t0 = time.monotonic()
         with GATE.exclusive():
+            _phase(record, "wait_for_device", t0)
+            t0 = time.monotonic()
             _time_all(worker, planned[0], ctx, record, ev)
+        _phase(record, "timing", t0)
+
+
+def _phase(record: "EvalRecord", name: str, since: float) -> None:
+    """Seconds spent in one phase of the evaluation (where a suite's time goes: docs/eval.md)."""
+    record.phases_s[name] = round(time.monotonic() - since, 3)
 
 
 def _check_shape(worker: WorkerHandle, plan: PlannedShape, cfg: EvalConfig, record: EvalRecord,
@@ -335,8 +356,12 @@ def _check_shape(worker: WorkerHandle, plan: PlannedShape, cfg: EvalConfig, reco
     first: list[torch.Tensor] | None = None
     for i, ref in enumerate(refs):
         ref.seed = shape.input_seeds[i]  # verdicts name the draw
+        t_call = time.monotonic()
         answer = worker.request("call", cap=answer_cap(ref), key=shape.label, seed=shape.model_seed,
-                                inputs=ref.inputs, late=(i == 0 and not shape.label))
+                                inputs=ref.inputs, late=(i == 0 and not shape.label),
+                                profile=(i == 1 or len(refs) == 1) and not shape.label)
+        if i == 0 and not shape.label:
+            record.phases_s["first_call"] = round(time.monotonic() - t_call, 3)  # Triton/JIT compile lands here
         outs = _judge_call(answer, ref, shape.label, dtype, tol, ev, verdicts, record)
         digests.append(output_digest(outs))
         if i == 0 and not shape.label:
@@ -469,6 +494,10 @@ def _time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: Ev
     record.runtime_ms = result.timing.median_ms if not result.failures else None
     if cfg.device == "cuda":
         _event_timing(worker, plan, cfg, record, ev)
+        events = record.timing.get("candidate_events") or {}
+        clock_ms, event_ms = result.timing.median_ms, events.get("median_ms")
+        if event_ms is not None and not result.failures and clock_ms - event_ms > max(EVENT_SLACK_MS, 3 * event_ms):
+            ev.timing.append(f"in-worker event time {event_ms:.3g} ms, judge's clock {clock_ms:.3g} ms per call")
     for name, compiled in (("eager", False), ("compile", True)):
         if compiled and not cfg.compile_baseline:
             record.timing[name] = timing_unavailable("torch.compile baseline not requested").to_json()
@@ -490,6 +519,7 @@ def _time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: Ev
 
 
 MIN_TIMED_RUNS = 30  # DESIGN.md: at least 30 timed runs
+EVENT_SLACK_MS = 0.1  # launch and sync overhead the events never see (tiny kernels are launch-bound)
 STAGE_SLACK_MS = 0.5  # staging noise (file, copy, L2 flush) tolerated before it counts as hidden work
 
 
@@ -554,6 +584,10 @@ def _absorb(ev: cheats.Evidence, facts: Mapping[str, Any] | None) -> None:
         getattr(ev, key).extend(facts.get(key) or [])
     ev.custom_launches += int(facts.get("launches") or 0)
     ev.custom_names = sorted(set(ev.custom_names) | set(facts.get("launch_names") or []))
+    if facts.get("gpu_kernels") is not None:
+        custom, library = cheats.split_kernels(facts["gpu_kernels"])
+        ev.gpu_custom = (ev.gpu_custom or []) + custom
+        ev.gpu_library += library
 
 
 def _conclude(record: EvalRecord, ev: cheats.Evidence, verdicts: Sequence[Verdict]) -> None:
@@ -561,7 +595,9 @@ def _conclude(record: EvalRecord, ev: cheats.Evidence, verdicts: Sequence[Verdic
     record.flags = list(found)
     record.flag_details = found
     record.triton_launches = ev.custom_launches
-    record.kernels = ev.custom_names
+    record.kernels = sorted(set(ev.gpu_custom)) if ev.gpu_custom is not None else ev.custom_names
+    record.library_kernels = sorted(set(ev.gpu_library))
+    record.kernel_count_source = "profiler" if ev.gpu_custom is not None else "triton_launches"
     if not record.timing:
         record.timing = {"candidate": timing_unavailable(
             "no CUDA device: timing needs a GPU" if record.device == "cpu" else "not measured").to_json()}

@@ -36,7 +36,7 @@ ANSWER_FLOOR_BYTES = 8 << 20  # load/build answers and small outputs
 MAX_ITEMS = 64  # per fact list, outputs, buffers
 MAX_TEXT = 400  # per fact line or error
 FACT_LISTS = ("replaced", "precision", "modes", "output_types", "aliases", "late_changes", "threads",
-              "introspection", "launch_names", "timing_replaced")
+              "introspection", "launch_names", "timing_replaced", "gpu_kernels")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
@@ -75,7 +75,10 @@ def _facts(v: Any) -> dict[str, Any]:
         items = v.get(key) or []
         if not isinstance(items, list):
             raise WorkerFailure(f"malformed answer from the worker: facts.{key} is not a list")
-        out[key] = [clean_text(x) for x in items[:MAX_ITEMS]]
+        limit = 4096 if key == "gpu_kernels" else MAX_ITEMS
+        out[key] = [clean_text(x) for x in items[:limit]]
+    if "gpu_kernels" not in v:
+        out["gpu_kernels"] = None  # not profiled (the CPU, or a call the judge did not profile)
     launches = v.get("launches", 0)
     if type(launches) is not int or launches < 0:
         raise WorkerFailure("malformed answer from the worker: facts.launches is not a count")
@@ -147,7 +150,8 @@ def tensor_bytes(tensors: Any) -> int:
 
 class WorkerHandle:
     def __init__(self, *, interpret: bool, timeout_s: float, candidate: Path, isolated: bool = True,
-                 gpu: bool = False, limits: sandbox.Limits = sandbox.Limits()) -> None:
+                 gpu: bool = False, limits: sandbox.Limits = sandbox.Limits(),
+                 compile_cache: Path | None = None) -> None:
         self.deadline = time.monotonic() + timeout_s
         self.timeout_s = timeout_s
         self.tmp = tempfile.TemporaryDirectory(prefix="kfuse-judge-")
@@ -164,7 +168,8 @@ class WorkerHandle:
         limits = sandbox.limits_for(timeout_s, limits)
         worker = [sys.executable, "-m", "kfuse.judge.worker", str(down_r), str(up_w)]
         if isolated:
-            box = sandbox.Sandbox(io_dir=self.io_dir, gpu=gpu, interpret=interpret, limits=limits)
+            box = sandbox.Sandbox(io_dir=self.io_dir, gpu=gpu, interpret=interpret, limits=limits,
+                                  compile_cache=compile_cache)
             self.cgroup = sandbox.pids_cgroup(limits.processes)
             command = sandbox.enter_cgroup_command(self.cgroup, sandbox.argv(box, worker))
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -175,6 +180,10 @@ class WorkerHandle:
             env = dict(os.environ)
             if interpret:
                 env["TRITON_INTERPRET"] = "1"  # CPU: Triton kernels run in the interpreter
+            if compile_cache is not None:
+                env.update({k: v.replace(sandbox.COMPILE_CACHE, str(compile_cache)) for k, v in
+                            sandbox.environment(sandbox.Sandbox(self.io_dir, False, False, limits)).items()
+                            if k.endswith(("CACHE_DIR", "EXTENSIONS_DIR"))})
             self.worker_io = str(self.io_dir)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(

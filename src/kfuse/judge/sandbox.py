@@ -30,6 +30,7 @@ import kfuse
 SANDBOX_UID = 65534  # "nobody" inside the user namespace
 IO_DIR = "/judge"  # the judge's request folder, read-only inside
 SCRATCH = "/tmp"  # the private tmpfs
+COMPILE_CACHE = "/tmp/cache"  # Triton, load_inline and Inductor caches: kept across runs of the same file
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 # Enough of /etc for the dynamic loader, user names and compilers (gcc/nvcc via /etc/alternatives).
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/passwd",
@@ -75,6 +76,7 @@ class Sandbox:
     gpu: bool
     interpret: bool
     limits: Limits  # filled in (limits_for)
+    compile_cache: Path | None = None  # host folder bound writable at COMPILE_CACHE (this file's own cache)
 
 
 # --- can it start here? --------------------------------------------------------------------------------
@@ -168,8 +170,8 @@ def environment(box: Sandbox) -> dict[str, str]:
         "PATH": f"{Path(sys.executable).parent}:/usr/local/cuda/bin:/usr/bin:/bin",
         "HOME": SCRATCH, "TMPDIR": SCRATCH, "USER": "judge", "LOGNAME": "judge", "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
-        "TRITON_CACHE_DIR": f"{SCRATCH}/triton", "TORCH_EXTENSIONS_DIR": f"{SCRATCH}/torch_extensions",
-        "TORCHINDUCTOR_CACHE_DIR": f"{SCRATCH}/inductor",
+        "TRITON_CACHE_DIR": f"{COMPILE_CACHE}/triton", "TORCH_EXTENSIONS_DIR": f"{COMPILE_CACHE}/torch_extensions",
+        "TORCHINDUCTOR_CACHE_DIR": f"{COMPILE_CACHE}/inductor",
     }
     env.update({k: os.environ[k] for k in PASSED_ENV if k in os.environ})
     if box.interpret:
@@ -191,6 +193,8 @@ def argv(box: Sandbox, command: Sequence[str]) -> list[str]:
         bwrap += ["--ro-bind", d, d]
     bwrap += ["--ro-bind", str(box.io_dir), IO_DIR, "--size", str(lim.scratch_bytes), "--tmpfs", SCRATCH,
               "--chdir", SCRATCH]
+    if box.compile_cache is not None:
+        bwrap += ["--bind", str(box.compile_cache), COMPILE_CACHE]
     if box.gpu:
         bwrap += ["--ro-bind", "/sys", "/sys"]  # cuInit needs /sys (error 304 without it)
         for node in gpu_devices():

@@ -36,6 +36,8 @@ from kfuse.verify import DTYPES, cast_inputs, flatten
 _real_perf_counter = time.perf_counter
 _real_sleep = time.sleep
 _real_sync = torch.cuda.synchronize
+_real_profile = torch.profiler.profile  # captured before the candidate is imported (and watched: cheats.WATCHED)
+_CUDA_ACTIVITY = torch.profiler.ProfilerActivity.CUDA
 _KFUSE_DIR = str(Path(timing.__file__).parent)  # frames from the judge itself are not the candidate's
 INLINE_GO, INLINE_NOP, INLINE_DONE, INLINE_FAILED = b"G", b"N", b"D", b"E"  # judge-clock messages
 LATE_WAIT_S = 0.2  # how long a deferred write (thread, side stream) gets before the second read
@@ -119,13 +121,18 @@ class Worker:
         launches_before = cheats.LAUNCHES.count
         cheats.INTROSPECTION.count = 0
         mode = cheats.PoisonEmpty() if req.get("poison") else nullcontext()
+        profiling = bool(req.get("profile")) and self.device == "cuda"
+        profiler = _real_profile(activities=[_CUDA_ACTIVITY]) if profiling else nullcontext()
         torch.manual_seed(req["seed"])
         cheats.INTROSPECTION.armed = True
         try:
-            with torch.no_grad(), mode:
+            with profiler, torch.no_grad(), mode:
                 out = model(*inputs)
+                if profiling:
+                    _real_sync()  # every kernel of this forward has finished before the profiler stops
         finally:
             cheats.INTROSPECTION.armed = False
+        gpu_kernels = cheats.gpu_kernel_names(profiler) if profiling else None
         outs = flatten(out)
         problems = cheats.output_problems(outs)
         # Read the result at once, on the current stream, as a caller would: no device-wide sync first.
@@ -143,6 +150,8 @@ class Worker:
             "launches": cheats.LAUNCHES.count - launches_before,
             "launch_names": sorted(cheats.LAUNCHES.names),
         }
+        if gpu_kernels is not None:
+            facts["gpu_kernels"] = gpu_kernels
         cheats.INTROSPECTION.names.clear()
         return {
             "ok": True,
