@@ -3,7 +3,9 @@ time (each in its own worker process), and the tests read the records."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,7 +16,9 @@ from kfuse.judge import sandbox
 from kfuse.judge.evaluate import EvalConfig, EvalRecord, evaluate
 
 # the judge's disk caches (baseline timings, compilation) stay inside this test session
-os.environ.setdefault("KFUSE_JUDGE_CACHE_DIR", tempfile.mkdtemp(prefix="kfuse-judge-cache-"))
+if "KFUSE_JUDGE_CACHE_DIR" not in os.environ:
+    os.environ["KFUSE_JUDGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kfuse-judge-cache-")
+    atexit.register(shutil.rmtree, os.environ["KFUSE_JUDGE_CACHE_DIR"], ignore_errors=True)
 HERE = Path(__file__).parent
 PROBLEMS = HERE / "problems"
 CANDIDATES = HERE / "candidates"

@@ -108,6 +108,24 @@ def test_each_record_is_committed_as_it_is_judged(tmp_path):
     assert not meta["finished"] and meta["fast_p"]["fast_0"] == 1.0
 
 
+def test_jobs_judge_side_by_side_with_the_same_records(tmp_path):
+    from kfuse.judge.evaluate import EvalConfig
+    from kfuse.judge.suite import load_run, run_suite
+
+    refs, cands = tmp_path / "refs", tmp_path / "cands"
+    refs.mkdir()
+    cands.mkdir()
+    for name, cand in (("a", "honest_scale"), ("b", "raises"), ("c", "honest_scale")):
+        shutil.copy(PROBLEMS / "scale_relu.py", refs / f"{name}.py")
+        shutil.copy(CANDIDATES / f"{cand}.py", cands / f"{name}.py")
+    cfg = EvalConfig(trials=1, seed=3, timeout_s=120, sandboxed=False)
+    result = run_suite(refs, cands, cfg, tmp_path / "k.db", jobs=3)
+    assert [r.problem for r in result.records] == ["a", "b", "c"]
+    assert [r.correct for r in result.records] == [True, False, True]
+    meta, rows = load_run(tmp_path / "k.db")
+    assert meta["finished"] and len(rows) == 3 and result.fast_p["fast_0"] == 2 / 3
+
+
 def test_suite_goes_on_after_a_crash(tmp_path):
     from kfuse.judge.evaluate import EvalConfig
     from kfuse.judge.report import draw_png

@@ -69,3 +69,39 @@ def test_batches_and_picks():
     assert batch_size(out_bytes=10**9, in_bytes=0, cfg=cfg) == 1
     chosen = pick(list(range(10, 20)), 3, random.Random(0))
     assert 9 in chosen and len(chosen) in (3, 4) and all(0 <= c < 10 for c in chosen)
+
+
+def test_gate_keeps_timing_alone():
+    """Timing waits for sharers to leave, and sharers wait while a timer waits or runs."""
+    import threading
+    import time
+
+    from kfuse.judge.clock import Gate
+
+    gate, events = Gate(), []
+    entered = threading.Event()
+
+    def sharer(name: str, hold: float) -> None:
+        with gate.shared():
+            events.append(f"{name} in")
+            entered.set()
+            time.sleep(hold)
+            events.append(f"{name} out")
+
+    def timer() -> None:
+        with gate.exclusive():
+            events.append("timer in")
+            time.sleep(0.05)
+            events.append("timer out")
+
+    first = threading.Thread(target=sharer, args=("a", 0.2))
+    first.start()
+    entered.wait()
+    t = threading.Thread(target=timer)
+    t.start()
+    time.sleep(0.05)
+    late = threading.Thread(target=sharer, args=("b", 0.0))
+    late.start()
+    for th in (first, t, late):
+        th.join()
+    assert events == ["a in", "a out", "timer in", "timer out", "b in", "b out"]

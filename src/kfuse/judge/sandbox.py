@@ -21,6 +21,7 @@ import shutil
 import site
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +36,8 @@ SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 # Enough of /etc for the dynamic loader, user names and compilers (gcc/nvcc via /etc/alternatives).
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/passwd",
              "/etc/group", "/etc/nsswitch.conf", "/etc/localtime")
-PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "TRITON_LIBCUDA_PATH", "TRITON_PTXAS_PATH",
+              "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 GIB = 1 << 30
 
 
@@ -56,7 +58,7 @@ class Limits:
     file_bytes: int = 512 << 20  # any one file, the worker's log included
     scratch_bytes: int = 4 * GIB  # the tmpfs at /tmp
     open_files: int = 4096
-    processes: int = 512
+    processes: int = 4096  # RLIMIT_NPROC also counts the user's other processes (outside: ucounts)
     cpu_s: int | None = None  # default: every core busy for the whole timeout, plus a minute
 
 
@@ -167,7 +169,7 @@ def gpu_devices() -> list[str]:
 def environment(box: Sandbox) -> dict[str, str]:
     """The worker's whole environment (bubblewrap clears the rest: no tokens, no paths of the judge's)."""
     env = {
-        "PATH": f"{Path(sys.executable).parent}:/usr/local/cuda/bin:/usr/bin:/bin",
+        "PATH": f"{Path(sys.executable).parent}:/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin",
         "HOME": SCRATCH, "TMPDIR": SCRATCH, "USER": "judge", "LOGNAME": "judge", "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
         "TRITON_CACHE_DIR": f"{COMPILE_CACHE}/triton", "TORCH_EXTENSIONS_DIR": f"{COMPILE_CACHE}/torch_extensions",
@@ -246,10 +248,19 @@ def enter_cgroup_command(group: Path | None, command: Sequence[str]) -> list[str
     return ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group), *command]
 
 
-def remove_cgroup(group: Path | None) -> None:
+def remove_cgroup(group: Path | None, wait_s: float = 2.0) -> None:
+    """Remove the group once its last process is gone (a pid namespace's processes are reaped a moment
+    after bubblewrap itself exits)."""
     if group is None:
         return
-    try:
-        group.rmdir()  # empty once bubblewrap's pid namespace is gone
-    except OSError:
-        pass
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
