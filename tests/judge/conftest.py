@@ -26,11 +26,13 @@ CANDIDATES = HERE / "candidates"
 # candidate -> problem it answers (default linear_relu)
 PROBLEM_OF = {name: "scale_relu" for name in (
     "honest_scale", "alias_input", "escape_judge_process", "escape_files", "escape_limits", "malformed_answer",
-    "huge_output", "markup_error", "timing_input_cache", "timing_phase", "timing_stale", "timing_forged_timer")} | {"honest_renamed_buffers": "batchnorm"}
+    "huge_output", "markup_error", "timing_input_cache", "timing_phase", "timing_stale", "timing_forged_timer")}
+PROBLEM_OF["honest_renamed_buffers"] = "batchnorm"
 # filled in by their tests (paths, ports, sizes), not judged as they are
 TEMPLATES = {"escape_files", "escape_limits", "rewrite_reference"}
-CPU_CANDIDATES = sorted(p.stem for p in CANDIDATES.glob("*.py") if not p.stem.endswith("_gpu") and p.stem not in TEMPLATES
-                        and not p.stem.startswith("timing_"))  # timing_*: test_timing.py
+# timing_* are judged with timing on (test_timing.py), *_gpu on the GPU only (test_gpu.py)
+CPU_CANDIDATES = sorted(p.stem for p in CANDIDATES.glob("*.py")
+                        if not p.stem.endswith("_gpu") and p.stem not in TEMPLATES and not p.stem.startswith("timing_"))
 # Where bubblewrap cannot start (no user namespaces), the cheat tests still run, unsandboxed, and the
 # sandbox's own tests are skipped with this reason.
 NO_SANDBOX = sandbox.unavailable()

@@ -105,3 +105,14 @@ def test_gate_keeps_timing_alone():
     for th in (first, t, late):
         th.join()
     assert events == ["a in", "a out", "timer in", "timer out", "b in", "b out"]
+
+
+def test_references_are_cached_by_file_shape_and_seeds(tmp_path, monkeypatch):
+    monkeypatch.setenv("KFUSE_JUDGE_CACHE_DIR", str(tmp_path))
+    cfg = EvalConfig(device="cpu", trials=2, seed=17, timeout_s=120, sandboxed=False)
+    first = evaluate(HERE / "problems" / "linear_relu.py", HERE / "candidates" / "honest.py", cfg).to_json()
+    assert len(list(tmp_path.glob("*.pt"))) == 3  # one entry per shape
+    second = evaluate(HERE / "problems" / "linear_relu.py", HERE / "candidates" / "honest.py", cfg).to_json()
+    drop = ("elapsed_s", "phases_s")
+    assert {k: v for k, v in first.items() if k not in drop} == {k: v for k, v in second.items() if k not in drop}
+    assert first["correct"]

@@ -28,7 +28,8 @@ def _num(v: Any, fmt: str) -> str:
 
 
 def records_table(meta: dict[str, Any], records: Sequence[dict[str, Any]]) -> Table:
-    table = Table(title=f"run {meta['id']}  {meta['started']}  {meta['device']} ({cell(meta['gpu'])})  {meta['precision']}  "
+    table = Table(title=f"run {meta['id']}  {meta['started']}  {meta['device']} ({cell(meta['gpu'])})  "
+                        f"{meta['precision']}  "
                         f"seed {meta['seed']}  torch {meta['torch']}  triton {meta['triton']}  "
                         f"commit {(meta['git_commit'] or '-')[:10]}")
     for col, justify in (("problem", "left"), ("compiled", "center"), ("correct", "center"), ("max abs err", "right"),

@@ -186,7 +186,8 @@ def start_run(db_path: Path, ref_dir: Path, cand_dir: Path, cfg: EvalConfig, see
     with connect(db_path) as con:
         cur = con.execute(
             "INSERT INTO runs (started, ref_dir, cand_dir, device, precision, gpu, torch, triton, python, git_commit,"
-            " seed, trials, perf_trials, n_problems, fast_p, config, finished) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0)",
+            " seed, trials, perf_trials, n_problems, fast_p, config, finished)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0)",
             (datetime.now(timezone.utc).isoformat(timespec="seconds"), str(ref_dir), str(cand_dir), cfg.device,
              cfg.precision, env["gpu"], env["torch"], env["triton"], env["python"], env["git_commit"], seed,
              cfg.trials, cfg.perf_trials, n_problems, None, json.dumps(config, default=str)))

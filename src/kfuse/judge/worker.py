@@ -7,7 +7,10 @@ sees a reference result: the judge keeps those in its own process.
 Order matters: the counters are installed and the real torch/time functions captured (`Baseline`)
 before the candidate is imported, so anything the candidate replaces is seen, reported and put back.
 Requests arrive as a file path on FD_IN (torch.save of a dict); answers go back on FD_OUT as torch.save
-bytes, which the judge loads with weights_only=True (plain data and tensors, no code).
+bytes, which the judge loads with weights_only=True (plain data and tensors, no code). The judge-clock
+exchanges (`go`, `nop`: clock.py) are one byte each way, so the judge's clock measures the call, not pickling.
+It runs inside the sandbox (sandbox.py) as whatever the judge started: it can be lied to and lie, so the
+judge trusts none of its reports for correctness or time.
 """
 
 from __future__ import annotations
@@ -181,7 +184,6 @@ class Worker:
     # --- timing by the judge's clock: stage (untimed), go (timed by the judge), kept (after the clock) ----
     def stage(self, req: dict[str, Any]) -> dict[str, Any]:
         """Put one fresh input set on the device and evict L2; nothing of the model runs."""
-        model = self.models[req["key"]]
         self.bare[req["key"]].load_state_dict(self.initial[req["key"]], strict=True)
         self.staged = (req["key"], cast_inputs(req["inputs"], self.device, self.dtype))
         if self.device == "cuda":
@@ -189,7 +191,6 @@ class Worker:
                 self.flush = torch.empty(timing.L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
             self.flush.zero_()
             _real_sync()
-        del model
         return {"ok": True}
 
     def go(self) -> None:
