@@ -218,7 +218,7 @@ def gemm_launch(kernel: str, args: str) -> str:
 KEPT = "saved_for_backward(z.reshape(*lead, N), ops, scheme, cfg)"
 SAVE_Z_DOC = "save_z: also return what backward keeps (z = x W^T + b and x's split: runtime.saved_for_backward)."
 
-LAUNCH_TAIL = ("BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SCHEME=scheme, "
+LAUNCH_TAIL = ("BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SCHEME=tile_scheme(scheme, cfg), "
                "SPLIT_A=cfg.split_a, EVEN_K=k_run % cfg.block_k == 0, K_SLICES=cfg.k_slices, num_warps=cfg.num_warps, "
                "num_stages=cfg.num_stages, **sm90_options(cfg, M, N, k_run, x.device)")
 

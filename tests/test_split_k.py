@@ -1,0 +1,47 @@
+"""Long-K GEMMs (K >= gemm_core.LONG_K) on the split schemes: K slices of fp32 partials, summed in float64.
+
+The interpreter emulates the fp16 products, so the slicing, the padded-K tail and the partials' layout are checked
+here at odd sizes against a float64 product; the speed and the contract at full size are the GPU's (bench).
+"""
+
+import pytest
+import torch
+
+from kfuse.kernels import runtime as rt
+from kfuse.kernels.gemm_core import LONG_K, GemmConfig, default_config, long_k_configs, sm90_configs, valid_configs
+
+
+@pytest.mark.parametrize("slices", [1, 3, 7])
+def test_partials_sum_to_the_product(slices):
+    torch.manual_seed(0)
+    M, N, K = 37, 70, 1000  # K not a multiple of 64: the zero-padded tail lands in the last slice
+    x, w = torch.randn(M, K), torch.randn(N, K)
+    cfg = GemmConfig(64, 128, 64, 8, 4, 3, split_a=False, k_slices=slices)
+    ops, k_run, (s_row, s_slice, s_col, _) = rt.gemm_operands(x, w, False, "fp16x3p", cfg, cached=False)
+    part = ops[0]
+    assert k_run == K and part.dtype == torch.float32 and part.stride() == (s_slice, s_row, s_col)
+    ref = x.double() @ w.double().T
+    fp32_err = ((x @ w.T).double() - ref).abs().max()
+    assert (part.double().sum(0) - ref).abs().max() <= 2 * fp32_err + 1e-6
+
+
+def test_kn_layout_and_cached_weight_give_the_same_partials():
+    torch.manual_seed(1)
+    x, w = torch.randn(5, 300), torch.randn(300, 9)  # x @ W with W (K, N)
+    cfg = GemmConfig(64, 128, 64, 8, 4, 3, split_a=False, k_slices=2)
+    a = rt.gemm_operands(x, w, True, "fp16x3p", cfg, cached=True)[0][0]
+    b = rt.gemm_operands(x, w, True, "fp16x3p", cfg, cached=False)[0][0]
+    assert torch.equal(a, b)
+
+
+def test_long_k_is_always_split_and_never_the_hopper_twin():
+    M, N, K = 256, 256, 524288
+    assert all(c.k_slices > 1 for c in valid_configs(M, N, K, "fp16x3p"))
+    assert default_config(M, N, K, "fp16x3p").k_slices > 1
+    assert sm90_configs(M, N, K, "fp16x3p") == []
+    assert long_k_configs(M, N, LONG_K - 1) == [] and not default_config(M, N, 8192, "fp16x3p").k_slices
+
+
+def test_tile_scheme_reads_partials_for_split_configs():
+    assert rt.tile_scheme("fp16x3p", GemmConfig(64, 128, 64, 8, 4, 3, split_a=False, k_slices=4)) == "fp64"
+    assert rt.tile_scheme("fp16x3p", GemmConfig(64, 128, 64, 8, 4, 3, split_a=False)) == "fp16x3p"
