@@ -660,8 +660,9 @@ class GemmConfig:
     persistent: bool = False  # one program per SM looping over tiles
     promote_k: int = 1024  # "fp16x3c": K stretch per fresh tensor-core partial (multiple of block_k)
     tma: bool = False  # "fp16x3p" with split_a=False: TMA tile loads (tensor descriptors; see ensure_tma_allocator)
-    # "fp64" only: k_slices = S >= 1 runs skinny.fp64_split_k_kernel first (S K slices, column tiles of
-    # split_block_n, K blocks of block_k) and the tile kernel (block_m x block_n) adds the S float64 partials
+    # k_slices = S >= 1: "fp64" runs skinny.fp64_split_k_kernel first (S K slices, column tiles of split_block_n,
+    # K blocks of block_k), the split schemes runtime.split_k_partials (one tile per slice, K >= LONG_K); then the
+    # tile kernel (block_m x block_n) adds the S partials in float64
     k_slices: int = 0
     split_block_n: int = 16
     # sm90: the region kernel's Hopper twin runs, its GEMM tile in Gluon (kernels/gemm_sm90.py: asynchronous wgmma,
@@ -689,6 +690,21 @@ class GemmConfig:
         return s
 
 
+LONG_K = 32768  # longer K: one tile's sequential fp32 sum over its K blocks is less accurate than cuBLAS's
+# split-K GEMM (KernelBench level 1 problem 6, 256 x 256 x 524288: 0.75 from float64 against eager's 0.27, rule 3
+# missed) and a few tiles leave the GPU idle; K is cut into slices summed in float64 (long_k_configs)
+
+
+def long_k_configs(M: int, N: int, K: int) -> list[GemmConfig]:
+    """Split-K configs of the split schemes for K >= LONG_K: S slices of about 4096-8192 of K, each a GEMM tile of
+    its own (runtime.split_k_partials: fp32 partials over one slice each), then the region's tile adds the S
+    partials in float64 in a fixed order (gemm_tile's K_SLICES) and runs its epilogue."""
+    if K < LONG_K:
+        return []
+    return [GemmConfig(bm, 128, 64, 8, warps, 3, split_a=False, k_slices=cdiv(K, step))
+            for step in (8192, 4096) for bm, warps in ((128, 8), (64, 4))]
+
+
 def valid_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
     """A small config space per scheme (each entry compiled and timed by benchmarks/gemm/explore.py).
     Shared memory per stage for the split schemes: (BM + BN) * BK * 4 bytes (hi + lo fp16 of A and B) -- the
@@ -699,6 +715,8 @@ def valid_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
     if scheme in ("ieee", "tf32x3"):
         return [GemmConfig(128, 128, 32, 8, 8, 3), GemmConfig(128, 64, 32, 8, 4, 4),
                 GemmConfig(64, 64, 32, 8, 4, 3), GemmConfig(128, 256, 32, 8, 8, 3)]
+    if scheme in SPLIT_SCHEMES and K >= LONG_K:
+        return long_k_configs(M, N, K)
     if scheme in ("fp16x3p", "fp16x3d"):
         small = [GemmConfig(128, 128, 64, 8, 8, 3, split_a=2), GemmConfig(64, 128, 64, 8, 4, 3, split_a=2)]
         return [GemmConfig(128, 128, 64, 8, 8, 3, split_a=False), GemmConfig(128, 128, 64, 16, 8, 3, split_a=False),
@@ -721,8 +739,8 @@ def sm90_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
     benchmarks/gemm/NOTES.md, session 14). H100: problem 12's GEMM kernel 0.55 ms (Triton tile 0.69), problem 39's
     2.44-2.59 ms (2.97). One block per tile, and persistent (a block per SM walks the tiles: regions/sm90_twin.py).
     Skipped where launches set the time."""
-    if scheme != "fp16x3p" or launch_bound(M, N, K):
-        return []
+    if scheme != "fp16x3p" or launch_bound(M, N, K) or K >= LONG_K:  # its cross products sum all of K in one
+        return []  # tensor-core accumulator
     return [GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, sm90=True, chunk=4),
             GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, persistent=True, sm90=True, chunk=4)]
 
@@ -775,6 +793,8 @@ def default_config(M: int, N: int, K: int, scheme: str) -> GemmConfig:
     small = M < 128 or N < 128
     if scheme == "fp64":
         return skinny_configs(M)[0]
+    if scheme in SPLIT_SCHEMES and K >= LONG_K:
+        return long_k_configs(M, N, K)[0]
     if scheme in ("ieee", "tf32x3"):
         return GemmConfig(64, 64, 32, 8, 4, 3) if small else GemmConfig(128, 128, 32, 8, 8, 3)
     if scheme in ("fp16x3p", "fp16x3d", "fp16x3c"):
