@@ -55,7 +55,7 @@ def test_judge_timing_agrees_with_in_process_timing():
 
 
 SCALE = HERE / "problems" / "scale_relu.py"
-BIG_SCALE = {"batch_size": 4096, "features": 8191}
+BIG_SCALE = {"batch_size": 8192, "features": 8191}  # 268 MB in, 268 MB out: ~0.2 ms on an H100
 BIG_LINEAR = {"batch_size": 4096, "in_features": 4096, "out_features": 4097}
 
 

@@ -493,7 +493,8 @@ def _time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: Ev
     timed by the judge's clock on the same fresh draws; the candidate's timed outputs checked. The
     candidate's own CUDA-event time is reported beside it (`timing.candidate_events`), deciding nothing."""
     cfg, shape = ctx.cfg, plan.shape
-    clock_cfg = ClockConfig(runs=max(cfg.perf_trials, MIN_TIMED_RUNS), warmup=cfg.warmup,
+    in_bytes = tensor_bytes(plan.refs[0].inputs)
+    clock_cfg = ClockConfig(runs=timed_runs(cfg.perf_trials, in_bytes), warmup=cfg.warmup,
                             checks_per_batch=cfg.timed_checks)
     device = cfg.device if cfg.device == "cuda" else None
 
@@ -541,6 +542,13 @@ def _time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: Ev
 
 
 MIN_TIMED_RUNS = 30  # DESIGN.md: at least 30 timed runs
+STAGED_BYTES = 4 << 30  # fresh inputs shipped per timed model: beyond this, fewer runs (never under 30)
+
+
+def timed_runs(perf_trials: int, in_bytes: int) -> int:
+    """`--perf-trials` timed calls, fewer where so many fresh inputs would take longer to ship than to time
+    (a 128 MB input: 32 calls), never fewer than 30."""
+    return max(MIN_TIMED_RUNS, min(perf_trials, STAGED_BYTES // max(in_bytes, 1)))
 EVENT_SLACK_MS = 0.1  # launch and sync overhead the events never see (tiny kernels are launch-bound)
 STAGE_SLACK_MS = 2.0  # staging noise (file, copy, L2 flush, a busy machine) not counted as hidden work
 
