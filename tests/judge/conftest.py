@@ -26,7 +26,8 @@ CANDIDATES = HERE / "candidates"
 # candidate -> problem it answers (default linear_relu)
 PROBLEM_OF = {name: "scale_relu" for name in (
     "honest_scale", "alias_input", "escape_judge_process", "escape_files", "escape_limits", "malformed_answer",
-    "huge_output", "markup_error", "timing_input_cache", "timing_phase", "timing_stale", "timing_forged_timer")}
+    "huge_output", "markup_error", "timing_input_cache", "timing_phase", "timing_stale", "timing_forged_timer",
+    "timing_precompute")}
 PROBLEM_OF["honest_renamed_buffers"] = "batchnorm"
 # filled in by their tests (paths, ports, sizes), not judged as they are
 TEMPLATES = {"escape_files", "escape_limits", "rewrite_reference"}

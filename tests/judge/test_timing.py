@@ -18,7 +18,7 @@ HERE = Path(__file__).parent
 PROBLEM = HERE / "problems" / "scale_relu.py"
 TIMED = EvalConfig(device="cpu", trials=2, seed=99, timeout_s=180, perf_trials=30, warmup=2, time_on_cpu=True,
                    compile_baseline=False, sandboxed=sandbox.unavailable() is None)
-NAMES = ("honest_scale", "timing_input_cache", "timing_phase", "timing_stale")
+NAMES = ("honest_scale", "timing_input_cache", "timing_phase", "timing_stale", "timing_precompute")
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +57,14 @@ def test_wrong_only_while_timed_is_caught(timed, name):
     assert not rec.correct and "timed_output_wrong" in rec.flags, rec.flag_details
     assert "timed call" in rec.flag_details["timed_output_wrong"]
     assert rec.runtime_ms is None and rec.speedup_eager is None
+
+
+def test_work_hidden_in_staging_is_flagged(timed):
+    """The candidate rewrote the worker's serving loop (its reports are forgeable), but the time it spends
+    while inputs are staged is on the judge's clock too."""
+    rec = timed["timing_precompute"]
+    assert not rec.correct and "timing_inconsistent" in rec.flags, (rec.flag_details, rec.timing)
+    assert "staging took" in rec.flag_details["timing_inconsistent"]
 
 
 def test_baseline_timing_is_cached(timed):
