@@ -224,22 +224,25 @@ def test_nothing_fused_gets_a_short_file_that_says_so(tmp_path):
     assert "Nothing here is fused" in source and "import triton" not in source and len(source.splitlines()) < 150
 
 
-MATMULS = {
-    "two inputs": ("a @ b", "torch.randn(batch_size, 70), torch.randn(70, 129)"),
-    "transposed": ("torch.matmul(a.T, b.t())", "torch.randn(70, batch_size), torch.randn(129, 70)"),
-    "strided": ("torch.mm(a[:, ::2], b)", "torch.randn(batch_size, 140), torch.randn(70, 129)"),
-    "3-d @ 2-d": ("torch.matmul(a, b).relu()", "torch.randn(batch_size, 3, 70), torch.randn(70, 33)"),
-    "4-d einsum": ('torch.einsum("bijl,lk->bijk", a, b)', "torch.randn(batch_size, 2, 3, 70), torch.randn(70, 33)"),
-    "bmm": ("torch.bmm(a, b) * 0.5", "torch.randn(batch_size, 7, 70), torch.randn(batch_size, 70, 33)"),
-    "4-d batched": ("a @ b.transpose(-2, -1)", "torch.randn(batch_size, 2, 9, 70), torch.randn(batch_size, 2, 11, 70)"),
-    "matrix-vector": ("torch.matmul(a, b)", "torch.randn(batch_size, 700), torch.randn(700, 1)"),
-    "vector": ("a @ b", "torch.randn(batch_size, 300), torch.randn(300)"),
+MATMULS = {  # (expression, inputs) with sizes K, N, N2 (the CPU test's 70, 129, 33; the GPU test's larger ones)
+    "two inputs": ("a @ b", "torch.randn(batch_size, {K}), torch.randn({K}, {N})"),
+    "transposed": ("torch.matmul(a.T, b.t())", "torch.randn({K}, batch_size), torch.randn({N}, {K})"),
+    "strided": ("torch.mm(a[:, ::2], b)", "torch.randn(batch_size, 2 * {K}), torch.randn({K}, {N})"),
+    "3-d @ 2-d": ("torch.matmul(a, b).relu()", "torch.randn(batch_size, 3, {K}), torch.randn({K}, {N2})"),
+    "4-d einsum": ('torch.einsum("bijl,lk->bijk", a, b)', "torch.randn(batch_size, 2, 3, {K}), torch.randn({K}, {N2})"),
+    "bmm": ("torch.bmm(a, b) * 0.5", "torch.randn(batch_size, 7, {K}), torch.randn(batch_size, {K}, {N2})"),
+    "4-d batched": ("a @ b.transpose(-2, -1)", "torch.randn(batch_size, 2, 9, {K}), torch.randn(batch_size, 2, 11, {K})"),
+    "matrix-vector": ("torch.matmul(a, b)", "torch.randn(batch_size, 10 * {K}), torch.randn(10 * {K}, 1)"),
+    "vector": ("a @ b", "torch.randn(batch_size, 4 * {K}), torch.randn(4 * {K})"),
 }
+CPU_SIZES = {"K": 70, "N": 129, "N2": 33}
+GPU_SIZES = {"K": 517, "N": 263, "N2": 131}
 
 
 @pytest.mark.parametrize("name", sorted(MATMULS))
 def test_bare_matmul_on_the_gemm(tmp_path, name):
     expr, inputs = MATMULS[name]
+    inputs = inputs.format(**CPU_SIZES)
     rep = verified(tmp_path, f'''
         class Model(nn.Module):
             def forward(self, a, b):
@@ -304,7 +307,7 @@ def test_bare_matmul_on_the_gpu(tmp_path, name):
 
         batch_size = 301
         def get_inputs():
-            return [{inputs.replace("70", "517").replace("129", "263").replace("33", "131")}]
+            return [{inputs.format(**GPU_SIZES)}]
         def get_init_inputs():
             return []
         '''))
