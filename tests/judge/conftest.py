@@ -29,8 +29,8 @@ PROBLEM_OF = {name: "scale_relu" for name in (
     "huge_output", "markup_error", "timing_input_cache", "timing_phase", "timing_stale", "timing_forged_timer",
     "timing_precompute")}
 PROBLEM_OF["honest_renamed_buffers"] = "batchnorm"
-# filled in by their tests (paths, ports, sizes), not judged as they are
-TEMPLATES = {"escape_files", "escape_limits", "rewrite_reference"}
+# judged by their own tests, with paths, ports, sizes or limits filled in
+TEMPLATES = {"escape_files", "escape_limits", "rewrite_reference", "escape_cpu"}
 # timing_* are judged with timing on (test_timing.py), *_gpu on the GPU only (test_gpu.py)
 CPU_CANDIDATES = sorted(p.stem for p in CANDIDATES.glob("*.py")
                         if not p.stem.endswith("_gpu") and p.stem not in TEMPLATES and not p.stem.startswith("timing_"))

@@ -119,6 +119,16 @@ def test_kernel_enforced_limits(tmp_path):
     assert rec.correct and rec.error is None, rec.error
 
 
+@needs_sandbox
+def test_cpu_time_is_limited_by_the_kernel():
+    """The judge's timeout is long; the kernel's CPU-time limit ends the spinning candidate first."""
+    limits = sandbox.Limits(cpu_s=8)
+    cfg = EvalConfig(**{**FAST.__dict__, "limits": limits, "timeout_s": 120})
+    rec = evaluate(PROBLEMS / "scale_relu.py", CANDIDATES / "escape_cpu.py", cfg)
+    assert not rec.compiled and "killed by SIGXCPU" in (rec.error or ""), rec.error
+    assert rec.elapsed_s < 60
+
+
 def test_reference_is_read_once_before_the_candidate_starts(tmp_path):
     """Unsandboxed (the sandbox would hide REF anyway): the rewrite lands, but on a file the judge no
     longer reads; the extra shapes still draw their own batch and the 16-row kernel fails there."""

@@ -182,8 +182,9 @@ def environment(box: Sandbox) -> dict[str, str]:
 
 
 def prlimit(lim: Limits) -> list[str]:
-    """The `prlimit` prefix that sets the limits on the command it starts (and so on all it starts)."""
-    return ["prlimit", f"--data={lim.memory_bytes}", f"--fsize={lim.file_bytes}", f"--cpu={lim.cpu_s}",
+    """The `prlimit` prefix that sets the limits on the command it starts (and so on all it starts). CPU
+    time: SIGXCPU at the limit (the record says so), SIGKILL 5 s later for a process that ignores it."""
+    return ["prlimit", f"--data={lim.memory_bytes}", f"--fsize={lim.file_bytes}", f"--cpu={lim.cpu_s}:{lim.cpu_s + 5}",
             f"--nofile={lim.open_files}", f"--nproc={lim.processes}", "--core=0", "--"]
 
 
