@@ -10,7 +10,8 @@ set -uo pipefail
 phase="${1:?phase: tests, make or suite}"; out="${2:?output folder}"
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 KFUSE_CACHE_DIR="$PWD/.kfuse-cache"
 export KFUSE_JUDGE_CACHE_DIR="$PWD/.kfuse-cache/judge" TORCHINDUCTOR_CACHE_DIR="$PWD/.kfuse-cache/inductor"
-[ -x "$PWD/.kfuse-cache/bwrap/bwrap" ] && export PATH="$PWD/.kfuse-cache/bwrap:$PATH"  # benchmarks/judge/vendor_bwrap.sh
+# a carried bubblewrap (benchmarks/judge/vendor_bwrap.sh) where the machine has none
+if ! command -v bwrap >/dev/null 2>&1 && [ -x "$PWD/out/bwrap/bwrap" ]; then export PATH="$PATH:$PWD/out/bwrap"; fi
 mkdir -p "$out" .kfuse-cache/judge-cands
 cands="$PWD/.kfuse-cache/judge-cands"
 refs="$PWD/.kfuse-cache/judge-refs"

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Copy this machine's bubblewrap and the libraries it links into .kfuse-cache/bwrap/, for a GPU machine that
-# has no bwrap and no network: carry .kfuse-cache/bwrap there; gpu_throughput.sh puts it on PATH.
+# Copy this machine's bubblewrap (and prlimit) with the libraries they link into out/bwrap/ (ignored by git),
+# for a GPU machine that has neither and no network: carry out/bwrap there; gpu_throughput.sh puts it on PATH.
 set -euo pipefail
-dest="$PWD/.kfuse-cache/bwrap"
+dest="$PWD/out/bwrap"
 mkdir -p "$dest/lib"
-real="$(command -v bwrap)"
-cp "$real" "$dest/bwrap.real"
-for lib in $(ldd "$real" | awk '/=> \// {print $3}'); do
-    case "$(basename "$lib")" in libc.so.*|ld-linux*) ;; *) cp "$lib" "$dest/lib/" ;; esac
+for tool in bwrap prlimit; do
+    real="$(command -v "$tool")"
+    cp "$real" "$dest/$tool.real"
+    for lib in $(ldd "$real" | awk '/=> \// {print $3}'); do
+        case "$(basename "$lib")" in libc.so.*|ld-linux*) ;; *) cp "$lib" "$dest/lib/" ;; esac
+    done
+    # the wrapper finds the libraries next to it, wherever the folder is carried
+    printf '#!/bin/sh\nd="$(dirname "$0")"\nLD_LIBRARY_PATH="$d/lib" exec "$d/%s.real" "$@"\n' "$tool" > "$dest/$tool"
+    chmod +x "$dest/$tool"
 done
-printf '#!/bin/sh\nLD_LIBRARY_PATH="%s/lib" exec "%s/bwrap.real" "$@"\n' "$dest" "$dest" > "$dest/bwrap"
-chmod +x "$dest/bwrap"
 echo "$dest: $(ls "$dest" "$dest/lib" | tr '\n' ' ')"
