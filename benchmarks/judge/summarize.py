@@ -35,7 +35,8 @@ def main() -> None:
     db = sys.argv[1]
     runs = list_runs(db, 2)[::-1]  # oldest first: cold, warm
     out = {"sandbox_unavailable": sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else None,
-           "command": "benchmarks/judge/gpu_throughput.sh suite OUT (eval-suite --jobs 4 --perf-trials 100)",
+           "command": "benchmarks/judge/gpu_throughput.sh {make,cold,warm} OUT "
+                      "(eval-suite --jobs 4 --seed 21 --perf-trials 100)",
            "runs": [summary(db, r) for r in runs]}
     print(json.dumps(out, indent=1))
 

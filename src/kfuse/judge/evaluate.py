@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from kfuse.errors import KfuseError, ProblemError
 from kfuse.judge import cheats
 from kfuse.judge import cache, sandbox
 from kfuse.judge.clock import GATE, ClockConfig, time_outside
+from kfuse.judge.worker import INLINE_GO
 from kfuse.judge.ipc import ANSWER_FLOOR_BYTES, WorkerFailure, WorkerHandle, clean_text, tensor_bytes
 from kfuse.load import Problem, load_problem
 from kfuse.timing import timing_unavailable
@@ -344,11 +346,16 @@ def _run(worker: WorkerHandle, planned: Sequence[PlannedShape], ctx: Context, re
             ev.specialized.append(f"correct at the given sizes, wrong at {v.shape}")
     if ctx.timed and main_ok and record.error is None:  # a wrong answer's speed means nothing
         t0 = time.monotonic()
-        with GATE.exclusive():
-            _phase(record, "wait_for_device", t0)
+        with ExitStack() as workers:
+            with GATE.shared():  # baseline workers start and compile (torch.compile) while others are timed
+                baselines = _open_baselines(planned[0], ctx, workers)
+            _phase(record, "baseline_start", t0)
             t0 = time.monotonic()
-            _time_all(worker, planned[0], ctx, record, ev)
-        _phase(record, "timing", t0)
+            with GATE.exclusive():
+                _phase(record, "wait_for_device", t0)
+                t0 = time.monotonic()
+                _time_all(worker, planned[0], ctx, record, ev, baselines)
+            _phase(record, "timing", t0)
 
 
 def _phase(record: "EvalRecord", name: str, since: float) -> None:
@@ -487,20 +494,74 @@ def reference_behaviour(pristine: torch.nn.Module, inputs: Sequence[torch.Tensor
     return bool(cheats.aliases(outs, xs)), any(not cheats.bitwise_equal(a, b) for a, b in zip(before, xs))
 
 
+def timed_draw(ctx: Context, shape: Shape, i: int) -> list[torch.Tensor]:
+    """Timed call i's fresh inputs (negative i: warm-up), on the CPU, from the judge's own seed."""
+    device = ctx.cfg.device if ctx.cfg.device == "cuda" else None
+    with _REFERENCE_LOCK:
+        return [t.cpu() for t in seeded_inputs(shape.problem, derive(ctx.seed, "timed", i), device=device)]
+
+
+def clock_config(ctx: Context, plan: PlannedShape) -> ClockConfig:
+    cfg = ctx.cfg
+    return ClockConfig(runs=timed_runs(cfg.perf_trials, tensor_bytes(plan.refs[0].inputs)), warmup=cfg.warmup,
+                       checks_per_batch=cfg.timed_checks)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A baseline to time: its cached (or failed) timing, or a live worker with Model built and warmed."""
+
+    key: str
+    known: dict[str, Any] | None = None
+    worker: WorkerHandle | None = None
+
+
+def _open_baselines(plan: PlannedShape, ctx: Context, workers: ExitStack) -> dict[str, Baseline]:
+    """Eager and torch.compile of Model, each from the cache or in its own sandboxed worker, built and
+    called once (torch.compile compiles there), ready to be timed."""
+    cfg, shape = ctx.cfg, plan.shape
+    clock_cfg = clock_config(ctx, plan)
+    state = {n: v.detach().to("cpu", copy=True) for n, v in plan.pristine.state_dict().items()}
+    out: dict[str, Baseline] = {}
+    for name, compiled in (("eager", False), ("compile", True)):
+        k = cache.key(kind="baseline", ref=ctx.ref_sha256, overrides=dict(cfg.overrides), shape=shape.label,
+                      compiled=compiled, device=cfg.device, precision=cfg.precision, runs=clock_cfg.runs,
+                      warmup=clock_cfg.warmup, sandboxed=cfg.sandboxed)
+        if compiled and not cfg.compile_baseline:
+            out[name] = Baseline(k, timing_unavailable("torch.compile baseline not requested").to_json())
+            continue
+        hit = cache.load(k)
+        if hit is not None:
+            out[name] = Baseline(k, {**hit, "cached": True})
+            continue
+        try:
+            worker = workers.enter_context(_worker(ctx, ctx.ref_copy))
+            loaded = worker.request("load", path=worker.candidate_path, device=cfg.device, precision=cfg.precision,
+                                    class_name="Model")
+            built = worker.request("build", key=shape.label, seed=shape.model_seed, compile=compiled,
+                                   init_inputs=shape.problem.init_inputs(), state=state) if loaded["ok"] else loaded
+            if not built["ok"]:
+                out[name] = Baseline(k, timing_unavailable(f"baseline failed: {built.get('error')}").to_json())
+                continue
+            worker.request("stage", key=shape.label, inputs=timed_draw(ctx, shape, -1000))
+            worker.quick(INLINE_GO)  # the first call: torch.compile compiles here, off the device lock
+            worker.request("kept", indices=[])
+            out[name] = Baseline(k, worker=worker)
+        except WorkerFailure as err:
+            out[name] = Baseline(k, timing_unavailable(f"baseline failed: {clean_text(err, 300)}").to_json())
+    return out
+
+
 def _time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: EvalRecord,
-              ev: cheats.Evidence) -> None:
+              ev: cheats.Evidence, baselines: Mapping[str, Baseline]) -> None:
     """The candidate and the baselines (eager and torch.compile of Model, each in its own sandboxed worker)
     timed by the judge's clock on the same fresh draws; the candidate's timed outputs checked. The
     candidate's own CUDA-event time is reported beside it (`timing.candidate_events`), deciding nothing."""
     cfg, shape = ctx.cfg, plan.shape
-    in_bytes = tensor_bytes(plan.refs[0].inputs)
-    clock_cfg = ClockConfig(runs=timed_runs(cfg.perf_trials, in_bytes), warmup=cfg.warmup,
-                            checks_per_batch=cfg.timed_checks)
-    device = cfg.device if cfg.device == "cuda" else None
+    clock_cfg = clock_config(ctx, plan)
 
     def draw(i: int) -> list[torch.Tensor]:
-        with _REFERENCE_LOCK:
-            return [t.cpu() for t in seeded_inputs(shape.problem, derive(ctx.seed, "timed", i), device=device)]
+        return timed_draw(ctx, shape, i)
 
     def check(i: int, outs: list[torch.Tensor]) -> list[str]:
         with _REFERENCE_LOCK:
@@ -521,11 +582,8 @@ def _time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: Ev
         clock_ms, event_ms = result.timing.median_ms, events.get("median_ms")
         if event_ms is not None and not result.failures and clock_ms - event_ms > max(EVENT_SLACK_MS, 3 * event_ms):
             ev.timing.append(f"in-worker event time {event_ms:.3g} ms, judge's clock {clock_ms:.3g} ms per call")
-    for name, compiled in (("eager", False), ("compile", True)):
-        if compiled and not cfg.compile_baseline:
-            record.timing[name] = timing_unavailable("torch.compile baseline not requested").to_json()
-            continue
-        base = _baseline(plan, ctx, draw, clock_cfg, out_bytes, compiled)
+    for name, baseline in baselines.items():
+        base = _time_baseline(baseline, shape, draw, clock_cfg, out_bytes)
         record.timing[name] = base
         if name == "eager" and base.get("stage_median_ms") is not None and result.stage_ms:
             # more than double the reference's staging, and more than the timed call itself: hidden work
@@ -578,32 +636,19 @@ def _event_timing(worker: WorkerHandle, plan: PlannedShape, cfg: EvalConfig, rec
         ev.timing.append(f"reported median {t['median_ms']:.3g} ms x {t['n']} runs > judge wall {judge_wall_ms:.3g} ms")
 
 
-def _baseline(plan: PlannedShape, ctx: Context, draw: Callable[[int], list[torch.Tensor]], clock_cfg: ClockConfig,
-              out_bytes: int, compiled: bool) -> dict[str, Any]:
-    """Model (eager, or torch.compile default) timed like the candidate, in its own sandboxed worker;
-    cached on disk by everything the number depends on (cache.py)."""
-    cfg, shape = ctx.cfg, plan.shape
-    k = cache.key(kind="baseline", ref=ctx.ref_sha256, overrides=dict(cfg.overrides), shape=shape.label,
-                  compiled=compiled, device=cfg.device, precision=cfg.precision, runs=clock_cfg.runs,
-                  warmup=clock_cfg.warmup, sandboxed=cfg.sandboxed)
-    hit = cache.load(k)
-    if hit is not None:
-        return {**hit, "cached": True}
-    state = {n: v.detach().to("cpu", copy=True) for n, v in plan.pristine.state_dict().items()}
+def _time_baseline(baseline: Baseline, shape: Shape, draw: Callable[[int], list[torch.Tensor]],
+                   clock_cfg: ClockConfig, out_bytes: int) -> dict[str, Any]:
+    """A baseline's timing: known already, or timed now like the candidate (its outputs unchecked: it is
+    the reference) and stored in the cache."""
+    if baseline.known is not None or baseline.worker is None:
+        return baseline.known or timing_unavailable("baseline not measured").to_json()
     try:
-        with _worker(ctx, ctx.ref_copy) as worker:
-            loaded = worker.request("load", path=worker.candidate_path, device=cfg.device, precision=cfg.precision,
-                                    class_name="Model")
-            built = worker.request("build", key=shape.label, seed=shape.model_seed, compile=compiled,
-                                   init_inputs=shape.problem.init_inputs(), state=state) if loaded["ok"] else loaded
-            if not built["ok"]:
-                return timing_unavailable(f"baseline failed: {built.get('error')}").to_json()
-            result = time_outside(worker, shape.label, draw, lambda i, outs: [], clock_cfg, out_bytes, 0)
+        result = time_outside(baseline.worker, shape.label, draw, lambda i, outs: [], clock_cfg, out_bytes, 0)
     except WorkerFailure as err:
         return timing_unavailable(f"baseline failed: {clean_text(err, 300)}").to_json()
     value = {**result.timing.to_json(), "stage_median_ms": _median(result.stage_ms),
              "overhead_ms": result.overhead_ms}
-    cache.store(k, value)
+    cache.store(baseline.key, value)
     return value
 
 
