@@ -316,3 +316,42 @@ def test_bare_matmul_on_the_gpu(tmp_path, name):
     result = optimize(prob, opts, workdir=tmp_path)
     rep = report(prob, opts, result, None)
     assert rep["correct"], rep["failures"]
+
+
+def test_torch_calls_run_in_strict_fp32(tmp_path):
+    """cuDNN's TF32 (on by default) would put a kept convolution 1e-3 from float64: ModelNew turns it off around
+    its torch calls, and restores the user's flags after."""
+    path = tmp_path / "p.py"
+    path.write_text(HEADER + textwrap.dedent('''
+        SEEN = []
+
+        class Probe(nn.Module):
+            def forward(self, x):
+                if x.sum() > -1e30:  # data-dependent: kept whole, a torch call
+                    SEEN.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
+                return x
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin, self.probe = nn.Linear(8, 8), Probe()
+            def forward(self, x):
+                return self.probe(torch.relu(self.lin(x)))
+        def get_inputs():
+            return [torch.randn(4, 8)]
+        def get_init_inputs():
+            return []
+        '''))
+    prob = load_problem(path)
+    result = optimize(prob, Options(device="cpu", trials=1), workdir=tmp_path)
+    from kfuse.optimize import load_module
+
+    module = load_module(result.candidate_path)
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        module.ModelNew()(torch.randn(4, 8))
+        assert module.SEEN[-1] == (False, False)
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before

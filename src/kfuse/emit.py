@@ -88,7 +88,21 @@ def _split_future(source: str) -> tuple[list[str], str]:
     return future, rest
 
 
-def forward_method(name: str, g: Graph, codes: Sequence[RegionCode], params: Sequence[str]) -> list[str]:
+STRICT_FP32 = '''@contextlib.contextmanager
+def strict_fp32():
+    """Torch calls kept as written run in fp32, as the accuracy contract's eager reference does: cuDNN's
+    convolutions (and matmuls, where a user turned it on) would otherwise run in TF32, 1e-3 away from float64."""
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags'''
+
+
+def forward_method(name: str, g: Graph, codes: Sequence[RegionCode], params: Sequence[str],
+                   strict: bool = False) -> list[str]:
+    """The method `name` running the regions' forward lines; `strict`: inside strict_fp32 (torch calls left)."""
     body = [ln for code in codes for ln in code.forward]
     outs = ", ".join(g.outputs)
     if g.output_structure == "single":
@@ -99,7 +113,10 @@ def forward_method(name: str, g: Graph, codes: Sequence[RegionCode], params: Seq
         ret = f"({outs},)" if len(g.outputs) == 1 else f"({outs})"
     else:
         ret = g.output_structure
-    return [f"    def {name}(self, {', '.join(params)}):"] + [f"        {ln}" for ln in body] + [f"        return {ret}", ""]
+    lines = [*body, f"return {ret}"]
+    if strict:
+        lines = ["with strict_fp32():", *[f"    {ln}" for ln in lines]]
+    return [f"    def {name}(self, {', '.join(params)}):"] + [f"        {ln}" for ln in lines] + [""]
 
 
 def _call(method: str, params: Sequence[str], graphed: bool) -> str:
@@ -118,16 +135,16 @@ def forward_source(forwards: Sequence[tuple[Variant, list[RegionCode]]], params:
     if len(forwards) == 1:
         (v, codes), = forwards
         if not fully_fused(v):
-            return "\n".join(forward_method("forward", v.graph, codes, params)).rstrip("\n") + "\n"
+            return "\n".join(forward_method("forward", v.graph, codes, params, bool(v.unfused))).rstrip("\n") + "\n"
         lines = [f"    def forward(self, {args}):", f"        {_call('fused_forward', params, True)}", ""]
-        return "\n".join(lines + forward_method("fused_forward", v.graph, codes, params)).rstrip("\n") + "\n"
+        return "\n".join(lines + forward_method("fused_forward", v.graph, codes, params, bool(v.unfused))).rstrip("\n") + "\n"
     flags = " or ".join(guards(next(v for v, _ in forwards if v.mode == "train").graph))
     lines = [f"    def forward(self, {args}):",
              f"        if {flags}:  # Dropout in training mode: torch draws its mask, the forward keeps it a torch call",
              f"            {_call('forward_train', params, False)}",
              f"        {_call('forward_eval', params, fully_fused(next(v for v, _ in forwards if v.mode == 'eval')))}", ""]
     for v, codes in forwards:
-        lines += forward_method(f"forward_{v.mode}", v.graph, codes, params)
+        lines += forward_method(f"forward_{v.mode}", v.graph, codes, params, bool(v.unfused))
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -161,9 +178,10 @@ IMPORTS = ("import dataclasses\nimport os\nimport time\nimport weakref\nfrom col
 CALL_MODULES = ("builtins", "math", "operator")  # torch calls kept as written may name these (`operator.floordiv`)
 
 
-def _imports(forward_lines: Sequence[str]) -> str:
+def _imports(forward_lines: Sequence[str], strict: bool) -> str:
+    """The file's imports: what the kept torch calls name, contextlib for strict_fp32, and the fixed ones."""
     used = [m for m in CALL_MODULES if any(re.search(rf"\b{m}\.", ln) for ln in forward_lines)]
-    return "".join(f"import {m}\n" for m in used) + IMPORTS
+    return "".join(f"import {m}\n" for m in sorted([*used, *(["contextlib"] if strict else [])])) + IMPORTS
 TRITON_IMPORTS = ("if not torch.cuda.is_available():\n"
                   "    os.environ.setdefault(\"TRITON_INTERPRET\", \"1\")  # no GPU: Triton's interpreter runs the kernels\n"
                   "import triton  # noqa: E402\nimport triton.language as tl  # noqa: E402")
@@ -221,10 +239,12 @@ def emit(problem_source: str, problem_name: str, variants: Sequence[Variant], sc
     future, original = _split_future(problem_source)
     parts = [
         "\n".join([*future, *_header(problem_name, variants, fused)]),
-        _imports([ln for _, codes in forwards for c in codes for ln in c.forward]) + (
+        _imports([ln for _, codes in forwards for c in codes for ln in c.forward], any(v.unfused for v in variants)) + (
             "\n\n" + TRITON_IMPORTS if fused else ""),
         "# ---------------- the original problem, unchanged ----------------\n" + original.strip("\n"),
     ]
+    if any(v.unfused for v in variants):
+        parts.append(STRICT_FP32)
     if fused:
         parts += _library(regions, variants, scheme)
         parts.append("# ---------------- fused regions ----------------")
@@ -249,10 +269,14 @@ def emit_original(problem_source: str, problem_name: str, reason: str) -> str:
               "# Nothing here is fused: ModelNew runs Model.forward unchanged, because",
               f"#   {reason}"]
     return "\n\n\n".join([
-        "\n".join(header), IMPORTS,
+        "\n".join(header), _imports([], True),
         "# ---------------- the original problem, unchanged ----------------\n" + original.strip("\n"),
+        STRICT_FP32,
         "class ModelNew(Model):\n"
-        f'    """Model itself (kfuse runs its forward unchanged): same constructor, parameters and buffers."""',
+        f'    """Model itself (kfuse runs its forward unchanged): same constructor, parameters and buffers."""\n\n'
+        "    def forward(self, *args, **kwargs):\n"
+        "        with strict_fp32():\n"
+        "            return super().forward(*args, **kwargs)",
     ]) + "\n"
 
 
