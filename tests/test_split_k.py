@@ -45,3 +45,17 @@ def test_long_k_is_always_split_and_never_the_hopper_twin():
 def test_tile_scheme_reads_partials_for_split_configs():
     assert rt.tile_scheme("fp16x3p", GemmConfig(64, 128, 64, 8, 4, 3, split_a=False, k_slices=4)) == "fp64"
     assert rt.tile_scheme("fp16x3p", GemmConfig(64, 128, 64, 8, 4, 3, split_a=False)) == "fp16x3p"
+
+
+@pytest.mark.parametrize("rows, cols", [(5, 20000), (3, 40001)])
+def test_long_rows_split_in_chunks_give_the_same_bits(rows, cols, monkeypatch):
+    """Rows past LONG_ROW are split by (row, chunk) programs: the same parts and scales as one program a row."""
+    from kfuse.kernels import gemm_core
+
+    torch.manual_seed(2)
+    x = torch.randn(rows, cols) * torch.logspace(-3, 3, rows)[:, None]
+    x[0, 7] = 1e6
+    chunked = (*gemm_core.split_x(x), gemm_core.row_scales(x))
+    monkeypatch.setattr(gemm_core, "LONG_ROW", 10 ** 9)
+    whole = (*gemm_core.split_x(x), gemm_core.row_scales(x))
+    assert all(torch.equal(a, b) for a, b in zip(chunked, whole))

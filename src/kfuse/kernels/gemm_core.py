@@ -111,6 +111,12 @@ def _pow2_scale(amax):
     return (field << 23).to(tl.float32, bitcast=True)
 
 
+def _pow2_scale_torch(amax: torch.Tensor) -> torch.Tensor:
+    """_pow2_scale on a float32 tensor, in torch: the same bits."""
+    e = (amax.contiguous().view(torch.int32) >> 23) & 0xFF
+    return (((127 + 14 + 127 - e).clamp(2, 252)) << 23).to(torch.int32).view(torch.float32)
+
+
 @triton.jit
 def _pow2_inv(s):
     """1/s for a power of two s made by _pow2_scale (exact, no division)."""
@@ -156,6 +162,33 @@ def split_rows_kernel(x_ptr, parts_ptr, scale_ptr, C, CP, stride_xr, stride_xc,
                 tl.store(prow + CP + c0 + offs, lo, mask=c0 + offs < CP)
 
 
+@triton.jit
+def split_chunks_kernel(x_ptr, parts_ptr, scale_ptr, cmax_ptr, C, CP, NCHUNK, stride_xr, stride_xc,
+                        BLOCK_C: tl.constexpr, NCHUNK_P2: tl.constexpr, PASS: tl.constexpr):
+    """split_rows_kernel for long rows, a program per (row, BLOCK_C chunk): PASS 0 writes each chunk's max |x| to
+    cmax (R, NCHUNK); PASS 1 takes the row's scale from its chunks' maxima and writes the chunk's hi and lo (and
+    chunk 0 the scale). A row per program would leave a few programs streaming megabytes each (KernelBench level 1
+    problem 6: 256 rows of 524288)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = chunk * BLOCK_C + tl.arange(0, BLOCK_C)
+    v = tl.load(x_ptr + row * stride_xr + offs.to(tl.int64) * stride_xc, mask=offs < C, other=0.0)
+    if PASS == 0:
+        tl.store(cmax_ptr + row * NCHUNK + chunk, tl.max(tl.abs(v), axis=0))
+    else:
+        c = tl.arange(0, NCHUNK_P2)
+        s = _pow2_scale(tl.max(tl.load(cmax_ptr + row * NCHUNK + c, mask=c < NCHUNK, other=0.0), axis=0))
+        if chunk == 0:
+            tl.store(scale_ptr + row, s)
+        vs = v * s
+        hi = vs.to(tl.float16)
+        lo = (vs - hi.to(tl.float32)).to(tl.float16)
+        prow = parts_ptr + row * 2 * CP
+        tl.store(prow + offs, hi, mask=offs < CP)
+        tl.store(prow + CP + offs, lo, mask=offs < CP)
+
+
+LONG_ROW = 16384  # rows past this many padded columns are split in chunks (split_chunks_kernel)
 PAD_K = 64  # the largest BLOCK_K of any config: split parts' rows are zero-padded to a multiple of it
 # K stretch of one power of two in a block-scaled A operand (gemm_tile's A_BLOCKS): one K block of the largest config
 SCALE_BLOCK_K: tl.constexpr = tl.constexpr(PAD_K)
@@ -174,10 +207,20 @@ def _split_launch(x: torch.Tensor, write_parts: bool):
     CP = padded_k(C)
     scale = torch.empty(R, device=x.device, dtype=torch.float32)
     parts = torch.empty(R, 2 * CP, device=x.device, dtype=torch.float16) if write_parts else scale
-    block_c = min(triton.next_power_of_2(max(CP, 16)), 16384)
-    num_warps = 8 if block_c >= 4096 else 4
-    split_rows_kernel[(R,)](x, parts, scale, C, CP, x.stride(0), x.stride(1),
-                            BLOCK_C=block_c, WRITE_PARTS=write_parts, num_warps=num_warps)
+    if CP > LONG_ROW:
+        block_c, nchunk = 4096, cdiv(CP, 4096)
+        cmax = torch.empty(R, nchunk, device=x.device, dtype=torch.float32)
+        for pass_ in (0, 1) if write_parts else (0,):
+            split_chunks_kernel[(R, nchunk)](x, parts, scale, cmax, C, CP, nchunk, x.stride(0), x.stride(1),
+                                             BLOCK_C=block_c, NCHUNK_P2=triton.next_power_of_2(nchunk), PASS=pass_,
+                                             num_warps=8)
+        if not write_parts:
+            scale = _pow2_scale_torch(cmax.amax(1))
+    else:
+        block_c = min(triton.next_power_of_2(max(CP, 16)), 16384)
+        num_warps = 8 if block_c >= 4096 else 4
+        split_rows_kernel[(R,)](x, parts, scale, C, CP, x.stride(0), x.stride(1),
+                                BLOCK_C=block_c, WRITE_PARTS=write_parts, num_warps=num_warps)
     if write_parts:  # (R, C) views; each row runs on in memory with zeros up to CP (padded_k)
         return parts[:, :C], parts[:, CP:CP + C], scale
     return None, None, scale
