@@ -223,6 +223,7 @@ def pids_cgroup(processes: int) -> Path | None:
         elif controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
             parents.append(Path("/sys/fs/cgroup") / rel.lstrip("/"))
     for parent in parents:
+        _remove_stale(parent)
         group = parent / f"kfuse-judge-{os.getpid()}-{os.urandom(4).hex()}"
         try:
             group.mkdir()
@@ -234,6 +235,19 @@ def pids_cgroup(processes: int) -> Path | None:
             except OSError:
                 pass
     return None
+
+
+def _remove_stale(parent: Path) -> None:
+    """Empty groups left by judges that were killed before they could remove their own."""
+    try:
+        stale = [g for g in parent.glob("kfuse-judge-*-*") if not Path(f"/proc/{g.name.split('-')[2]}").exists()]
+    except OSError:
+        return
+    for group in stale:
+        try:
+            group.rmdir()
+        except OSError:
+            pass  # still has processes, or not ours to remove
 
 
 def pids_cgroup_possible() -> bool:
