@@ -6,7 +6,8 @@
 #                                                  it again if it stops at its time budget)
 #   benchmarks/judge/gpu_throughput.sh cold OUT    eval-suite --jobs 4 with the judge's caches emptied first
 #   benchmarks/judge/gpu_throughput.sh warm OUT    eval-suite again (baselines and references cached), then
-#                                                  OUT/throughput.json over both runs (same OUT for both)
+#                                                  OUT/throughput.json over both runs
+# OUT may be a fresh folder each call: the suite database lives in .kfuse-cache/ and is copied to OUT.
 # Candidates and the judge's caches live in .kfuse-cache/ (ignored by git), so `suite` reuses what `make` made.
 # Where bubblewrap cannot start on the machine, the runs pass --unsandboxed and the JSON says why.
 set -uo pipefail
@@ -17,6 +18,7 @@ export KFUSE_JUDGE_CACHE_DIR="$PWD/.kfuse-cache/judge" TORCHINDUCTOR_CACHE_DIR="
 if ! command -v bwrap >/dev/null 2>&1 && [ -x "$PWD/out/bwrap/bwrap" ]; then export PATH="$PATH:$PWD/out/bwrap"; fi
 mkdir -p "$out" .kfuse-cache/judge-cands
 cands="$PWD/.kfuse-cache/judge-cands"
+db="$PWD/.kfuse-cache/judge-suite.db"
 refs="$PWD/.kfuse-cache/judge-refs"
 {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -44,13 +46,14 @@ make)
     echo "$(ls "$cands" | wc -l) candidates"
     ;;
 cold|warm)
-    [ "$phase" = cold ] && rm -rf "$KFUSE_JUDGE_CACHE_DIR"
+    [ "$phase" = cold ] && rm -rf "$KFUSE_JUDGE_CACHE_DIR" "$db"
     start=$(date +%s.%N)
     # each record is committed as judged: a run cut short by the timeout still counts what it judged
-    timeout 540 python3 -m kfuse eval-suite "$refs" "$cands" --device cuda --db "$out/suite.db" --jobs 4 \
+    timeout 540 python3 -m kfuse eval-suite "$refs" "$cands" --device cuda --db "$db" --jobs 4 \
         --seed 21 --perf-trials 100 $flag > "$out/suite-$phase.log" 2>&1
     echo "$phase: exit $? in $(python3 -c "import time; print(round(time.time() - $start, 1))") s"
-    python3 benchmarks/judge/summarize.py "$out/suite.db" "$why" > "$out/throughput.json"
+    cp "$db" "$out/suite.db"
+    python3 benchmarks/judge/summarize.py "$db" "$why" > "$out/throughput.json"
     python3 -c "import json; d = json.load(open('$out/throughput.json')); [print({k: r[k] for k in ('run', 'candidates', 'correct', 'median_beyond_compile_s', 'median_elapsed_s')}) for r in d['runs']]"
     ;;
 *) echo "unknown phase $phase"; exit 2 ;;
