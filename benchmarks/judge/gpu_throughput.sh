@@ -8,14 +8,14 @@
 #   benchmarks/judge/gpu_throughput.sh warm OUT    eval-suite again (baselines and references cached), then
 #                                                  OUT/throughput.json over both runs
 # OUT may be a fresh folder each call: the suite database lives in .kfuse-cache/ and is copied to OUT.
-# Candidates and the judge's caches live in .kfuse-cache/ (ignored by git), so `suite` reuses what `make` made.
+# Candidates and the judge's caches live in .kfuse-cache/ (ignored by git), so `cold` and `warm` judge what `make` made.
 # Where bubblewrap cannot start on the machine, the runs pass --unsandboxed and the JSON says why.
 set -uo pipefail
-phase="${1:?phase: tests, make or suite}"; out="${2:?output folder}"
+phase="${1:?phase: tests, make, cold or warm}"; out="${2:?output folder}"
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 KFUSE_CACHE_DIR="$PWD/.kfuse-cache"
 export KFUSE_JUDGE_CACHE_DIR="$PWD/.kfuse-cache/judge" TORCHINDUCTOR_CACHE_DIR="$PWD/.kfuse-cache/inductor"
 # a carried bubblewrap (benchmarks/judge/vendor_bwrap.sh) where the machine has none
-if ! command -v bwrap >/dev/null 2>&1 && [ -x "$PWD/out/bwrap/bwrap" ]; then export PATH="$PATH:$PWD/out/bwrap"; fi
+if { ! command -v bwrap || ! command -v prlimit; } >/dev/null 2>&1 && [ -x "$PWD/out/bwrap/bwrap" ]; then export PATH="$PATH:$PWD/out/bwrap"; fi
 mkdir -p "$out" .kfuse-cache/judge-cands
 cands="$PWD/.kfuse-cache/judge-cands"
 db="$PWD/.kfuse-cache/judge-suite.db"
