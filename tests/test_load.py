@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +98,73 @@ def test_cli_constructor_error_one_line(tmp_path):
     path = write_problem(tmp_path, "raise ValueError('bad size')", "return x")
     res = run_kfuse("optimize", str(path), "--device", "cpu")
     assert res.returncode == 2 and "raised ValueError: bad size" in res.stderr and "Traceback" not in res.stderr
+
+
+TUPLES = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, layer_sizes, kernel_size):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip([width, *layer_sizes], layer_sizes))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+height, width = 128, 128
+a = b = 3
+(c, [d, e]) = 1, (2, 3)
+layer_sizes = [64, 32]
+kernel_size = (3, 5)
+area = height * width
+
+
+def get_inputs():
+    return [torch.rand(height, width)]
+
+
+def get_init_inputs():
+    return [layer_sizes, kernel_size]
+'''
+
+
+def test_set_reaches_tuple_and_chained_assignments(tmp_path):
+    path = tmp_path / "tuples.py"
+    path.write_text(TUPLES)
+    prob = load_problem(path, {"height": 4, "width": 6, "a": 5, "e": 9})
+    consts = prob.constants()
+    assert (consts["height"], consts["width"], consts["area"]) == (4, 6, 24)  # derived constants follow
+    assert (consts["a"], consts["b"], consts["c"], consts["d"], consts["e"]) == (5, 3, 1, 2, 9)
+    assert prob.inputs()[0].shape == (4, 6)
+
+
+def test_set_takes_lists_and_tuples(tmp_path):
+    path = tmp_path / "tuples.py"
+    path.write_text(TUPLES)
+    overrides = parse_set(["layer_sizes=[48, 40]", "kernel_size=(3,7)", "width=10"])
+    assert overrides == {"layer_sizes": [48, 40], "kernel_size": (3, 7), "width": 10}
+    prob = load_problem(path, overrides)
+    model = prob.build()
+    assert [layer.out_features for layer in model.layers] == [48, 40] and model.kernel_size == (3, 7)
+    assert model(*prob.inputs()).shape == (128, 40)
+    assert json.loads(json.dumps(prob.overrides)) == {"layer_sizes": [48, 40], "kernel_size": [3, 7], "width": 10}
+
+
+def test_parse_set_values():
+    assert parse_set(["a=[[1, 2], (3, 4.5)]", "b=-2", "c=inf"]) == {"a": [[1, 2], (3, 4.5)], "b": -2, "c": float("inf")}
+    for bad in ("a=True", "a=[]", "a='s'", "a=1+2", "a=[1, 'x']", "a=f(3)"):
+        with pytest.raises(ProblemError, match="value is not a number or a list of numbers"):
+            parse_set([bad])
+
+
+def test_set_on_a_constant_that_is_not_numeric(tmp_path):
+    path = tmp_path / "tuples.py"
+    path.write_text(TUPLES + "name = 'conv'\n")
+    with pytest.raises(ProblemError, match="--set name: name is not a numeric constant"):
+        load_problem(path, {"name": 3})
