@@ -144,6 +144,9 @@ def _system_binds() -> list[str]:
     return args
 
 
+KFUSE_LIB = "/opt/kfuse-lib"  # inside the sandbox: holds only the kfuse package
+
+
 def python_dirs() -> list[str]:
     """The folders Python needs to run kfuse's worker with this interpreter and its packages: the base
     installation, the virtual environment, every site-packages, and the kfuse package itself (not the
@@ -171,7 +174,7 @@ def environment(box: Sandbox) -> dict[str, str]:
     env = {
         "PATH": f"{Path(sys.executable).parent}:/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin",
         "HOME": SCRATCH, "TMPDIR": SCRATCH, "USER": "judge", "LOGNAME": "judge", "LANG": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTHONPATH": KFUSE_LIB,
         "TRITON_CACHE_DIR": f"{COMPILE_CACHE}/triton", "TORCH_EXTENSIONS_DIR": f"{COMPILE_CACHE}/torch_extensions",
         "TORCHINDUCTOR_CACHE_DIR": f"{COMPILE_CACHE}/inductor",
     }
@@ -194,6 +197,9 @@ def argv(box: Sandbox, command: Sequence[str]) -> list[str]:
     bwrap = ["bwrap", *_namespace_args(), *_system_binds()]
     for d in python_dirs():
         bwrap += ["--ro-bind", d, d]
+    # kfuse itself, alone in a folder on PYTHONPATH: found whether it was installed or reached by the judge's
+    # own PYTHONPATH (which the cleared environment drops)
+    bwrap += ["--ro-bind", str(Path(kfuse.__file__).resolve().parent), f"{KFUSE_LIB}/kfuse"]
     bwrap += ["--ro-bind", str(box.io_dir), IO_DIR, "--size", str(lim.scratch_bytes), "--tmpfs", SCRATCH,
               "--chdir", SCRATCH]
     if box.compile_cache is not None:
