@@ -522,7 +522,14 @@ def check_contract(
         if extra is not None:
             cases.append((extra, seed + trials, extra_label or ""))
     # one draw at a time: its reference, the candidate's results and the verdict, freed before the next
-    verdicts = [judge_draw(prob, s, label, runner, device, precision) for prob, s, label in cases]
+    verdicts = []
+    for prob, s, label in cases:
+        try:
+            verdicts.append(judge_draw(prob, s, label, runner, device, precision))
+        except Exception:  # noqa: BLE001 - the problem's own model fails at the extra shape: not checkable there
+            if not label:  # (batch + 37 where another constant must equal the batch: level 1 problem 100)
+                raise
+            extra_label = None
     rules = {r: all(v.rules[r] for v in verdicts) for r in RULES}
     # None: not checked (the problem names no batch constant to grow).
     rules["extra_shape"] = all(v.ok for v in verdicts if v.shape) if extra_label else None
