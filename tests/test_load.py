@@ -68,10 +68,18 @@ def test_constructor_raising(tmp_path):
 
 
 def test_get_inputs_non_tensor(tmp_path):
+    """Numbers may stand beside tensors (`A * s`, KernelBench level 1 problem 5); anything else, or no tensor, is bad."""
     path = write_problem(tmp_path, "self.l = nn.Linear(in_features, out_features)", "return self.l(x)",
                          inputs="3, 'a'")
-    with pytest.raises(ProblemError, match="get_inputs\\(\\) must return tensors, got int, str"):
+    with pytest.raises(ProblemError, match="get_inputs\\(\\) must return tensors \\(and numbers\\), got str"):
         load_problem(path).inputs()
+    only_numbers = write_problem(tmp_path, "self.l = nn.Linear(in_features, out_features)", "return self.l(x)",
+                                 inputs="3, 2.5", name="numbers")
+    with pytest.raises(ProblemError, match="got no tensor"):
+        load_problem(only_numbers).inputs()
+    mixed = write_problem(tmp_path, "self.l = nn.Linear(in_features, out_features)", "return self.l(x)",
+                          inputs="torch.rand(batch_size, in_features), 2.5", name="mixed")
+    assert load_problem(mixed).inputs()[1] == 2.5
 
 
 def test_unknown_and_non_numeric_set():
