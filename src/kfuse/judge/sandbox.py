@@ -195,13 +195,15 @@ def argv(box: Sandbox, command: Sequence[str]) -> list[str]:
     """`prlimit ... bwrap ... -- command`: limits first (inherited by everything bubblewrap starts)."""
     lim = box.limits
     bwrap = ["bwrap", *_namespace_args(), *_system_binds()]
+    # the scratch tmpfs first: binds made after it land on top, so a Python installed under /tmp (a checkout
+    # there, its .venv) stays visible instead of being hidden by the scratch folder
+    bwrap += ["--size", str(lim.scratch_bytes), "--tmpfs", SCRATCH]
     for d in python_dirs():
         bwrap += ["--ro-bind", d, d]
     # kfuse itself, alone in a folder on PYTHONPATH: found whether it was installed or reached by the judge's
     # own PYTHONPATH (which the cleared environment drops)
     bwrap += ["--ro-bind", str(Path(kfuse.__file__).resolve().parent), f"{KFUSE_LIB}/kfuse"]
-    bwrap += ["--ro-bind", str(box.io_dir), IO_DIR, "--size", str(lim.scratch_bytes), "--tmpfs", SCRATCH,
-              "--chdir", SCRATCH]
+    bwrap += ["--ro-bind", str(box.io_dir), IO_DIR, "--chdir", SCRATCH]
     if box.compile_cache is not None:
         bwrap += ["--bind", str(box.compile_cache), COMPILE_CACHE]
     if box.gpu:
