@@ -318,7 +318,8 @@ def well_conditioned(problem: Problem, state: State) -> bool:
             out = model(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
             ref = model64(*[t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs])
         pairs = list(zip(_tensors(out), _tensors(ref)))
-        return all(o.shape == r.shape and (not o.is_floating_point() or torch.allclose(o.double(), r, 1e-4, 1e-4))
+        # a quarter of the contract's tolerance: the verification's other draws must pass too
+        return all(o.shape == r.shape and (not o.is_floating_point() or torch.allclose(o.double(), r, 2.5e-5, 2.5e-5))
                    for o, r in pairs)
     except Exception:  # noqa: BLE001 - a model the float64 run cannot take: nothing to learn here
         return True

@@ -9,7 +9,9 @@ kept as an `unknown` node and later emitted as the original torch call.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -524,7 +526,8 @@ def capture(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Graph:
     a training-mode BatchNorm would otherwise update its running statistics)."""
     gm = trace(copy.deepcopy(model))
     kept = functionalize(gm)
-    with torch.no_grad():
+    # ShapeProp prints a failing node's traceback itself before raising; the caller reports the failure in one line
+    with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
         ShapeProp(gm).propagate(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
     conv = _Converter(gm, numeric_attributes(model))
     host: set[fx.Node] = set()

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from kfuse import memory
 from kfuse.errors import KfuseError
@@ -168,6 +169,27 @@ def _shape(t: Any) -> torch.Size:
     return t.shape if isinstance(t, torch.Tensor) else torch.Size()
 
 
+FACTORIES = frozenset({torch.randn, torch.rand, torch.randn_like, torch.rand_like, torch.zeros, torch.ones,
+                       torch.empty, torch.full, torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like,
+                       torch.arange, torch.linspace, torch.tensor, torch.normal})
+
+
+class Float64Factories(TorchFunctionMode):
+    """During the float64 evaluation, fp32 tensors a forward makes itself (`h0 = torch.randn(...)`) come out as
+    float64: drawn in fp32 as in eager (the same random numbers), then widened, so the float64 model can use them."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in FACTORIES and isinstance(out, torch.Tensor) and out.dtype == torch.float32:
+            return out.double()
+        return out
+
+
+def call_model64(model: torch.nn.Module, inputs: Sequence[Any], seed: int) -> Results:
+    with Float64Factories():
+        return call_model(model, inputs, seed)
+
+
 def call_model(model: torch.nn.Module, inputs: Sequence[torch.Tensor], seed: int) -> Results:
     """Call the model on `inputs` (which it may overwrite), with the RNG seeded (Dropout draws the same masks)."""
     torch.manual_seed(seed)
@@ -281,7 +303,7 @@ def _float64_run(problem: Problem, original: torch.nn.Module, pristine: torch.nn
             if plan.slices > 1:
                 return _sliced_call(model64, inputs, batch, plan.slices, where, seed), f"{plan.slices} slices"
             how = "whole" if plan.on_device else "cpu"
-            return call_model(model64, fresh_inputs(inputs, where, torch.float64), seed), how
+            return call_model64(model64, fresh_inputs(inputs, where, torch.float64), seed), how
         except torch.cuda.OutOfMemoryError as err:
             last_error = str(err).splitlines()[0] if str(err) else "out of memory"
         memory.device_free(device)  # the failed attempt's blocks, before the next plan
@@ -327,7 +349,7 @@ def _sliced_call(model64: torch.nn.Module, inputs: Sequence[torch.Tensor], batch
     """The float64 model on `slices` pieces of the batch in turn, each piece's outputs copied into host memory."""
     outputs: list[torch.Tensor] = []
     for a, b in memory.slice_bounds(batch, slices):
-        part = call_model(model64, fresh_inputs(_slice_inputs(inputs, batch, a, b), device, torch.float64), seed)
+        part = call_model64(model64, fresh_inputs(_slice_inputs(inputs, batch, a, b), device, torch.float64), seed)
         if not outputs:
             outputs = [torch.empty((batch, *o.shape[1:]), dtype=o.dtype) for o in part.outputs]
         for whole, o in zip(outputs, part.outputs):
@@ -494,6 +516,11 @@ def run_in_process(cand_cls: type) -> CandidateRunner:
     """A runner that builds the candidate here under the draw's seed and loads the eager model's state."""
 
     def runner(problem: Problem, ref: Reference, pristine: torch.nn.Module) -> Results:
+        # the candidate file carries the problem's source with its own constants; a constructor that reads one
+        # (`torch.randn(batch_size, hidden)` in __init__) must see this instance's, as Model did
+        globals_ = getattr(cand_cls.__init__, "__globals__", None)
+        if isinstance(globals_, dict):
+            globals_.update(problem.constants())
         device = ref.device
         cand = seeded_build(problem, ref.seed, cand_cls, device=device)
         cand.load_state_dict(pristine.state_dict(), strict=True)
