@@ -490,8 +490,8 @@ def kernelbench_allclose(verdicts: Sequence[Verdict]) -> bool:
     return bool(given) and all(v.kernelbench_allclose for v in given)
 
 
-CPU_EXTRA_BATCH = 13  # on the CPU, for batches under 37: still odd, off every tile, but a CNN's batch of 1 is run
-# at 14 instead of 38 (the interpreter's time is the extra shape's, where automatic sizes shrank the batch to 1)
+CPU_EXTRA_BATCH = 37  # on the CPU too: a step of 13 (a CNN at a batch of 1 run at 14, not 38) put the property test
+# (Linear 7 -> 72, gelu_tanh, * s at batch 5) at batch 18, where rule 3 failed by rounding; kept at 37 until studied
 
 
 def extra_batch_step(batch: int, device: str = "cuda") -> int:
