@@ -499,7 +499,7 @@ def extra_batch_step(batch: int, device: str = "cuda") -> int:
 
 
 def extra_shape_problem(problem: Problem, device: str = "cuda") -> tuple[Problem | None, str | None]:
-    """The same problem with the batch constant raised by 37 (13 on the CPU for a batch under 37), or
+    """The same problem with the batch constant raised by extra_batch_step (37), or
     (None, None) where it names no batch."""
     batch = problem.batch_constant()
     if batch is None:
