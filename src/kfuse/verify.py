@@ -490,22 +490,14 @@ def kernelbench_allclose(verdicts: Sequence[Verdict]) -> bool:
     return bool(given) and all(v.kernelbench_allclose for v in given)
 
 
-CPU_EXTRA_BATCH = 37  # on the CPU too: a step of 13 (a CNN at a batch of 1 run at 14, not 38) put the property test
-# (Linear 7 -> 72, gelu_tanh, * s at batch 5) at batch 18, where rule 3 failed by rounding; kept at 37 until studied
-
-
-def extra_batch_step(batch: int, device: str = "cuda") -> int:
-    return EXTRA_BATCH if device != "cpu" or batch >= EXTRA_BATCH else CPU_EXTRA_BATCH
-
-
-def extra_shape_problem(problem: Problem, device: str = "cuda") -> tuple[Problem | None, str | None]:
-    """The same problem with the batch constant raised by extra_batch_step (37), or
+def extra_shape_problem(problem: Problem) -> tuple[Problem | None, str | None]:
+    """The same problem with the batch constant raised by 37, or
     (None, None) where it names no batch."""
     batch = problem.batch_constant()
     if batch is None:
         return None, None
     given = int(problem.constants()[batch])
-    value = given + extra_batch_step(given, device)
+    value = given + EXTRA_BATCH
     return problem.with_overrides({batch: value}), f"{batch}={value}"
 
 
@@ -545,7 +537,7 @@ def check_contract(
     cases: list[tuple[Problem, int, str]] = [(problem, seed + i, "") for i in range(trials)]
     extra_label = None
     if extra_shape:
-        extra, extra_label = extra_shape_problem(problem, device)
+        extra, extra_label = extra_shape_problem(problem)
         if extra is not None:
             cases.append((extra, seed + trials, extra_label or ""))
     # one draw at a time: its reference, the candidate's results and the verdict, freed before the next
