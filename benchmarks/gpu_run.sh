@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repository root: one phase of this session's measurements, results under OUT.
+# On the GPU machine, from the repository root: one phase of a GPU measurement, results under OUT.
 #   benchmarks/gpu_run.sh check OUT          GPU tests; seeds: optimize, then `kfuse eval` of the output
 #   benchmarks/gpu_run.sh seeds OUT          kfuse bench on the seeds
 #   benchmarks/gpu_run.sh train OUT          kfuse bench --train on the seeds (training step)
 #   benchmarks/gpu_run.sh gemm OUT FILE...   kfuse bench on the given problems/gemm files
 #   benchmarks/gpu_run.sh gputests OUT FILE...  the GPU tests of the given test files only
-#   benchmarks/gpu_run.sh profile OUT FILE...   benchmarks/profile_calls.py on each problem (per-call overhead)
+#   benchmarks/gpu_run.sh profile OUT FILE...   benchmarks/overhead/profile_calls.py on each problem (per-call overhead)
 # Every step runs under `timeout`, so a phase cut short still returns what it wrote.
 set -uo pipefail
 phase="${1:?phase}"; out="${2:?output folder}"; shift 2
@@ -51,7 +51,7 @@ gemm)
     grep -v "^\[" "$out/gemm-full.log" | tail -60
     ;;
 profile)
-    for p in "$@"; do timeout 120 python3 benchmarks/profile_calls.py "$p"; done
+    for p in "$@"; do timeout 120 python3 benchmarks/overhead/profile_calls.py "$p"; done
     ;;
 esac
 # the autotune choices, so that a later call (carry .kfuse-cache) does not tune again

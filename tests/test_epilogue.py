@@ -105,8 +105,8 @@ def test_tanh_accuracy_in_ulps(tmp_path):
     """ops.TANH (the expm1 / Kahan form) in ulps of the float64 tanh rounded to fp32, over 7 decades of |x|:
     measured 0.81 ulp on average and 5.7 at worst (torch.tanh: 0.22 / 0.51). A series-based fp32 tanh measured
     0.23 / 1.6 but slowed problems 24 and 29 by 7-11% on the H100 and is not float64-accurate for the dZ
-    kernels, which call TANH on float64 values (benchmarks/gemm/NOTES.md, session 13): not adopted. This pins
-    the current accuracy so that it does not get worse."""
+    kernels, which call TANH on float64 values (benchmarks/gemm/NOTES.md, "A more accurate tanh and a float64
+    logsumexp"): not adopted. This pins the current accuracy so that it does not get worse."""
     path = tmp_path / "tanh_kernel.py"
     path.write_text(TANH_KERNEL.format(expr=TANH.format("x")))
     kernel = load_module(path).tanh_kernel

@@ -39,7 +39,7 @@ MODELS = {
 MARGINAL = pytest.mark.xfail(strict=False, reason=(
     "measured on the CPU interpreter: with randn * 1e6 inputs the BatchNorm running_mean's error vs float64 was "
     "0.0141 against eager's 0.0068 (2.07x, rule 3 allows 2x), and with rand * 1e6 inputs 0.0211 against 0.00747 "
-    "(2.8x; the same code passed in the previous session's environment, not in this one's: 2026-11-24): the "
+    "(2.8x; the same code passed in an earlier environment, not in this one: 2026-11-24): the "
     "batch mean of ~1e7 "
     "values carries the rounding of every GEMM output, a sum of random errors that eager's summation order can "
     "make small by chance. Outputs and every other rule pass."))

@@ -111,7 +111,8 @@ def test_tail_split_plan(monkeypatch):
 # accumulator's own layout: the persistent twin has no shared memory left for a layout change). Variants: one tile
 # per block, persistent, persistent with a tail split (sm90_tail).
 # The persistent twins spill a little since the promotion waits for hi*hi only (12: 0 -> 108 B, 39: 40 -> 60 B):
-# interleaved on the H100 they still ran 3-4% faster than with a full drain (benchmarks/gemm/NOTES.md, session 15).
+# interleaved on the H100 they still ran 3-4% faster than with a full drain (benchmarks/gemm/NOTES.md, "Early
+# promotion wait, tail split, a fair tuner").
 TWIN_BUILDS = {(name, "one-tile"): 0 for name in SMALL} | {
     ("12_gemm_multiply_leakyrelu", "persistent"): 128, ("39_gemm_scale_batchnorm", "persistent"): 64,
     ("12_gemm_multiply_leakyrelu", "tail"): 128, ("39_gemm_scale_batchnorm", "tail"): 64,

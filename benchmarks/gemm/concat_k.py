@@ -1,8 +1,8 @@
-"""Experiment (session 11): fp16x3 with the three products laid out along K ("k3"), so that ONE tensor-core dot
+"""Experiment: fp16x3 with the three products laid out along K ("k3"), so that ONE tensor-core dot
 per K block computes lo*hi + hi*lo + hi*hi into a fresh partial, promoted into the fp32 sum with an FADD.
 
 Why: fp16x3p (gemm_core) issues three dots per K block and Triton 3.6 waits for every wgmma group after each dot
-(NOTES.md, session 2): 3 drains per 12 wgmma instructions at BLOCK_K=64. Laying the parts out as, per 64-wide
+(NOTES.md, "Bigger tiles for fp16x3p"): 3 drains per 12 wgmma instructions at BLOCK_K=64. Laying the parts out as, per 64-wide
 K segment, A3 = [lo | hi | hi] and B3 = [hi | lo | hi] makes the three products one plain GEMM over K3 = 3 K;
 a BLOCK_K3 = 128 dot is 8 wgmma instructions per drain (2x fewer drains), same partial length as fp16x3p.
 Cost: A3 and B3 are 6 B per element instead of 4 (more L2 -> smem traffic, a larger split).

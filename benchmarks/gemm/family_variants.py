@@ -3,7 +3,7 @@ timed in alternating rounds (kfuse.timing.time_cuda: L2 flushed, >= 30 runs each
 
   dropout: problem 41 in eval mode. `forward` (the eval forward: Dropout gone, the `* 2` fused into the
            softmax's apply pass) against `forward_train` called in eval mode, which is the forward kfuse made
-           before session 13 (Dropout an identity torch call, then a torch `* 2` pass over M x N).
+           before the eval forward existed (Dropout an identity torch call, then a torch `* 2` pass over M x N).
   groups:  problem 43 (910 groups of 9). Phase 2 from y (NARROW_SLOTS = 2, the default) against the partial
            slots in phase 1 (NARROW_SLOTS huge: 16 masked reductions per 128-wide tile), each generated anew.
 

@@ -54,8 +54,8 @@ def fp16x3_gluon_tile(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, off_m, off_n, M, N, K, s
     (two partials in flight: the tensor cores never drain). CHUNK = c > 1: a partial sums c K blocks, then one
     drain and one add."""
     num_warps: gl.constexpr = gl.num_warps()
-    # the descriptors, stages and barriers of kfuse's tile (this prototype made the same ones inline in calls 1-2;
-    # the empty barriers go unused here)
+    # the descriptors, stages and barriers of kfuse's tile (this prototype made the same ones inline for
+    # sm90/gluon-v1 and -v2; the empty barriers go unused here)
     (a_desc, a_lo_desc, b_desc, b_lo_desc, a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty) = sm90_setup(
         a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, M, N, K, stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],

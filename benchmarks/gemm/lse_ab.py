@@ -1,5 +1,5 @@
 """A/B in one process on one GPU: ModelNew files generated at two commits for the same problems, same state and
-inputs, timed in alternating rounds (kfuse.timing.time_cuda, L2 flushed, >= 30 runs each). Used in session 13
+inputs, timed in alternating rounds (kfuse.timing.time_cuda, L2 flushed, >= 30 runs each). Used (gemm/lse_ab-v1.log)
 for the softmax / log_softmax logsumexp as an fp32 pair (branch lse-hilo) against main.
 
     python benchmarks/gemm/lse_ab.py DIR STEM... [--rounds 3]   # DIR holds <stem>_main.py and <stem>_hilo.py

@@ -28,7 +28,7 @@ TRITON = GemmConfig(128, 128, 64, 8, 8, 3, split_a=False)
 CONFIGS = {"triton": TRITON, **{f"sm90_c{c}": GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, sm90=True, chunk=c)
                                 for c in (1, 2, 4, 8, 16, 32)},
            "sm90p_c4": GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, persistent=True, sm90=True, chunk=4),
-           # session 15: the persistent twin without its tail split (the early promotion wait, A/B'd as "sm90_c4e" and
+           # the persistent twin without its tail split (the early promotion wait, A/B'd as "sm90_c4e" and
            # "sm90p_c4e" at ddaa120, is now the only one)
            "sm90p_c4_notail": GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, persistent=True, sm90=True, chunk=4),
            # two blocks per SM, one consumer warpgroup each (64 x 128 tiles, 2 stages)

@@ -1,5 +1,5 @@
 """Problem 37 (1 x 8192 -> 8192, a launch- and bandwidth-bound GEMM) tuned twice in one process: by the tuner as it
-is (candidates in turn, call by call) and by the sequential one it replaced in session 15 (each candidate's 10 calls
+is (candidates in turn, call by call) and by the sequential one it replaced (each candidate's 10 calls
 one after the other); each choice's forward then timed like the bench (time_cuda), the two alternating.
 
 Usage (GPU): python3 benchmarks/skinny/tuner_ab.py [PROBLEM]
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def sequential(launch, candidates, reps):
-    """The tuner's timing before session 15: each candidate's reps back to back."""
+    """The tuner's former timing: each candidate's reps back to back."""
     timings, failed = {}, []
     for c in candidates:
         try:

@@ -1,4 +1,0 @@
-# session 12, call 8: the model-level GPU test of dW from the forward's split, untuned (pre-split) configs
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 KFUSE_CACHE_DIR=$PWD/.kfuse-cache
-TRITON_INTERPRET=0 timeout 200 python3 -m pytest -v -p no:cacheprovider -m gpu tests/test_training_fast.py -k "in_a_model" > $OUT/pytest-gpu.log 2>&1
-grep -E "PASSED|FAILED|ERROR|passed|failed|^E " $OUT/pytest-gpu.log | tail -14

@@ -1,7 +1,0 @@
-# session 13, call 1: GPU tests of the files this session touched, then kfuse bench on problem 41 (Dropout in
-# eval mode now fused away) and the new problem 43 (GroupNorm, 910 groups of 9 channels: two-phase kind)
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 KFUSE_CACHE_DIR=$PWD/.kfuse-cache
-bash benchmarks/gpu_run.sh gputests $OUT/t tests/test_graphs.py tests/test_groupnorm_wide.py tests/test_gemm_core.py 2>&1 | tail -8
-KFUSE_BENCH_TIMEOUT=420 bash benchmarks/gpu_run.sh gemm $OUT/b problems/gemm/41_gemm_softmax_dropout_eval.py \
-    problems/gemm/43_gemm_groupnorm_narrow_tanh.py 2>&1 | tail -20
-rm -f $OUT/b/cache/inductor.tgz $OUT/t/cache/inductor.tgz

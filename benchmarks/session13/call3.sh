@@ -1,5 +1,0 @@
-# session 13, call 3: the narrow-group GPU tests (groups of 9 and 3, compiled) and the rest of the two-phase
-# GroupNorm GPU tests at the final code
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 KFUSE_CACHE_DIR=$PWD/.kfuse-cache
-TRITON_INTERPRET=0 timeout 200 python3 -m pytest -v -p no:cacheprovider -m gpu tests/test_groupnorm_wide.py tests/test_graphs.py > $OUT/pytest-gpu-narrow.log 2>&1
-grep -E "PASSED|FAILED|ERROR|passed|failed" $OUT/pytest-gpu-narrow.log | tail -14
