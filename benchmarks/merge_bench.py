@@ -5,7 +5,8 @@
 The device lends at most 10 minutes per command, and `kfuse bench` with max-autotune baselines takes one to
 two minutes per full-size problem, so the family is measured in chunks. The merged file keeps the bench JSON's
 shape ({gpu, torch, triton, command, kfuse, date, mode, method, results}); `command` lists each chunk's command,
-joined by " ; ". A problem measured twice keeps the later file's result. Every input must come from the same
+joined by " ; ", and `commit` each chunk's commit the same way where the chunks record one (`versions` is kept
+where every chunk has the same). A problem measured twice keeps the later file's result. Every input must come from the same
 GPU kind and versions (checked), so the ratios stay side-by-side measurements.
 """
 
@@ -34,6 +35,10 @@ def merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
             by_name[res["problem"]] = res
     out = {k: first.get(k) for k in ("gpu", "torch", "triton", "kfuse", "mode", "method")}
     out["command"] = " ; ".join(r["command"] for r in reports)
+    if any("commit" in r for r in reports):
+        out["commit"] = " ; ".join(r.get("commit", "unknown") for r in reports)
+    if "versions" in first and all(r.get("versions") == first["versions"] for r in reports):
+        out["versions"] = first["versions"]
     out["date"] = max(r.get("date", "") for r in reports)
     out["results"] = [by_name[k] for k in sorted(by_name)]
     return out

@@ -31,6 +31,16 @@ def test_later_file_wins_and_commands_are_kept(tmp_path):
     assert "| p2 |" in mb.table(rep)
 
 
+def test_commits_are_kept_in_order_and_common_versions_carried():
+    a, b = _rep("a", _res("p1")), _rep("b", _res("p2"))
+    a["commit"], a["versions"] = "c1", {"torch": "t", "triton": "3.6"}
+    b["versions"] = {"torch": "t", "triton": "3.6"}
+    rep = mb.merge([a, b])
+    assert rep["commit"] == "c1 ; unknown" and rep["versions"] == {"torch": "t", "triton": "3.6"}
+    b["versions"] = {"torch": "t2", "triton": "3.6"}
+    assert "versions" not in mb.merge([a, b]) and "commit" not in mb.merge([_rep("x", _res("p1"))])
+
+
 def test_failures_are_summarised():
     rep = mb.merge([_rep("a", _res("p1", ok=False, vs_ma=0.5))])
     s = mb.summary(rep)
