@@ -4,9 +4,10 @@
 added and the forward lines replaced by one call of it:
 
     mul_leaky = fused_linear_mul_leaky_relu(x, self.gemm.weight, ...)          # before: no gradients
-    mul_leaky = LinearMulLeakyReluFn.run(self, x)                               # after
+    mul_leaky = autograd_fn(LinearMulLeakyReluFn).run(self, x)                  # after
 
-The class (bases in kernels/backward.py) carries, spelled from the region's nodes:
+The class (a spec with no base: kernels/backward.py's autograd_fn makes it a Function) carries, spelled from the
+region's nodes:
   launch     the region's original forward lines (the fused launcher): what runs when no gradient is needed
              and inside the Function's forward;
   params     every parameter the region reads (a Linear's weight and bias, scale vectors, norm affines);
@@ -23,15 +24,12 @@ A node that has neither (or is stateful, like Dropout) gets a backward that rais
 from __future__ import annotations
 
 import dataclasses
-import re
 
-from kfuse.backward_batchnorm import batchnorm_dz_kernel, batchnorm_dz_supported
-from kfuse.backward_epilogue import dz_kernel, dz_method, dz_supported
-from kfuse.backward_groupnorm import groupnorm_dz_kernel, groupnorm_dz_supported
-from kfuse.ir import Arg, Graph, Node, Param, Scalar, attr_expr
+from kfuse.ir import Arg, Graph, Node, Param, Region, Scalar, attr_expr
 from kfuse.ops import POINTWISE
-from kfuse.partition import Region
+from kfuse.regions import kind_of
 from kfuse.regions.common import RegionCode
+from kfuse.regions.pointwise_dz import dz_method
 
 STATEFUL = ("dropout",)  # recomputing these would not reproduce the forward (a new mask)
 REDUCTIONS = ("sum", "mean", "amax", "amin", "logsumexp")  # over one dim (attrs dim, keepdim)
@@ -156,9 +154,8 @@ def class_name(stem: str, taken: set[str]) -> str:
 def function_class(region: Region, code: RegionCode, name: str, launcher_name: str,
                    dz: tuple[str, list[str], list[str], str] | None = None) -> str:
     """The Function class source. dz: (kernel stem, parameter and scalar expressions, extra epilogue_dz
-    arguments) of a generated epilogue-backward kernel (backward_epilogue.py, backward_groupnorm.py,
-    backward_batchnorm.py), which
-    then computes dZ instead of torch."""
+    arguments) of the generated epilogue-backward kernel of the region's kind (its `dz_plan`), which then
+    computes dZ instead of torch."""
     inputs = region_inputs(region)
     gemm = gemm_anchored(region)
     replaced = " -> ".join(n.origin for n in region.nodes)
@@ -166,9 +163,11 @@ def function_class(region: Region, code: RegionCode, name: str, launcher_name: s
            "the ops after the GEMM differentiated in torch")
     how = (f"z saved by the forward kernel (else recomputed) and dX = dZ W, dW = dZ^T X by gemm_nt; {epi}"
            if gemm else "the region recomputed in torch and differentiated")
-    lines = [f"class {name}({'FusedGemmFn' if gemm else 'FusedRegionFn'}):",
-             f'    """Autograd for {launcher_name} ({replaced}).',
+    lines = [f"class {name}:",
+             f'    """Autograd for {launcher_name} ({replaced}), made a Function by autograd_fn.',
              f'    Forward: the fused kernels. Backward: {how}."""']
+    if gemm:
+        lines += ["", "    GEMM = True  # autograd_fn's base: FusedGemmFn"]
     if gemm and region.anchor.op == "matmul":
         lines += ["", "    KN = True  # x @ W, W (K, N)"]
     if any(uses_fx_code(n) for n in region.nodes):
@@ -193,34 +192,19 @@ def function_class(region: Region, code: RegionCode, name: str, launcher_name: s
     return "\n".join(lines) + "\n"
 
 
-def _dz_plan(region: Region, stem: str) -> tuple[str, tuple] | None:
-    """(stem, (kernel source, parameter expressions, scalar expressions, extra epilogue_dz arguments)) of the
-    generated dZ kernel for this region, or None where its kind or ops have none (the torch backward)."""
-    if not gemm_anchored(region):
-        return None
-    if dz_supported(region):
-        return stem, (*dz_kernel(region, stem), "")
-    if groupnorm_dz_supported(region):
-        return stem, groupnorm_dz_kernel(region, stem)
-    if batchnorm_dz_supported(region):
-        return stem, batchnorm_dz_kernel(region, stem)
-    return None
-
-
-def with_autograd(region: Region, g: Graph, code: RegionCode, taken: set[str]) -> RegionCode:
+def with_autograd(region: Region, g: Graph, code: RegionCode, stem: str, taken: set[str]) -> RegionCode:
     """The region's code with its Function class appended to the launcher and its forward lines calling it.
-    Torch fallback regions are plain torch calls: autograd already flows through them."""
+    `stem`: the region's name stem (its launcher is `fused_<stem>`). Regions that are not fused are plain torch
+    calls: autograd already flows through them."""
     if not region.fused or not code.forward:
         return code
-    called = re.search(r"=\s*(\w+)\(", code.forward[-1])
-    launcher_name = called.group(1) if called else "_".join(n.op for n in region.nodes)
-    name = class_name(launcher_name.removeprefix("fused_"), taken)
+    name = class_name(stem, taken)
     kernels, dz = code.kernels, None
-    plan = _dz_plan(region, launcher_name.removeprefix("fused_"))
-    if plan is not None:
-        stem, (src, *how) = plan
+    plan = kind_of(region.kind).dz_plan(region, stem) if gemm_anchored(region) else None
+    if plan is not None:  # the kind's generated epilogue-backward kernel computes dZ
+        src, *how = plan
         kernels, dz = (*kernels, src), (stem, *how)
-    cls = function_class(region, code, name, launcher_name, dz)
-    call = f"{', '.join(region.outputs)} = {name}.run({', '.join(['self', *region_inputs(region)])})"
+    cls = function_class(region, code, name, f"fused_{stem}", dz)
+    call = f"{', '.join(region.outputs)} = autograd_fn({name}).run({', '.join(['self', *region_inputs(region)])})"
     launcher = code.launcher.rstrip("\n") + "\n\n\n" + cls if code.launcher else cls
     return dataclasses.replace(code, kernels=kernels, launcher=launcher, forward=(call,))

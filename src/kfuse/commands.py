@@ -285,7 +285,7 @@ def print_sweep(rows: Sequence[dict[str, Any]]) -> None:
             table.add_row(r["problem"], str(r["exit"]), "-", "-", f"[red]{r['error'][:80]}[/red]",
                           f"{r['seconds']:.1f}")
             continue
-        fused = sum(1 for g in r["regions"] if g["kind"] != "torch")
+        fused = sum(1 for g in r["regions"] if g["fused"])
         table.add_row(r["problem"], str(r["exit"]), "yes" if r["correct"] else "[red]no[/red]", str(fused),
                       ", ".join(r["unfused_ops"])[:80], f"{r['seconds']:.1f}")
     console.print(table)

@@ -1,84 +1,44 @@
 """Stage 6, emit: the standalone ModelNew file.
 
 Layout of the file, top to bottom:
-  1. a header naming the source problem, the regions and what stayed a torch call;
-  2. imports (torch, triton, standard library) and, without a GPU, Triton's interpreter switched on;
+  1. a header: the source problem, the regions and what stayed a torch call, the GEMM scheme, and (once verified)
+     the verification summary and the GEMM tile configs the verification ran;
+  2. imports: what the file uses (standard library, torch, triton and, without a GPU, Triton's interpreter
+     switched on; Gluon where a Hopper twin is generated);
   3. the original problem, unchanged (Model, constants, get_inputs, get_init_inputs);
-  4. the GEMM core and run-time helpers (copied from kfuse/kernels/ with only what they use);
-  5. one kernel and one launcher per fused region, and its torch.autograd.Function (kfuse/backward.py), with
-     the training helpers and the backward GEMM kernel (kfuse/kernels/backward.py) before them;
-  6. `class ModelNew(Model)`: same constructor, same parameters and buffers, a fused forward that also trains.
-Subclassing Model is what makes the state_dict round trip and same-seed construction exact.
+  4. the fused regions: one kernel (and its Hopper twin) and one launcher per region, and its autograd spec
+     (kfuse/backward.py), then `class ModelNew(Model)`: same constructor, same parameters and buffers, a fused
+     forward that also trains;
+  5. after a banner, kfuse's library: the definitions of kfuse/kernels/ the code above calls (kfuse/library.py).
+Subclassing Model is what makes the state_dict round trip and same-seed construction exact. A model with nothing
+fused gets a short file: no Triton, no library.
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-import functools
 import inspect
 import re
 from collections.abc import Sequence
-from pathlib import Path
 
 import kfuse
 from kfuse.backward import with_autograd
 from kfuse.ir import Graph
+from kfuse.library import Library, free_names, library
 from kfuse.modes import Variant, guards
-from kfuse.partition import Region
 from kfuse.regions import generate
-from kfuse.regions.common import RegionCode
+from kfuse.regions.common import RegionCode, kernel_name
 
-KERNELS = Path(__file__).parent / "kernels"
-CORE_ROOTS = ("SPLIT_SCHEMES", "SKINNY_M", "cdiv", "gemm_tile", "_tile_ids", "GemmConfig", "default_config", "valid_configs", "split_weight",
-              "split_x", "row_scales", "padded_k", "ensure_tma_allocator", "sm90_configs",
-              "sm90_maxnreg", "_num_sms")
-MARKER = "# --- emitted below ---"
-
-
-def _top_level(tree: ast.Module) -> dict[str, ast.stmt]:
-    defs: dict[str, ast.stmt] = {}
-    for stmt in tree.body:
-        if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)):
-            defs[stmt.name] = stmt
-        elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            for t in targets:
-                if isinstance(t, ast.Name):
-                    defs[t.id] = stmt
-    return defs
-
-
-def module_closure(path: Path, roots: Sequence[str]) -> str:
-    """The top-level definitions of `path` that `roots` need, transitively, in file order, with decorators."""
-    source = path.read_text()
-    tree = ast.parse(source)
-    defs = _top_level(tree)
-    need: set[str] = set()
-    todo = list(roots)
-    while todo:
-        name = todo.pop()
-        if name in need or name not in defs:
-            continue
-        need.add(name)
-        todo += [n.id for n in ast.walk(defs[name]) if isinstance(n, ast.Name)]
-    lines = source.splitlines()
-    chunks = []
-    for stmt in tree.body:
-        if any(defs.get(n) is stmt for n in need):
-            start = min([d.lineno for d in getattr(stmt, "decorator_list", [])] + [stmt.lineno])
-            chunks.append("\n".join(lines[start - 1:stmt.end_lineno]))
-    return "\n\n\n".join(dict.fromkeys(chunks)) + "\n"
-
-
-def emitted_part(module: str) -> str:
-    """The part of kernels/<module>.py below its marker line: what a generated file carries verbatim."""
-    text = (KERNELS / f"{module}.py").read_text()
-    return text.split(MARKER, 1)[1].strip("\n")
-
-
-# Fixed kernels a region kind needs beside its generated ones (kernels/<module>.py, below the marker).
-KIND_MODULES = {"gemm_batchnorm": "batchnorm"}
+SCHEME_NOTES = {
+    "fp16x3p": "fp16 hi/lo split of both operands, three tensor-core products per K block, fp32 accumulate",
+    "tf32x3": "Triton's three-pass TF32 products",
+    "ieee": "plain fp32 FMA, as Triton's interpreter runs on the CPU",
+}
+# Definitions the generated regions use when they are defined (a decorator), not when they run: they go with the
+# imports, ahead of the regions, rather than in the library after them.
+EARLY = ("sm90_jit",)
+LIBRARY_BANNER = ("# " + "=" * 118 + "\n"
+                  "# kfuse's library: the definitions of kfuse/kernels/ that the code above calls, copied unchanged.\n"
+                  "# " + "=" * 118)
 
 
 def _split_future(source: str) -> tuple[list[str], str]:
@@ -152,42 +112,53 @@ def fully_fused(v: Variant) -> bool:
     return any(r.fused for r in v.regions) and not v.unfused
 
 
-_DEF = re.compile(r"^def (\w+)\(", re.M)
+def claim_stem(stem: str, claimed: set[str]) -> str:
+    """A region's name stem, unique in the file: two regions with the same ops (two Linear -> ReLU layers, or one
+    region in both forwards) get `<stem>`, `<stem>_2`, ... Every name a region defines starts with its stem and
+    a suffix of its own (`_kernel`, `_apply_kernel`, ...), so no stem may extend another with `_`."""
+    def clashes(s: str) -> bool:
+        return any(s == c or s.startswith(c + "_") or c.startswith(s + "_") for c in claimed)
+
+    out, i = stem, 2
+    while clashes(out):
+        out, i = f"{stem}_{i}", i + 1
+    claimed.add(out)
+    return out
 
 
-def unique_names(code: RegionCode, defined: set[str]) -> RegionCode:
-    """Kernel and launcher names come from a region's ops, so two regions with the same ops (two Linear ->
-    ReLU layers, or one region in both forwards) would define a name twice and the later one would shadow the
-    earlier: a clashing name gets a suffix throughout the region's code."""
-    texts = (*code.kernels, code.launcher)
-    for name in [m for t in texts for m in _DEF.findall(t)]:
-        if name in defined:
-            i = 2
-            while f"{name}_{i}" in defined:
-                i += 1
-            sub = functools.partial(re.sub, rf"\b{name}\b", f"{name}_{i}")
-            code = dataclasses.replace(code, kernels=tuple(map(sub, code.kernels)), launcher=sub(code.launcher),
-                                       forward=tuple(map(sub, code.forward)), z_forward=tuple(map(sub, code.z_forward)))
-            name = f"{name}_{i}"
-        defined.add(name)
-    return code
+def region_codes(v: Variant, stems: set[str], classes: set[str]) -> list[RegionCode]:
+    """Each region's code with its autograd Function, names claimed before any text is made."""
+    codes = []
+    for r in v.regions:
+        stem = claim_stem(kernel_name(r), stems) if r.fused else ""
+        codes.append(with_autograd(r, v.graph, generate(r, v.graph, stem), stem, classes))
+    return codes
 
 
-IMPORTS = ("import dataclasses\nimport os\nimport time\nimport weakref\nfrom collections import OrderedDict\n\n"
-           "import torch")
+IMPORTS = "import torch"
 CALL_MODULES = ("builtins", "math", "operator")  # torch calls kept as written may name these (`operator.floordiv`)
-
-
-def _imports(forward_lines: Sequence[str], strict: bool) -> str:
-    """The file's imports: what the kept torch calls name, contextlib for strict_fp32, and the fixed ones."""
-    used = [m for m in CALL_MODULES if any(re.search(rf"\b{m}\.", ln) for ln in forward_lines)]
-    return "".join(f"import {m}\n" for m in sorted([*used, *(["contextlib"] if strict else [])])) + IMPORTS
 TRITON_IMPORTS = ("if not torch.cuda.is_available():\n"
                   "    os.environ.setdefault(\"TRITON_INTERPRET\", \"1\")  # no GPU: Triton's interpreter runs the kernels\n"
                   "import triton  # noqa: E402\nimport triton.language as tl  # noqa: E402")
 
 
-def _header(problem_name: str, variants: Sequence[Variant], fused: bool) -> list[str]:
+def _imports(forward_lines: Sequence[str], strict: bool, lib: Library | None) -> str:
+    """The file's imports: what the kept torch calls name, contextlib for strict_fp32, what the library reads,
+    torch, and Triton where anything is fused."""
+    used = [f"import {m}" for m in CALL_MODULES if any(re.search(rf"\b{m}\.", ln) for ln in forward_lines)]
+    if strict:
+        used.append("import contextlib")
+    if lib is not None:
+        used += [*lib.imports, "import os"]
+    text = "\n".join(sorted(set(used), key=lambda ln: (ln.startswith("from"), ln)))
+    text = (text + "\n\n" if text else "") + IMPORTS
+    if lib is not None:
+        text += "\n\n" + TRITON_IMPORTS + ("\n\n\n" + "\n\n\n".join(lib.early) if lib.early else "")
+    return text
+
+
+def _header(problem_name: str, variants: Sequence[Variant], fused: bool, scheme: str,
+            verified: Sequence[str]) -> list[str]:
     header = [f"# Generated by kfuse {kfuse.__version__} from {problem_name}. Regenerate with `kfuse optimize`; do not edit."]
     if not fused:
         header.append("# Nothing here is fused: ModelNew runs the original ops as torch calls.")
@@ -201,63 +172,53 @@ def _header(problem_name: str, variants: Sequence[Variant], fused: bool) -> list
         if v.rewrites:
             header.append(f"#   Exact rewrites applied: {', '.join(v.rewrites)}.")
     if fused:
+        header.append(f"# GEMM scheme: {scheme} ({SCHEME_NOTES.get(scheme, scheme)}).")
         header.append("# Training: each fused region is a torch.autograd.Function (used only when a gradient is needed).")
+    header += [f"# {ln}" for ln in verified]
     return header
 
 
-def _library(regions: Sequence[Region], variants: Sequence[Variant], scheme: str) -> list[str]:
-    """The kernels and helpers the fused regions call, copied from kfuse/kernels/."""
-    runtime = emitted_part("runtime").replace('GEMM_SCHEME = "fp16x3p"', f'GEMM_SCHEME = "{scheme}"', 1)
-    parts = [
-        "# ---------------- fp32-accurate GEMM core (kfuse/kernels/gemm_core.py) ----------------\n"
-        + module_closure(KERNELS / "gemm_core.py", CORE_ROOTS).rstrip("\n"),
-        "# ---------------- the GEMM tile on Hopper, in Gluon (kfuse/kernels/gemm_sm90.py) ----------------\n"
-        + emitted_part("gemm_sm90"),
-        "# ---------------- skinny GEMMs: the float64 split-K pass (kfuse/kernels/skinny.py) ----------------\n"
-        + emitted_part("skinny"),
-        "# ---------------- run-time helpers (kfuse/kernels/runtime.py) ----------------\n" + runtime.rstrip("\n"),
-    ]
-    for module in dict.fromkeys(KIND_MODULES[r.kind] for r in regions if r.kind in KIND_MODULES):
-        parts.append(f"# ---------------- kfuse/kernels/{module}.py ----------------\n" + emitted_part(module))
-    parts.append("# ---------------- training: autograd bases, backward GEMM (kfuse/kernels/backward.py) "
-                 "----------------\n" + emitted_part("backward"))
-    parts.append("# ---------------- training: epilogue backward launcher (kfuse/kernels/backward_ops.py) "
-                 "----------------\n" + emitted_part("backward_ops"))
-    if any(fully_fused(v) for v in variants):
-        parts.append("# ---------------- CUDA graphs for repeated inference calls (kfuse/kernels/graphs.py) "
-                     "----------------\n" + emitted_part("graphs"))
-    return parts
-
-
-def emit(problem_source: str, problem_name: str, variants: Sequence[Variant], scheme: str) -> str:
-    taken: set[str] = set()
-    defined: set[str] = set()
-    forwards = [(v, [unique_names(with_autograd(r, v.graph, generate(r, v.graph), taken), defined) for r in v.regions])
-                for v in variants]
-    regions = [r for v in variants for r in v.regions]
-    fused = any(r.fused for r in regions)
-    future, original = _split_future(problem_source)
-    parts = [
-        "\n".join([*future, *_header(problem_name, variants, fused)]),
-        _imports([ln for _, codes in forwards for c in codes for ln in c.forward], any(v.unfused for v in variants)) + (
-            "\n\n" + TRITON_IMPORTS if fused else ""),
-        "# ---------------- the original problem, unchanged ----------------\n" + original.strip("\n"),
-    ]
-    if any(v.unfused for v in variants):
-        parts.append(STRICT_FP32)
-    if fused:
-        parts += _library(regions, variants, scheme)
-        parts.append("# ---------------- fused regions ----------------")
+def _regions_part(forwards: Sequence[tuple[Variant, list[RegionCode]]]) -> list[str]:
+    parts = []
     for _, codes in forwards:
         for code in codes:
             parts += [k.rstrip("\n") for k in code.kernels]
             if code.launcher:
                 parts.append(code.launcher.rstrip("\n"))
+    return parts
+
+
+def emit(problem_source: str, problem_name: str, variants: Sequence[Variant], scheme: str,
+         verified: Sequence[str] = ()) -> str:
+    """The ModelNew file. `verified`: header lines summarising the verification (none before it ran)."""
+    stems: set[str] = set()
+    classes: set[str] = set()
+    forwards = [(v, region_codes(v, stems, classes)) for v in variants]
+    fused = any(r.fused for v in variants for r in v.regions)
+    strict = any(v.unfused for v in variants)
+    future, original = _split_future(problem_source)
     params = list(variants[0].graph.inputs)
     doc = "Model with a fused forward" if fused else "Model with its ops as torch calls"
-    parts.append("class ModelNew(Model):\n"
+    model_new = ("class ModelNew(Model):\n"
                  f'    """{doc}: same constructor, parameters and buffers."""\n\n'
                  + forward_source(forwards, params).rstrip("\n"))
+    regions = _regions_part(forwards)
+    lib = None
+    if fused:
+        lib = library(free_names("\n\n".join([*regions, model_new])), exclude=("GEMM_SCHEME",), early=EARLY)
+    parts = [
+        "\n".join([*future, *_header(problem_name, variants, fused, scheme, verified)]),
+        _imports([ln for _, codes in forwards for c in codes for ln in c.forward], strict, lib),
+        "# ---------------- the original problem, unchanged ----------------\n" + original.strip("\n"),
+    ]
+    if strict:
+        parts.append(STRICT_FP32)
+    if fused:
+        parts.append("# ---------------- fused regions, generated for this problem ----------------\n"
+                     f'GEMM_SCHEME = "{scheme}"  # the GEMM scheme every region runs (kfuse optimize --scheme)')
+    parts += [*regions, model_new]
+    if lib is not None:
+        parts += [LIBRARY_BANNER, *lib.sections]
     return "\n\n\n".join(parts) + "\n"
 
 
@@ -269,7 +230,7 @@ def emit_original(problem_source: str, problem_name: str, reason: str) -> str:
               "# Nothing here is fused: ModelNew runs Model.forward unchanged, because",
               f"#   {reason}"]
     return "\n\n\n".join([
-        "\n".join(header), _imports([], True),
+        "\n".join(header), _imports([], True, None),
         "# ---------------- the original problem, unchanged ----------------\n" + original.strip("\n"),
         STRICT_FP32,
         "class ModelNew(Model):\n"

@@ -1,7 +1,8 @@
 """The graph kfuse works on: a flat, topologically ordered list of canonical ops over named values.
 
-Capture turns torch.fx's graph into this; rewrite, partition and codegen read and transform it.
-Nothing here refers to fx, so the later stages are plain data transformations.
+Capture turns torch.fx's graph into this; rewrite, partition and codegen read and transform it; partition groups
+its nodes into `Region`s, one launcher each. Nothing here refers to fx, so the later stages are plain data
+transformations.
 """
 
 from __future__ import annotations
@@ -107,3 +108,34 @@ class Graph:
 
     def with_nodes(self, nodes: tuple[Node, ...] | list[Node], outputs: tuple[str, ...] | None = None) -> "Graph":
         return replace(self, nodes=tuple(nodes), outputs=self.outputs if outputs is None else tuple(outputs))
+
+
+@dataclass(frozen=True)
+class Region:
+    """Nodes that run as one unit: a fused launcher, or one torch call. `kind` names a RegionKind of the registry
+    (kfuse.regions.KINDS), which admitted the nodes and generates their code."""
+
+    kind: str
+    nodes: tuple[Node, ...]
+    outputs: tuple[str, ...]  # values read after the region (by other regions or as model outputs)
+
+    @property
+    def anchor(self) -> Node:
+        return self.nodes[0]
+
+    def ops(self) -> list[str]:
+        return [n.op for n in self.nodes]
+
+    @property
+    def fused(self) -> bool:
+        """Does the region launch kfuse's own kernels (False: a torch call as written, or no kernel at all)?"""
+        from kfuse.regions import kind_of  # the registry imports this module
+
+        return kind_of(self.kind).fused
+
+    @property
+    def unfused(self) -> bool:
+        """Is it a torch call kfuse could not fuse (listed in the report's `unfused_ops`)?"""
+        from kfuse.regions import kind_of
+
+        return kind_of(self.kind).unfused_op

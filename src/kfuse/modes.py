@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kfuse.ir import Graph, attr_expr
-from kfuse.partition import Region, partition
+from kfuse.ir import Graph, Region, attr_expr
+from kfuse.partition import partition
 from kfuse.regions import call_time_rewrites
 from kfuse.rewrite import EVAL_RULES, RULES, Rule, follows_mode, rewrite
 
@@ -30,7 +30,7 @@ class Variant:
 
     @property
     def unfused(self) -> list[str]:
-        return [n.origin for r in self.regions if r.kind == "torch" for n in r.nodes]
+        return [n.origin for r in self.regions if r.unfused for n in r.nodes]
 
 
 def guards(g: Graph) -> tuple[str, ...]:

@@ -1,19 +1,21 @@
-"""`kfuse optimize`: the pipeline as a short list of named passes.
+"""`kfuse optimize`: the pipeline as a short list of named passes (`compile_problem`, then `optimize`).
 
     load (kfuse.load)        the problem file, constants overridden by --set
     capture                  torch.fx trace -> canonical ops, shapes from one run of a copy of the model
     rewrite                  exact algebraic rewrites (rules as data)
-    partition                GEMM-anchored regions; everything else stays a torch call
+    partition                regions of the registry's kinds (kfuse/regions/); what no kind fuses stays a torch call
     modes (kfuse.modes)      rewrite + partition once per forward: two where a Dropout follows the mode
     strict                   --strict: any op left as a torch call is an error
-    emit                     the standalone ModelNew source (codegen per region kind)
+    emit                     the standalone ModelNew source (each region's kind generates its code)
     verify                   the accuracy contract on fresh draws and one extra shape
+    annotate                 the file's header gets the verification summary and the GEMM configs that ran
     time                     on a GPU: eager vs kfuse, CUDA events, L2 flushed
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import itertools
 import tempfile
@@ -29,10 +31,10 @@ import kfuse
 from kfuse.capture import capture_with_modes
 from kfuse.emit import emit, emit_original
 from kfuse.errors import ProblemError, UnsupportedError
-from kfuse.ir import Graph, Node
+from kfuse.ir import Graph, Node, Region
 from kfuse.load import Problem
 from kfuse.modes import Variant, primary, variants
-from kfuse.partition import Region
+from kfuse.regions import torch_call
 from kfuse.trace import Untraceable, one_line
 from kfuse.verify import ContractReport, check_contract, run_in_process
 
@@ -57,6 +59,7 @@ class Compiled:
     source: str
     variants: tuple[Variant, ...]  # every forward ModelNew has (two where a Dropout follows the mode)
     fallback: str | None = None  # why ModelNew runs Model.forward unchanged (None: it runs the pipeline's forward)
+    scheme: str = ""  # the GEMM scheme the regions run (emit's)
 
     # graph, regions, rewrites, unfused and mode: of the forward the model runs as constructed (modes.primary)
     @property
@@ -90,6 +93,7 @@ class Result:
     contract: ContractReport
     candidate_path: Path
     timings_ms: dict[str, float] = field(default_factory=dict)
+    gemm_configs: list[dict[str, Any]] = field(default_factory=list)  # the tile configs verification ran
 
 
 def capture_problem(problem: Problem, device: str) -> Graph:
@@ -122,23 +126,26 @@ def original_forward(reason: str) -> tuple[Variant, ...]:
     """The one forward of a ModelNew that runs Model.forward unchanged, as the report describes it."""
     node = Node("forward", "unknown", (), (), origin="Model.forward")
     g = Graph((), (), (node,), ("forward",))
-    return (Variant("any", g, (Region("torch", (node,), ("forward",)),), ()),)
+    return (Variant("any", g, (Region(torch_call.KIND.name, (node,), ("forward",)),), ()),)
 
 
 def compile_problem(problem: Problem, opts: Options) -> Compiled:
-    """The pipeline, one pass a line (the passes' own modules say how)."""
+    """The problem's ModelNew source: the pipeline up to emit, one pass a line (each pass's module says how)."""
     try:
-        graph = capture_problem(problem, opts.device)  # load's model traced: canonical ops with shapes
-    except Untraceable as why:  # nothing to fuse safely: ModelNew is Model, and the report says why
+        graph = capture_problem(problem, opts.device)  # capture: the model traced into canonical ops with shapes
+    except Untraceable as why:  # ... or, where it cannot be traced, ModelNew is Model, and the report says why
         return _strict(compiled_original(problem, str(why)), problem, opts)
-    vs = variants(graph)  # rewrite + partition, once per forward mode
-    compiled = _strict(Compiled("", vs), problem, opts)  # --strict: an op left as a torch call is an error
-    scheme = opts.scheme or SCHEME_BY_DEVICE.get(opts.device, "ieee")
+    forwards = variants(graph)  # modes: rewrite + partition, once per forward mode
+    compiled = _strict(Compiled("", forwards), problem, opts)  # strict: --strict refuses an op left as a torch call
+    return _emit(compiled, problem, opts.scheme or SCHEME_BY_DEVICE.get(opts.device, "ieee"))  # emit: the file
+
+
+def _emit(compiled: Compiled, problem: Problem, scheme: str, verified: tuple[str, ...] = ()) -> Compiled:
     try:
-        compiled.source = emit(problem.source, problem.path.name, vs, scheme)  # codegen per region + the file
+        source = emit(problem.source, problem.path.name, compiled.variants, scheme, verified)
     except Exception as err:  # noqa: BLE001 - a generator's own failure never costs the user a ModelNew
         return compiled_original(problem, f"kfuse could not generate code ({one_line(err)})")
-    return compiled
+    return dataclasses.replace(compiled, source=source, scheme=scheme)
 
 
 def _strict(compiled: Compiled, problem: Problem, opts: Options) -> Compiled:
@@ -189,6 +196,35 @@ def _verify(problem: Problem, opts: Options, compiled: Compiled, candidate: Path
                                   trials=opts.trials, seed=opts.seed)
 
 
+def gemm_configs(module: Any) -> list[dict[str, Any]]:
+    """The GEMM tile configs the candidate's launches ran with in this process (its tuner's record)."""
+    chosen = getattr(module, "chosen_configs", None)
+    return list(chosen()) if callable(chosen) else []
+
+
+def verification_lines(contract: ContractReport, configs: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The header's verification summary: errors against float64, the draws, and the GEMM configs that ran."""
+    verdict = "meets" if contract.correct else "FAILS"
+    lines = [f"Verified by kfuse: {verdict} the accuracy contract over {contract.trials} draws"
+             f"{' and the extra shape ' + contract.extra_shape if contract.extra_shape else ''}: max abs error vs "
+             f"float64 {contract.max_abs_err:.2e} (eager fp32: {contract.ref_max_abs_err:.2e})."]
+    for c in configs:
+        lines.append(f"  GEMM {c.get('kernel', '?')} at {c.get('shape')}: {c.get('config')}")
+    return tuple(lines)
+
+
+def _annotate(compiled: Compiled, problem: Problem, contract: ContractReport, module: Any,
+              candidate: Path) -> Compiled:
+    """The verified file with its summary in the header (only comments change: the code is what was verified)."""
+    if compiled.fallback is not None or module is None:
+        return compiled
+    done = _emit(compiled, problem, compiled.scheme, verification_lines(contract, gemm_configs(module)))
+    if done.fallback is None:
+        candidate.write_text(done.source)
+        return done
+    return compiled
+
+
 def _raising(error: str) -> Any:
     def runner(*_: Any) -> Any:
         raise RuntimeError(error)
@@ -201,15 +237,16 @@ def raised(contract: ContractReport) -> str | None:
 
 
 def optimize(problem: Problem, opts: Options, workdir: Path | None = None) -> Result:
-    compiled = compile_problem(problem, opts)
-    workdir = workdir or Path(tempfile.mkdtemp(prefix="kfuse-"))
-    candidate = workdir / f"{problem.name}_candidate.py"
-    module, contract = _verify(problem, opts, compiled, candidate)
+    """The whole pipeline: compile_problem's passes, then verify, annotate and (on a GPU) time."""
+    candidate = (workdir or Path(tempfile.mkdtemp(prefix="kfuse-"))) / f"{problem.name}_candidate.py"
+    compiled = compile_problem(problem, opts)  # capture .. emit
+    module, contract = _verify(problem, opts, compiled, candidate)  # verify: the accuracy contract
     error = raised(contract)
     if error is not None and compiled.fallback is None:  # kfuse's own failure: the user still gets Model's forward
         compiled = compiled_original(problem, f"the fused ModelNew failed to run ({error.removeprefix('candidate raised ')})")
         module, contract = _verify(problem, opts, compiled, candidate)
-    result = Result(compiled, contract, candidate)
+    compiled = _annotate(compiled, problem, contract, module, candidate)  # annotate: the header's summary
+    result = Result(compiled, contract, candidate, gemm_configs=gemm_configs(module) if module else [])
     if opts.device == "cuda" and contract.correct:
         result.timings_ms = time_models(problem, module.ModelNew, opts.device)
     return result
@@ -217,7 +254,7 @@ def optimize(problem: Problem, opts: Options, workdir: Path | None = None) -> Re
 
 def forward_json(v: Variant) -> dict[str, Any]:
     """One forward's `regions`, `unfused_ops` and `rewrites` report keys."""
-    return {"regions": [{"kind": r.kind, "ops": [n.origin for n in r.nodes]} for r in v.regions],
+    return {"regions": [{"kind": r.kind, "fused": r.fused, "ops": [n.origin for n in r.nodes]} for r in v.regions],
             "unfused_ops": v.unfused, "rewrites": list(v.rewrites)}
 
 
@@ -238,6 +275,8 @@ def report(problem: Problem, opts: Options, result: Result, output: Path | None)
         **forward_json(k.main),
         "mode": k.mode,
         "fallback": k.fallback,
+        "gemm_scheme": k.scheme or None,
+        "gemm_configs": result.gemm_configs,
         "modes": {v.mode: forward_json(v) for v in k.variants if v.mode != "any"},
         "output": str(output) if output is not None else None,
         "overrides": dict(problem.overrides),

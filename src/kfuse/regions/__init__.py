@@ -1,33 +1,43 @@
-"""Code generators, one file per region kind; `generate` dispatches on `Region.kind`."""
+"""The region kinds, in admission order: the registry partition walks and codegen dispatches on.
+
+Each kind is one object in one file of this folder (kfuse/regions/kind.py says what a kind does). Adding a kind
+is its file plus one line here. Order matters: a node anchors a region of the first kind that `starts` there (the
+last, `torch_call`, takes any node), and a GEMM epilogue walk is taken over by the first kind that `enters`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kfuse.ir import Graph
-from kfuse.partition import Region
-from kfuse.regions import (gemm_batchnorm, gemm_epilogue, gemm_groupnorm, gemm_groupnorm_wide, gemm_pool, gemm_rowreduce,
-                           gemv, torch_fallback)
+from kfuse.ir import Graph, Region
+from kfuse.regions import (gemm_batchnorm, gemm_epilogue, gemm_groupnorm, gemm_groupnorm_wide, gemm_pool,
+                           gemm_rowreduce, gemv, no_kernel, torch_call)
 from kfuse.regions.common import RegionCode
+from kfuse.regions.kind import RegionKind
 
-GENERATORS = {
-    "gemm_epilogue": gemm_epilogue.generate,
-    "gemm_groupnorm": gemm_groupnorm.generate,
-    "gemm_groupnorm_wide": gemm_groupnorm_wide.generate,
-    "gemm_batchnorm": gemm_batchnorm.generate,
-    "gemm_rowreduce": gemm_rowreduce.generate,
-    "gemm_pool": gemm_pool.generate,
-    "gemv": gemv.generate,
-    "torch": torch_fallback.generate,
-    "view": torch_fallback.generate,
-}
+KINDS: tuple[RegionKind, ...] = (
+    gemv.KIND,  # the row sum of a GEMM, rewritten (rewrite.py)
+    gemm_epilogue.KIND,  # a GEMM and pointwise ops: where every GEMM region starts
+    gemm_rowreduce.KIND,  # ... taken over at a reduction or norm over the whole feature row
+    gemm_pool.KIND,  # ... at a pool over the features
+    gemm_groupnorm.KIND,  # ... at a GroupNorm whose groups a column tile holds whole
+    gemm_groupnorm_wide.KIND,  # ... at any other GroupNorm
+    gemm_batchnorm.KIND,  # ... at a BatchNorm1d
+    no_kernel.KIND,  # host values and views: nothing to launch
+    torch_call.KIND,  # anything else: the torch call as written
+)
+_BY_NAME = {k.name: k for k in KINDS}
 
 
-def generate(region: Region, g: Graph) -> RegionCode:
-    return GENERATORS[region.kind](region, g)
+def kind_of(name: str) -> RegionKind:
+    return _BY_NAME[name]
+
+
+def generate(region: Region, g: Graph, stem: str) -> RegionCode:
+    return kind_of(region.kind).generate(region, g, stem)
 
 
 def call_time_rewrites(regions: Sequence[Region]) -> list[str]:
-    """Exact rewrites the generated launchers apply when ModelNew runs, one name per region that can apply one
-    (they depend on state only known then, e.g. BatchNorm's mode): listed in the report with rewrite.py's."""
-    return [gemm_batchnorm.FOLD_RULE for r in regions if r.kind == "gemm_batchnorm" and gemm_batchnorm.fold_plan(r)]
+    """Exact rewrites the generated launchers apply when ModelNew runs (they depend on state only known then,
+    e.g. BatchNorm's mode): listed in the report with rewrite.py's."""
+    return [rule for r in regions for rule in kind_of(r.kind).call_time_rewrites(r)]

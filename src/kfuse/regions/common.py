@@ -1,9 +1,9 @@
 """What every region's code generator shares: kernel parameters, epilogue lines, the GEMM kernel frame.
 
-A region kind file (gemm_epilogue.py, gemm_groupnorm.py, gemm_batchnorm.py, ..., torch_fallback.py) turns one
-`Region` into `RegionCode`: kernel source, a launcher function, and the forward() lines that call it.
-Generated names follow the values: the kernel for `gemm -> mul -> leaky_relu` is
-`linear_mul_leaky_relu_kernel`, its launcher `linear_mul_leaky_relu`.
+A region kind (one file of this folder) turns one `Region` into `RegionCode`: kernel source, a launcher function,
+and the forward() lines that call it. Generated names start with the region's stem, made from its ops and unique
+in the file (emit.py claims it before any code is generated): the kernel for `gemm -> mul -> leaky_relu` is
+`linear_mul_leaky_relu_kernel`, its launcher `fused_linear_mul_leaky_relu`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from kfuse.ir import Arg, Graph, Node, Param, Scalar
+from kfuse.ir import Arg, Graph, Node, Param, Region, Scalar
 from kfuse.ops import POINTWISE, VIEW_OPS
-from kfuse.partition import Region
 from kfuse.regions.sm90_twin import sm90_twin
 
 
@@ -102,6 +101,9 @@ class KernelArgs:
     def signature(self) -> str:
         return "".join(f"{p}_ptr, " if self.vector(p) else f"{p}, " for p in self.params)
 
+    def decls(self) -> tuple[Decl, ...]:
+        return plain(*[f"{p}_ptr" if self.vector(p) else p for p in self.params])
+
     def call(self) -> str:
         return "".join(f"{v}, " for v in self.values)
 
@@ -114,6 +116,16 @@ def pointwise_lines(nodes: list[Node], env: dict[str, str], args: KernelArgs) ->
         operands = [args.operand(a, env) for a in n.args]
         lines.append(f"{var(n.name)} = {spec.triton.format(*operands)}  # {n.origin}")
         env[n.name] = var(n.name)
+    return lines
+
+
+def affine_lines(out: str, weight, bias, env: dict[str, str], args: KernelArgs) -> list[str]:
+    """GroupNorm's per-channel affine on `out` (each part only where the module has it)."""
+    lines = []
+    if isinstance(weight, Param):
+        lines.append(f"{out} = {out} * {args.operand(weight, env)}")
+    if isinstance(bias, Param):
+        lines.append(f"{out} = {out} + {args.operand(bias, env)}")
     return lines
 
 
@@ -141,9 +153,41 @@ def linear_bias(anchor: Node, env: dict[str, str], args: KernelArgs) -> list[str
     return lines
 
 
-GEMM_PARAMS = ("a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, ")
-GEMM_CONSTEXPRS = ("BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, "
-                   "SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr, K_SLICES: tl.constexpr")
+Decl = tuple[str, str]  # a kernel parameter: its name, and how the signature declares it
+
+
+def plain(*names: str) -> tuple[Decl, ...]:
+    return tuple((n, n) for n in names)
+
+
+def constexpr(name: str, default: str | None = None) -> Decl:
+    return name, f"{name}: tl.constexpr" + ("" if default is None else f" = {default}")
+
+
+def signature(decls: tuple[Decl, ...] | list[Decl], indent: int = 8, width: int = 116) -> str:
+    """The parameter text of `decls`, wrapped at `width` columns with continuation lines indented `indent`."""
+    lines, line = [], ""
+    for _, text in decls:
+        piece = text if not line else f" {text}"
+        if line and len(line) + len(piece) + 1 > width - indent:
+            lines.append(line)
+            line = text
+        else:
+            line += piece
+        line += ","
+    lines.append(line.rstrip(","))
+    return ("\n" + " " * indent).join(lines)
+
+
+def names(decls: tuple[Decl, ...] | list[Decl]) -> str:
+    return ", ".join(n for n, _ in decls)
+
+
+GEMM_PARAMS = plain("a_ptr", "a_lo_ptr", "a_scale_ptr", "b_ptr", "b_lo_ptr", "b_scale_ptr")
+GEMM_SIZES = plain("M", "N", "K", "stride_am", "stride_ak", "stride_bn", "stride_bk")
+GEMM_CONSTEXPRS = tuple(constexpr(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SCHEME", "SPLIT_A",
+                                                  "EVEN_K", "K_SLICES"))
+BATCH_PARAMS = plain("step_a", "step_a_scale", "step_b", "step_b_scale")
 
 
 def z_store_body(body: list[str], z_var: str) -> list[str]:
@@ -153,9 +197,6 @@ def z_store_body(body: list[str], z_var: str) -> list[str]:
     store = ["if STORE_Z:  # z = x W^T + b for backward (saved instead of recomputed: docs/training.md)",
              f"    {store_line('z', z_var)}"]
     return body[:at] + store + body[at:]
-
-
-BATCH_PARAMS = "step_a, step_a_scale, step_b, step_b_scale, "
 
 
 def batch_offsets(outs: list[str]) -> list[str]:
@@ -170,41 +211,44 @@ def batch_offsets(outs: list[str]) -> list[str]:
             *[f"{o}_ptr += pid_b * M * N" for o in outs]]
 
 
-def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str], extra_sig: str = "",
-                z_var: str | None = None, sm90: bool = True, batched: bool = False) -> str:
-    """A GEMM tile kernel: tile ids, the fp32-accurate accumulator, masks, then `body` (epilogue + stores).
+def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str],
+                extra_sig: tuple[Decl, ...] = (), z_var: str | None = None, sm90: bool = True,
+                batched: bool = False) -> str:
+    """A GEMM tile kernel `<name>_kernel`: tile ids, the fp32-accurate accumulator, then `<name>_epilogue`, a jit
+    function running `body` (epilogue + stores) on it, which the Hopper twin calls too.
+    extra_sig: more parameters (plain() or constexpr() declarations), before the tile constexprs.
     z_var: the variable holding x W^T + b; the kernel then takes `z_ptr` and STORE_Z (write z too).
     sm90: also its Hopper twin `<name>_kernel_sm90` (regions/sm90_twin.py), which launchers pick for sm90 configs.
     batched: B products, one per program_id(1), each M x N (no twin: runtime.tuned_gemm offers none)."""
-    out_sig = "".join(f"{o}_ptr, " for o in outs) + ("z_ptr, " if z_var else "")
-    constexprs = GEMM_CONSTEXPRS + (", STORE_Z: tl.constexpr = False" if z_var else "")
+    outs_sig = plain(*[f"{o}_ptr" for o in outs], *(["z_ptr"] if z_var else []))
+    decls = (*GEMM_PARAMS, *outs_sig, *args.decls(), *GEMM_SIZES, *(BATCH_PARAMS if batched else ()), *extra_sig,
+             *GEMM_CONSTEXPRS, *([constexpr("STORE_Z", "False")] if z_var else []))
     if z_var:
         body = z_store_body(body, z_var)
-    params = (f"{GEMM_PARAMS}{out_sig}{args.signature()}M, N, K,\n"
-              f"        stride_am, stride_ak, stride_bn, stride_bk, {BATCH_PARAMS if batched else ''}"
-              f"{extra_sig}{constexprs}")
     offsets = batch_offsets([*outs, *(["z"] if z_var else [])]) if batched else []
-    epilogue = [
-        "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-        "offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
-        "mask_m = offs_m < M",
-        "mask_n = offs_n < N",
-        "mask = mask_m[:, None] & mask_n[None, :]",
-        *args.loads, *body,
-    ]
-    lines = [
+    epilogue = ["mask_m = offs_m < M", "mask_n = offs_n < N", "mask = mask_m[:, None] & mask_n[None, :]",
+                *args.loads, *body]
+    epilogue_fn = [
         "@triton.jit",
-        f"def {name}_kernel({params}):",
+        f"def {name}_epilogue(acc, pid_m, pid_n, offs_m, offs_n, {signature(decls)}):",
+        f'    """The epilogue of {name}_kernel (and of its Hopper twin) on the tile\'s fp32 accumulator."""',
+        *[f"    {ln}" for ln in epilogue],
+    ]
+    kernel = [
+        "@triton.jit",
+        f"def {name}_kernel({signature(decls)}):",
         f'    """{doc}"""',
         *[f"    {ln}" for ln in offsets],
         "    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)",
         "    acc = gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,",
-        "                    stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K,",
-        "                    K_SLICES=K_SLICES)",
-        *[f"    {ln}" for ln in epilogue],
+        "                    stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A,",
+        "                    EVEN_K, K_SLICES=K_SLICES)",
+        "    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        f"    {name}_epilogue(acc, pid_m, pid_n, offs_m, offs_n, {names(decls)})",
     ]
-    src = "\n".join(lines) + "\n"
-    return src + "\n\n" + sm90_twin(name, params, doc, epilogue) if sm90 and not batched else src
+    src = "\n".join(epilogue_fn) + "\n\n\n" + "\n".join(kernel) + "\n"
+    return src + "\n\n" + sm90_twin(name, decls, doc) if sm90 and not batched else src
 
 
 def gemm_launch(kernel: str, args: str) -> str:
@@ -292,7 +336,8 @@ def batched_region_code(region: Region, name: str, args: KernelArgs, body: list[
 
 
 def gemm_region_code(region: Region, name: str, args: KernelArgs, body: list[str], doc: str, *,
-                     extra_sig: str = "", extra_kwargs: str = "", pre: tuple[str, ...] = ("min_block_n = 16",),
+                     extra_sig: tuple[Decl, ...] = (), extra_kwargs: str = "",
+                     pre: tuple[str, ...] = ("min_block_n = 16",),
                      extra_params: tuple[str, ...] = (), extra_values: tuple[str, ...] = ()) -> RegionCode:
     """Kernel + launcher + forward line for a single-kernel GEMM region.
 

@@ -1,10 +1,10 @@
 """Region kind `gemm_groupnorm_wide`: GEMM -> pointwise ops -> GroupNorm whose groups do not fit a column
 tile -> pointwise ops.
 
-GroupNorm normalizes each sample's channels in groups of G = N / num_groups. `gemm_groupnorm` needs whole
-groups inside a tile (G a power of two <= 128); here G is anything (e.g. 16 groups of 512 channels at N = 8192,
+GroupNorm normalizes each sample's channels in groups of G = N / num_groups. The one-kernel GroupNorm kind needs whole
+groups inside a tile (G a power of two <= GROUP_MAX); here G is anything (e.g. 16 groups of 512 channels at N = 8192,
 or 3 groups of 43): a group may span several column tiles, and a tile may start inside one group and end
-inside the next. No tile sees a whole group, so the statistics are two-phase, as gemm_rowreduce's LayerNorm:
+inside the next. No tile sees a whole group, so the statistics are two-phase, as a row norm's are:
   1. `<name>_kernel`: the GEMM and the ops before the norm ("pre"); stores the norm's input y in fp32 (and
      the pre values read later) and, per (row, column tile, slot), the partial moments of the columns of one
      group inside the tile: their mean and M2 = sum((y - that mean)^2) (Welford/Chan form: no
@@ -24,13 +24,12 @@ partials (T = N / BLOCK_N) and 2 * 4 * M * num_groups of statistics: tiny next t
 
 from __future__ import annotations
 
-from kfuse.ir import Graph, Node, Param
-from kfuse.partition import Region
-from kfuse.regions.common import (operand_code, KEPT, SAVE_Z_DOC, KernelArgs, RegionCode, gemm_head, gemm_kernel, gemm_launch, kernel_name,
-                                  launcher, linear_bias, pointwise_kernel, pointwise_lines, store_line,
-                                  tuned_launch_lines, var)
-from kfuse.regions.gemm_groupnorm import affine_lines
-from kfuse.regions.gemm_rowreduce import as_pointwise
+from kfuse.ir import Graph, Node, Param, Region
+from kfuse.regions.common import (constexpr, plain, KEPT, SAVE_Z_DOC, KernelArgs, RegionCode, affine_lines, gemm_head, gemm_kernel,
+                                  gemm_launch, launcher, linear_bias, operand_code, pointwise_kernel, pointwise_lines,
+                                  store_line, tuned_launch_lines, var)
+from kfuse.regions.kind import EpilogueKind, Walk, group_size, norm_of_tile, whole_groups_in_tile
+from kfuse.regions.rowstats import as_pointwise
 
 # Phase 1, after the pre ops: the partial moments of each group slot of this tile. `{y}` is the norm's input.
 # A slot's count is the width of (its group's columns) & (this tile's columns) & [0, N): a scalar per tile.
@@ -146,7 +145,7 @@ def finalize_kernel(name: str, norm: Node, args: KernelArgs) -> str:
         *[f"    {ln}" for ln in args.loads + body]]) + "\n"
 
 
-def generate(region: Region, g: Graph) -> RegionCode:
+def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     nodes = list(region.nodes)
     anchor = nodes[0]
     norm = next(n for n in nodes if n.op == "group_norm")
@@ -154,7 +153,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     outputs = list(region.outputs)
     pre, post = phases(nodes, norm, outputs)
     post_names = {n.name for n in post}
-    name = kernel_name(region)
+    name = stem
     pre_outs = [v for v in outputs if v not in post_names]
     post_outs = [v for v in outputs if v in post_names]
     # pre values the apply pass reads: the norm's input and any other one a post op reads
@@ -175,7 +174,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     body += [ln.format(y=env1[y]) for ln in PARTIAL_LINES]
     k1_outs = [buf(v) for v in pre_outs + keeps] + ["pa", "pb"]
     gemm = gemm_kernel(name, f"Fused: {replaced}. Phase 1: GEMM, ops before {norm.origin}, partial moments per "
-                       "(row, column tile, group slot).", k1_outs, a1, body, "GROUP, SLOTS: tl.constexpr, ",
+                       "(row, column tile, group slot).", k1_outs, a1, body, (*plain("GROUP"), constexpr("SLOTS")),
                        z_var=var(anchor.name))
 
     # 2. finalize
@@ -241,3 +240,18 @@ def generate(region: Region, g: Graph) -> RegionCode:
     call = f"{', '.join(outputs)} = fused_{name}({', '.join(call_args)})"
     z_call = f"{', '.join(outputs)}, kept = fused_{name}({', '.join(call_args)}, save_z=True)"
     return RegionCode((gemm, finalize, apply), launch, (call,), z_forward=(z_call,))
+
+
+class GemmGroupNormWide(EpilogueKind):
+    name = "gemm_groupnorm_wide"
+
+    def enters(self, walk: Walk, n: Node) -> bool:
+        """A GroupNorm over the GEMM's columns whose groups a column tile does not hold whole."""
+        size = group_size(n, walk.anchor.shape[-1]) if norm_of_tile(walk, n, "group_norm") else None
+        return size is not None and not whole_groups_in_tile(size)
+
+    def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
+        return generate(region, g, stem)
+
+
+KIND = GemmGroupNormWide()

@@ -7,21 +7,44 @@ mean over the last axis, as GroupNorm does with its groups. The pooled tile cove
 pid_n * BLOCK_N / k + [0, BLOCK_N / k); windows torch drops (the last N % k features) are masked out.
 Bytes: the GEMM's, with the output k times narrower: M * N / k * 4 written instead of M * N * 4 + a pass.
 The ops after the pool run on the pooled tile (numbers and one-element parameters only). A reduction over
-the pooled features (maxpool -> sum, avgpool -> gelu -> max) is two-phase as in gemm_rowreduce: per-tile
+the pooled features (maxpool -> sum, avgpool -> gelu -> max) is two-phase (regions/rowstats.py): per-tile
 partials of the pooled tile, then `<name>_finalize_kernel` merges them per row and runs the per-row ops.
 """
 
 from __future__ import annotations
 
-from kfuse.ir import Graph, Param
-from kfuse.ops import POOL_OPS, REDUCE_OPS
-from kfuse.partition import Region
-from kfuse.regions.common import (operand_code, LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, kernel_name,
-                                  launcher, linear_bias, pointwise_lines, store_line, var)
-from kfuse.regions.gemm_rowreduce import PARTIAL_DTYPE, PARTIAL_LINES, STAT, TWO_PARTIALS, finalize_kernel, shape_expr
+from kfuse.ir import Graph, Node, Param, Region, Scalar
+from kfuse.ops import POOL_OPS, REDUCE_OPS, VIEW_OPS
+from kfuse.regions.common import (constexpr, plain, LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, launcher,
+                                  linear_bias, operand_code, pointwise_lines, store_line, var)
+from kfuse.regions.kind import RegionKind, Walk, per_row_operand, pointwise_with, squeezed
+from kfuse.regions.rowstats import PARTIAL_DTYPE, PARTIAL_LINES, STAT, TWO_PARTIALS, finalize_kernel, shape_expr
+
+POOL_MAX = 64  # widest pooling window fused into one column tile
 
 
-def generate(region: Region, g: Graph) -> RegionCode:
+def pool_fits(walk: Walk, n: Node) -> bool:
+    """A pool over the features of an (M, 1, N) view of the region, windows a power of two <= POOL_MAX."""
+    if n.op not in POOL_OPS or not walk.tile_2d or len(n.args) < 2:
+        return False
+    x, k = n.args[0], n.args[1]
+    if not isinstance(x, str) or x not in walk.values or not isinstance(k, Scalar):
+        return False
+    k = int(k.value)
+    rows, n_cols = walk.anchor.shape
+    return (walk.g.shape_of(x) == (rows, 1, n_cols) and n.shape == (rows, 1, n_cols // k) and 0 < k <= POOL_MAX
+            and k & (k - 1) == 0 and n_cols // k > 0)
+
+
+def _on_pooled(n: Node, values: set[str], width: int, rows: int) -> bool:
+    """Ops on the pooled values: views, and pointwise ops with numbers and one-element parameters."""
+    vals = n.value_args()
+    if not vals or not all(v in values for v in vals) or squeezed(n.shape) != squeezed((rows, width)):
+        return False
+    return n.op in VIEW_OPS or pointwise_with(n, per_row_operand)
+
+
+def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     nodes = list(region.nodes)
     anchor = nodes[0]
     at = next(i for i, n in enumerate(nodes) if n.op in POOL_OPS)
@@ -32,7 +55,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     outputs = list(region.outputs)
     pre_outs = [v for v in outputs if any(n.name == v for n in nodes[:at])]
     post_outs = [v for v in outputs if any(n.name == v for n in nodes[at:red_at])]
-    name = kernel_name(region)
+    name = stem
     args = KernelArgs()
     env: dict[str, str] = {}
     body = linear_bias(anchor, env, args)
@@ -68,7 +91,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
         finalize, row_stores, a2 = finalize_kernel(name, red, row, outputs, [], args.registry)
         kernels.append(finalize)
     doc = f"Fused: {replaced}. Column tiles hold whole pooling windows of POOL features."
-    kernel = gemm_kernel(name, doc, outs, args, body, extra_sig="N_OUT, POOL: tl.constexpr, ", sm90=False)
+    kernel = gemm_kernel(name, doc, outs, args, body, extra_sig=(*plain("N_OUT"), constexpr("POOL")), sm90=False)
     kernels.insert(0, kernel)
     by_name = {n.name: n for n in nodes}
 
@@ -108,3 +131,30 @@ def generate(region: Region, g: Graph) -> RegionCode:
     weight = anchor.args[1]
     call_args = [anchor.args[0], operand_code(weight), pool.args[1].expr(), *values]
     return RegionCode(tuple(kernels), launch, (f"{', '.join(outputs)} = fused_{name}({', '.join(call_args)})",))
+
+
+class GemmPool(RegionKind):
+    name = "gemm_pool"
+
+    def enters(self, walk: Walk, n: Node) -> bool:
+        return pool_fits(walk, n)
+
+    def joins(self, walk: Walk, n: Node) -> bool:
+        """After the pool: ops on the pooled values, at most one reduction over the pooled features, then
+        per-row ops on its result."""
+        at = next(i for i, m in enumerate(walk.members) if m.op in POOL_OPS)
+        width, rows = walk.members[at].shape[-1], walk.anchor.shape[0]
+        red = next((i for i in range(at + 1, len(walk.members)) if walk.members[i].op in REDUCE_OPS), None)
+        if red is not None:  # after the reduction of the pooled row: per-row ops
+            return _on_pooled(n, {m.name for m in walk.members[red:]}, 1, rows)
+        pooled = {m.name for m in walk.members[at:]}
+        if n.op in REDUCE_OPS and n.args[0] in pooled:  # per-tile partials, a finalize
+            x_shape = walk.g.shape_of(n.args[0])
+            return squeezed(x_shape) == squeezed((rows, width)) and n.attrs.get("dim") in (-1, len(x_shape) - 1)
+        return _on_pooled(n, pooled, width, rows)
+
+    def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
+        return generate(region, g, stem)
+
+
+KIND = GemmPool()

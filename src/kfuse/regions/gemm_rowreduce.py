@@ -19,143 +19,92 @@ When the model returns no per-row value, phase 2 runs inside phase 3 (each apply
 partials, T loads per row from L2): two launches, which is what small, launch-bound problems pay for.
 Bytes beyond the GEMM: 4 * M * T per partial (T = N / BLOCK_N, tiny), M per row result; for the apply pass
 the pre value is written and read once (2 * M * N * 4) and the output written once.
-Which phase each op runs in is `partition.row_roles`.
+Which phase each op runs in is `row_roles`.
 """
 
 from __future__ import annotations
 
-from kfuse.ir import Graph, Node, Param
+from kfuse.ir import Graph, Node, Param, Region
 from kfuse.ops import REDUCE_OPS, ROW_NORM_OPS, VIEW_OPS
-from kfuse.partition import Region, row_roles
-from kfuse.regions.common import (operand_code, LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, kernel_name,
-                                  launcher, linear_bias, pointwise_kernel, pointwise_lines, store_line, var)
-
-# The statistic each reduction / row norm needs per tile: one or two partials.
-STAT = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min", "logsumexp": "lse", "softmax": "lse",
-        "log_softmax": "lse", "layer_norm": "moments", "instance_norm": "moments"}
-TWO_PARTIALS = ("lse", "moments")
-PARTIAL_DTYPE = {"sum": "torch.float64", "max": "torch.float32", "min": "torch.float32", "lse": "torch.float32",
-                 "moments": "torch.float32"}
-
-PARTIAL_LINES = {
-    # sums in float64 (into a float64 buffer): no summation rounding at all, only the elements' own
-    "sum": ["part_a = tl.sum(tl.where(mask, {y}, 0.0).to(tl.float64), axis=1)"],
-    "max": ["part_a = tl.max(tl.where(mask, {y}, float('-inf')), axis=1)"],
-    "min": ["part_a = tl.min(tl.where(mask, {y}, float('inf')), axis=1)"],
-    "lse": ["part_a = tl.max(tl.where(mask, {y}, float('-inf')), axis=1)",
-            "part_b = tl.sum(tl.where(mask, tl.exp({y} - part_a[:, None]), 0.0), axis=1)"],
-    "moments": ["t_count = tl.minimum(N - pid_n * BLOCK_N, BLOCK_N).to(tl.float32)",
-                "part_a = tl.sum(tl.where(mask, {y}, 0.0), axis=1) / t_count",
-                "t_dev = tl.where(mask, {y} - part_a[:, None], 0.0)",
-                "part_b = tl.sum(t_dev * t_dev, axis=1)"],
-}
-
-# Finalize: merge the T partials of each row. Loads use `t` (the tile) and `base` (the row's first partial).
-MERGE_LINES = {
-    "sum": ["acc = tl.zeros((BLOCK_M,), dtype=tl.float64)",
-            "for t in range(0, T):",
-            "    acc += tl.load(pa_ptr + base + t, mask=mask_m, other=0.0)"],
-    "max": ["acc = tl.full((BLOCK_M,), float('-inf'), tl.float32)",
-            "for t in range(0, T):",
-            "    acc = tl.maximum(acc, tl.load(pa_ptr + base + t, mask=mask_m, other=0.0))"],
-    "min": ["acc = tl.full((BLOCK_M,), float('inf'), tl.float32)",
-            "for t in range(0, T):",
-            "    acc = tl.minimum(acc, tl.load(pa_ptr + base + t, mask=mask_m, other=0.0))"],
-    "lse": ["m = tl.full((BLOCK_M,), float('-inf'), tl.float32)",
-            "s = tl.zeros((BLOCK_M,), dtype=tl.float32)",
-            "for t in range(0, T):",
-            "    a = tl.load(pa_ptr + base + t, mask=mask_m, other=0.0)",
-            "    b = tl.load(pb_ptr + base + t, mask=mask_m, other=0.0)",
-            "    m_new = tl.maximum(m, a)",
-            "    s = s * tl.exp(m - m_new) + b * tl.exp(a - m_new)",
-            "    m = m_new",
-            "lse = m + tl.log(s)"],
-    "moments": ["count = tl.zeros((BLOCK_M,), dtype=tl.float32)",
-                "mean = tl.zeros((BLOCK_M,), dtype=tl.float32)",
-                "m2 = tl.zeros((BLOCK_M,), dtype=tl.float32)",
-                "for t in range(0, T):",
-                "    n_b = tl.minimum(N - t * TILE_N, TILE_N).to(tl.float32)",
-                "    mean_b = tl.load(pa_ptr + base + t, mask=mask_m, other=0.0)",
-                "    m2_b = tl.load(pb_ptr + base + t, mask=mask_m, other=0.0)",
-                "    total = count + n_b",
-                "    delta = mean_b - mean",
-                "    mean = mean + delta * (n_b / total)",
-                "    m2 = m2 + m2_b + delta * delta * (count * n_b / total)",
-                "    count = total"],
-}
-RESULT = {"sum": "acc", "mean": "acc / N", "amax": "acc", "amin": "acc", "logsumexp": "lse"}
+from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, launcher,
+                                  linear_bias, operand_code, pointwise_kernel, pointwise_lines, store_line, var)
+from kfuse.regions.kind import RegionKind, Walk, column_operand, numel, per_row_operand, pointwise_with, squeezed
+from kfuse.regions.rowstats import (PARTIAL_DTYPE, PARTIAL_LINES, STAT, TWO_PARTIALS, as_pointwise, finalize_kernel,
+                                    merge_lines, row_store_names, shape_expr)
 
 
-def as_pointwise(nodes: list[Node]) -> list[Node]:
-    """View ops are identities on a tile: the layout (M, N) row-major is the same."""
-    return [n.with_(op="identity", args=(n.args[0],)) if n.op in VIEW_OPS else n for n in nodes]
+def over_features(n: Node, g: Graph, anchor: Node) -> bool:
+    """Does this reduction / row norm run over the GEMM's feature (last) dim of a full-width value?"""
+    x = n.args[0]
+    if not isinstance(x, str):
+        return False
+    shape = g.shape_of(x)
+    if squeezed(shape) != squeezed(anchor.shape) or not shape or shape[-1] != anchor.shape[-1]:
+        return False
+    if n.op in REDUCE_OPS or n.op in ("softmax", "log_softmax"):
+        dim = n.attrs.get("dim")
+        return isinstance(dim, int) and dim in (-1, len(shape) - 1)
+    if n.op == "layer_norm":
+        return tuple(n.attrs.get("normalized_shape", ())) == (anchor.shape[-1],) and all(
+            a is None or (isinstance(a, Param) and a.shape == (anchor.shape[-1],)) for a in n.args[1:3])
+    if n.op == "instance_norm":
+        # (M, 1, N): one channel, statistics over N; (M, N) unbatched (C=M, L=N): each row over N, no affine
+        if len(shape) == 3 and shape[1] == 1:
+            return all(a is None or (isinstance(a, Param) and numel(a.shape) == 1) for a in n.args[1:3])
+        return len(shape) == 2 and n.args[1] is None and n.args[2] is None
+    return False
 
 
-def shape_expr(n: Node, full: bool) -> str:
-    """The node's shape at run time: its first dim is the rows M, a full-width value's last dim is N,
-    the dims between are the size-1 dims the views added."""
-    dims = ["M"] + [str(d) for d in n.shape[1:]]
-    if full and len(n.shape) > 1:
-        dims[-1] = "N"
-    return ", ".join(dims)
+def row_roles(nodes: list[Node], g: Graph) -> dict[str, str]:
+    """The phase of each member of a region of this kind (anchor first, one reduction or row norm R):
+      pre    full-width values not depending on R: computed in the GEMM epilogue
+      reduce R itself when it is a reduction (a per-row value), made by the finalize kernel from partials
+      row    per-row values computed from R (finalize kernel)
+      post   full-width values depending on R, and R itself when it is a row norm (apply kernel)"""
+    roles: dict[str, str] = {}
+    for i, n in enumerate(nodes):
+        reads = {roles[a] for a in n.value_args() if a in roles}
+        if i == 0:
+            roles[n.name] = "pre"
+        elif n.op in REDUCE_OPS:
+            roles[n.name] = "reduce"
+        elif n.op in ROW_NORM_OPS:
+            roles[n.name] = "post"
+        elif reads <= {"reduce", "row"}:
+            roles[n.name] = "row"
+        elif reads == {"pre"}:
+            roles[n.name] = "pre"
+        else:
+            roles[n.name] = "post"
+    return roles
 
 
-def merge_lines(red: Node, row: list[Node], args: KernelArgs) -> tuple[list[str], dict[str, str]]:
-    """Kernel lines merging the (M, T) partials of `red` for the rows offs_m (`base` = offs_m * T), then the
-    per-row ops `row`; and the (M,) result of each: the reduction's and the row ops' values by name, or a row
-    norm's statistics st_a (logsumexp, or mean) and st_b (1 / sqrt(biased variance + eps))."""
-    stat = STAT[red.op]
-    env: dict[str, str] = {}
-    lines = [ln for ln in MERGE_LINES[stat]]
-    if red.op in REDUCE_OPS:
-        # the per-row ops run in float64 (M values: free next to the GEMM) and round once, when stored
-        lines.append(f"{var(red.name)} = ({RESULT[red.op]}).to(tl.float64)  # {red.origin}")
-        env[red.name] = var(red.name)
-        lines += pointwise_lines(as_pointwise(row), env, args)
-        return lines, env
-    if stat == "lse":
-        return lines, {"st_a": "lse"}
-    lines.append(f"rstd = 1.0 / tl.sqrt(m2 / N + {args.operand(red.args[3], env)})")
-    return lines, {"st_a": "mean", "st_b": "rstd"}
+def joins_rows(walk: Walk, n: Node) -> bool:
+    """Can `n` join a region of this kind with `walk`'s members (one reduction or row norm at most)?"""
+    anchor, g = walk.anchor, walk.g
+    roles = row_roles(walk.members, g)
+    vals = n.value_args()
+    if not vals or not all(v in roles for v in vals):
+        return False
+    n_cols = anchor.shape[-1]
+    rows = numel(anchor.shape) // n_cols if n_cols else 0
+    reads = {roles[v] for v in vals}
+    if n.op in REDUCE_OPS or n.op in ROW_NORM_OPS:
+        has_r = any(r == "reduce" for r in roles.values()) or any(m.op in ROW_NORM_OPS for m in walk.members)
+        return not has_r and reads == {"pre"} and over_features(n, g, anchor)
+    if reads <= {"reduce", "row"}:  # per-row ops: read only per-row values, numbers and one-element parameters
+        if numel(n.shape) != rows:
+            return False
+        ok_arg = per_row_operand
+    else:
+        if squeezed(n.shape) != squeezed(anchor.shape) or n.shape[-1] != n_cols:
+            return False
+        ok_arg = lambda a: column_operand(a, n_cols, set(roles))  # noqa: E731
+    return n.op in VIEW_OPS or pointwise_with(n, ok_arg)
 
 
-def finalize_kernel(name: str, red: Node, row: list[Node], outputs: list[str], apply_row: list[str],
-                    registry: dict[str, tuple[str, bool]]) -> tuple[str, list[str], KernelArgs]:
-    """Phase 2: `<name>_finalize_kernel` merging the (M, T) partials of `red` per row, then the per-row ops
-    `row`; stores the row values in `outputs` (o_<v>) and in `apply_row` (k_<v>, fp32), or a row norm's
-    statistics (st_a, st_b). Returns the source, the launcher names of the (M,) tensors it writes (in its
-    parameter order, after pa, pb) and its KernelArgs. N is the width the partials cover."""
-    a2 = KernelArgs(registry=registry)
-    fbody, vals = merge_lines(red, row, a2)
-    row_stores = row_store_names(red, row, outputs, apply_row)  # the (M,) tensors the finalize kernel writes
-    for p in row_stores:
-        fbody.append(f"tl.store({p}_ptr + offs_m, {vals[p[2:] if p[:2] in ('o_', 'k_') else p]}, mask=mask_m)")
-    fsig = "".join(f"{p}_ptr, " for p in ["pa", "pb", *row_stores])
-    finalize = "\n".join([
-        "@triton.jit",
-        f"def {name}_finalize_kernel({fsig}{a2.signature()}M, N, T, TILE_N, BLOCK_M: tl.constexpr):",
-        f'    """Phase 2 of {name}: merge the column tiles\' partials of each row ({red.origin}), then the '
-        'per-row ops."""',
-        "    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
-        "    mask_m = offs_m < M",
-        "    base = offs_m.to(tl.int64) * T",
-        *[f"    {ln}" for ln in a2.loads + fbody]]) + "\n"
 
-    return finalize, row_stores, a2
-
-
-def row_store_names(red: Node, row: list[Node], outputs: list[str], apply_row: list[str]) -> list[str]:
-    """The (M,) tensors phase 2 writes, in order: o_<v> for row values the model returns, k_<v> for those the
-    apply pass reads, or a row norm's statistics."""
-    if red.op not in REDUCE_OPS:
-        return ["st_a"] if STAT[red.op] == "lse" else ["st_a", "st_b"]
-    names = []
-    for v in [red.name, *[n.name for n in row]]:
-        names += ([f"o_{v}"] if v in outputs else []) + ([f"k_{v}"] if v in apply_row else [])
-    return names
-
-
-def generate(region: Region, g: Graph) -> RegionCode:
+def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     nodes = list(region.nodes)
     anchor = nodes[0]
     roles = row_roles(nodes, g)
@@ -165,7 +114,7 @@ def generate(region: Region, g: Graph) -> RegionCode:
     pre = [n for n in nodes[1:] if roles[n.name] == "pre"]
     row = [n for n in nodes if roles[n.name] == "row"]
     post = [n for n in nodes if roles[n.name] == "post"]
-    name = kernel_name(region)
+    name = stem
     outputs = list(region.outputs)
     by_name = {n.name: n for n in nodes}
 
@@ -278,3 +227,19 @@ def generate(region: Region, g: Graph) -> RegionCode:
     weight = anchor.args[1]
     call = f"{', '.join(outputs)} = fused_{name}({', '.join([anchor.args[0], operand_code(weight), *values])})"
     return RegionCode(tuple(kernels), launch, (call,))
+
+
+class GemmRowReduce(RegionKind):
+    name = "gemm_rowreduce"
+
+    def enters(self, walk: Walk, n: Node) -> bool:
+        return walk.tile_2d and (n.op in REDUCE_OPS or n.op in ROW_NORM_OPS) and joins_rows(walk, n)
+
+    def joins(self, walk: Walk, n: Node) -> bool:
+        return joins_rows(walk, n)
+
+    def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
+        return generate(region, g, stem)
+
+
+KIND = GemmRowReduce()

@@ -13,18 +13,19 @@ in float64 in the same kernel, rounded to the output's dtype once, when stored.
 
 from __future__ import annotations
 
-from kfuse.ir import Graph, Param
-from kfuse.partition import Region
-from kfuse.regions.common import KernelArgs, RegionCode, kernel_name, launcher, pointwise_lines, var
-from kfuse.regions.gemm_rowreduce import as_pointwise, shape_expr
+from kfuse.ir import Graph, Node, Param, Region
+from kfuse.ops import VIEW_OPS
+from kfuse.regions.common import KernelArgs, RegionCode, launcher, pointwise_lines, var
+from kfuse.regions.kind import RegionKind, Walk, numel, per_row_operand, pointwise_with
+from kfuse.regions.rowstats import as_pointwise, shape_expr
 
 
-def generate(region: Region, g: Graph) -> RegionCode:
+def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     nodes = list(region.nodes)
     anchor = nodes[0]
     x, weight, bias = anchor.args
     kn, mean = anchor.attrs.get("kn", False), anchor.attrs.get("mean", False)
-    name = kernel_name(region)
+    name = stem
     args = KernelArgs()
     env = {anchor.name: var(anchor.name)}
     # the per-row ops run in float64 too (M values: free) and round once, at the store
@@ -65,3 +66,24 @@ def generate(region: Region, g: Graph) -> RegionCode:
     w: Param = weight
     call_args = [x, w.expr(), bias.expr() if isinstance(bias, Param) else "None", *args.values]
     return RegionCode((kernel,), launch, (f"{', '.join(region.outputs)} = fused_{name}({', '.join(call_args)})",))
+
+
+class Gemv(RegionKind):
+    name = "gemv"
+
+    def starts(self, n: Node, g: Graph) -> bool:
+        """rewrite.py's `linear_rowsum` node over a 2-d x."""
+        return n.op == "linear_rowsum" and isinstance(n.args[0], str) and len(g.shape_of(n.args[0])) == 2
+
+    def joins(self, walk: Walk, n: Node) -> bool:
+        """The per-row ops (and views) after the row sum."""
+        vals = n.value_args()
+        if not vals or not all(v in walk.values for v in vals) or numel(n.shape) != numel(walk.anchor.shape):
+            return False
+        return n.op in VIEW_OPS or pointwise_with(n, per_row_operand)
+
+    def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
+        return generate(region, g, stem)
+
+
+KIND = Gemv()

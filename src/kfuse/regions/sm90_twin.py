@@ -1,9 +1,10 @@
 """The Hopper twin of a generated GEMM kernel (`<name>_kernel_sm90`), made from the same pieces as the kernel.
 
-Same parameters (plus STAGES, CHUNK and PERSISTENT of the sm90 configs) and the same epilogue lines, compiled by
-Gluon with the tile of kernels/gemm_sm90.py: asynchronous wgmma fed by a producer warp. Three functions:
-  <name>_epilogue_sm90  the kernel's epilogue lines as they are, with Triton's tensor-making calls replaced by
-                        Gluon's (which need no layout: theirs is inferred from the accumulator's);
+Same parameters (plus STAGES, CHUNK and PERSISTENT of the sm90 configs) and the same epilogue, the jit function
+`<name>_epilogue` both call (regions/common.gemm_kernel), compiled by Gluon with the tile of kernels/gemm_sm90.py:
+asynchronous wgmma fed by a producer warp. The twin makes the tile's row and column offsets with Gluon's arange
+(no layout given: the compiler infers it from the accumulator's), so the epilogue makes no tensor of its own
+layout. Two functions:
   <name>_tiles_sm90     persistent blocks: the consumer warps walk the block's tiles, each tile's K loop
                         (sm90_tile_mma) then its epilogue, while the producer warp (sm90_loader) already loads the next
                         tile: a tile's prologue and pipeline fill overlap the previous epilogue. The epilogue then runs
@@ -20,33 +21,25 @@ Launchers pick the twin for sm90 configs (runtime.pick_kernel, sm90_options, gem
 
 from __future__ import annotations
 
-import re
+from typing import TYPE_CHECKING
 
-# Tensor-making calls that need a layout in Gluon: Gluon's own versions give them an automatic one, which the
-# compiler takes from the tensors they meet (the accumulator's), so the epilogue lines stay as written.
-_CREATORS = re.compile(r"\btl\.(arange|zeros|zeros_like|full|full_like)\(")
-_PARAM = re.compile(r"(\w+)\s*(?::[^,=]*)?(?:=[^,]*)?$")
+if TYPE_CHECKING:
+    from kfuse.regions.common import Decl
 
-
-def param_names(params: str) -> list[str]:
-    """The names in a signature's parameter text, e.g. "a_ptr, M, BLOCK_M: tl.constexpr, S: tl.constexpr = False"."""
-    return [_PARAM.match(p.strip()).group(1) for p in params.split(",") if p.strip()]
+# the epilogue's call in the twin: the tile's offsets made with Gluon's arange
+OFFSETS = "pid_m * BLOCK_M + gl.arange(0, BLOCK_M), pid_n * BLOCK_N + gl.arange(0, BLOCK_N)"
 
 
-def sm90_twin(name: str, params: str, doc: str, epilogue: list[str]) -> str:
-    """The twin's source: `params` is the kernel's parameter text, `epilogue` its lines after `acc = gemm_tile(...)`
-    (one indent level)."""
-    names = ", ".join(param_names(params))
-    gluon_lines = [_CREATORS.sub(r"gl.\1(", ln) for ln in epilogue]
+def sm90_twin(name: str, decls: tuple[Decl, ...], doc: str) -> str:
+    """The twin's source: `decls` are the kernel's parameters; the epilogue is `<name>_epilogue`."""
+    from kfuse.regions.common import signature
+
+    params = signature(decls)
+    names = ", ".join(n for n, _ in decls)
+    epilogue_call = f"{name}_epilogue(acc, pid_m, pid_n, {OFFSETS}, {names})"
     setup = ("sm90_setup(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, M, N, K, stride_am, stride_bn, BLOCK_M, BLOCK_N, "
              "BLOCK_K, STAGES)")
     lines = [
-        "@sm90_jit",
-        f"def {name}_epilogue_sm90(acc, pid_m, pid_n, {params}):",
-        f'    """The epilogue of {name}_kernel, for its Hopper twin."""',
-        *[f"    {ln}" for ln in gluon_lines],
-        "",
-        "",
         "@sm90_jit",
         f"def {name}_tiles_sm90(st, STAGES: tl.constexpr, CHUNK: tl.constexpr, TAIL: tl.constexpr, tail_split, "
         "tail_ws, tail_cnt,",
@@ -60,7 +53,7 @@ def sm90_twin(name: str, params: str, doc: str, epilogue: list[str]) -> str:
         "        pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)",
         "        acc = sm90_tile_mma(st, i, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK)",
         "        acc = sm90_scaled(acc, a_scale_ptr, b_scale_ptr, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)",
-        f"        {name}_epilogue_sm90(acc, pid_m, pid_n, {names})",
+        f"        {epilogue_call}",
         "        i += n_k",
         "    if TAIL:",
         "        tile, slot, j, kb0, kb1 = sm90_tail_piece(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, tail_split)",
@@ -70,7 +63,7 @@ def sm90_twin(name: str, params: str, doc: str, epilogue: list[str]) -> str:
         "                pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)",
         "                acc = sm90_tail_sum(acc, slot, tail_ws, tail_split, BLOCK_M, BLOCK_N)",
         "                acc = sm90_scaled(acc, a_scale_ptr, b_scale_ptr, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)",
-        f"                {name}_epilogue_sm90(acc, pid_m, pid_n, {names})",
+        f"                {epilogue_call}",
         "",
         "",
         "# the same kernel with its GEMM tile in Gluon, for Hopper GPUs (sm90 configs: regions/sm90_twin.py)",
@@ -90,6 +83,6 @@ def sm90_twin(name: str, params: str, doc: str, epilogue: list[str]) -> str:
         "        acc = gemm_tile_sm90(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n,",
         "                             M, N, K, stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N,",
         "                             BLOCK_K, SCHEME, SPLIT_A, EVEN_K, GROUP_M=GROUP_M, STAGES=STAGES, CHUNK=CHUNK)",
-        f"        {name}_epilogue_sm90(acc, pid_m, pid_n, {names})",
+        f"        {epilogue_call}",
     ]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""The fused backward of a pointwise GEMM epilogue (kind gemm_epilogue): dZ in one generated Triton pass.
+"""The fused backward of a GEMM epilogue: dZ in one generated Triton pass (the pointwise ops' part, shared by the
+kinds whose backward is fused).
 
 For a region z = x W^T + b -> pointwise ops -> outputs, backward needs dZ = d(outputs)/dz against the upstream
 gradients, the epilogue parameters' gradients (scale vectors: sums over the rows) and db = sum_rows dZ. The
@@ -16,8 +17,9 @@ Triton expression of the local derivative over the operands {0}, {1}, ... and th
 the operand is not differentiated (slopes, bounds: always scalars). Conventions at kinks follow torch's
 backward formulas (relu: y > 0; leaky_relu: x > 0; hardtanh: strictly inside the bounds; clamp: x >= min).
 
-`dz_kernel` takes `rules` for ops that are not pointwise (a NodeRule: forward lines, reverse lines): the
-GroupNorm of kind gemm_groupnorm is one (backward_groupnorm.py); without rules every op is pointwise.
+`dz_kernel` takes `rules` for ops that are not pointwise (a NodeRule: forward lines, reverse lines): a kind with a
+norm in its epilogue brings its rule (GroupNorm over whole groups in a tile, BatchNorm); without rules every op is
+pointwise.
 """
 
 from __future__ import annotations
@@ -25,9 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from kfuse.ir import Node, Param, Scalar
+from kfuse.ir import Node, Param, Region, Scalar
 from kfuse.ops import POINTWISE, VIEW_OPS
-from kfuse.partition import Region
 from kfuse.regions.common import is_column_vector, is_single, var
 
 _MISH_T = "(tl.exp(tl.minimum({0}, 20.0)) * (tl.exp(tl.minimum({0}, 20.0)) + 2.0) / " \
@@ -84,14 +85,6 @@ def pointwise_ok(n: Node, n_cols: int) -> bool:
         if isinstance(a, str) and da is None:
             return False
     return True
-
-
-def dz_supported(region: Region) -> bool:
-    """Every op after the GEMM is pointwise with a derivative row (pointwise_ok)."""
-    if region.kind != "gemm_epilogue":
-        return False
-    n_cols = region.anchor.shape[-1]
-    return all(pointwise_ok(n, n_cols) for n in region.nodes[1:])
 
 
 class Operands:

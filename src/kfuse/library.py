@@ -1,0 +1,151 @@
+"""The library part of a generated file: the definitions of kfuse/kernels/ its code uses, found by following names.
+
+Every module of kfuse/kernels/ is read as top-level definitions (functions, classes, assignments, and `try` blocks
+that bind names, such as the optional Gluon import). Starting from the names the generated regions and ModelNew
+read, the definitions they need are collected transitively; they are written module by module, each in its
+file's order (module-level values only ever read earlier definitions), under a banner naming the source file.
+The standard-library imports those definitions read come back as import lines for the file's header; kfuse's own
+imports between the modules are dropped (the definitions sit in one file).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+KERNELS = Path(__file__).parent / "kernels"
+# Modules in the order their definitions are written: a module reads only those before it at import time.
+MODULES: tuple[tuple[str, str], ...] = (
+    ("gemm_core", "fp32-accurate GEMM core"),
+    ("gemm_sm90", "the GEMM tile on Hopper, in Gluon"),
+    ("skinny", "skinny GEMMs: the float64 split-K pass"),
+    ("runtime", "run-time helpers: operands, tile configs, tuning"),
+    ("batchnorm", "BatchNorm's statistics and eval fold"),
+    ("backward_ops", "training: epilogue backward launcher"),
+    ("backward", "training: autograd bases, backward GEMM"),
+    ("graphs", "CUDA graphs for repeated inference calls"),
+)
+ALWAYS_IMPORTED = ("torch", "triton", "tl")  # the generated file's own imports
+
+
+@dataclass(frozen=True)
+class Definition:
+    module: str
+    order: int  # position in its module
+    source: str
+    reads: frozenset[str]
+
+
+def _bound(stmt: ast.stmt) -> list[str]:
+    """The module-level names a statement binds (imports excluded: they are the header's)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    if isinstance(stmt, ast.Try):  # an optional import: every name bound in any branch
+        inner = [s for part in (stmt.body, stmt.orelse, stmt.finalbody, *[h.body for h in stmt.handlers])
+                 for s in part]
+        names = [a.asname or a.name.split(".")[0] for s in inner if isinstance(s, (ast.Import, ast.ImportFrom))
+                 for a in s.names]
+        return names + [n for s in inner for n in _bound(s)]
+    return []
+
+
+def _reads(node: ast.AST) -> frozenset[str]:
+    return frozenset(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
+
+
+def _source(lines: list[str], stmt: ast.stmt) -> str:
+    start = min([d.lineno for d in getattr(stmt, "decorator_list", [])] + [stmt.lineno])
+    return "\n".join(lines[start - 1:stmt.end_lineno])
+
+
+@functools.cache
+def _module(name: str) -> tuple[dict[str, Definition], dict[str, str]]:
+    """A kernels module's definitions by name, and its standard imports: bound name -> import line."""
+    text = (KERNELS / f"{name}.py").read_text()
+    lines = text.splitlines()
+    defs: dict[str, Definition] = {}
+    imports: dict[str, str] = {}
+    for i, stmt in enumerate(ast.parse(text).body):
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            if isinstance(stmt, ast.ImportFrom) and (stmt.module or "").startswith(("kfuse", "__future__")):
+                continue
+            for a in stmt.names:
+                bound = a.asname or a.name.split(".")[0]
+                if isinstance(stmt, ast.Import):
+                    imports[bound] = f"import {a.name}" + (f" as {a.asname}" if a.asname else "")
+                else:
+                    imports[bound] = f"from {stmt.module} import {a.name}" + (f" as {a.asname}" if a.asname else "")
+            continue
+        d = Definition(name, i, _source(lines, stmt), _reads(stmt))
+        for bound in _bound(stmt):
+            defs.setdefault(bound, d)
+    return defs, imports
+
+
+def _all_definitions() -> dict[str, Definition]:
+    out: dict[str, Definition] = {}
+    for module, _ in MODULES:
+        for name, d in _module(module)[0].items():
+            out.setdefault(name, d)  # a name defined twice: the earlier module's (modules never shadow)
+    return out
+
+
+def free_names(code: str) -> set[str]:
+    """Names a piece of generated Python reads (an ast walk: what it would look up when it runs)."""
+    return set(_reads(ast.parse(code)))
+
+
+@dataclass(frozen=True)
+class Library:
+    sections: tuple[str, ...]  # one per module used: its banner and definitions
+    imports: tuple[str, ...]  # standard-library import lines the definitions and `roots` need
+    early: tuple[str, ...]  # definitions the generated code needs when it is defined (decorators), in order
+    names: frozenset[str]  # every library name the file defines
+
+
+def _closure(roots: Iterable[str], defs: dict[str, Definition], exclude: set[str]) -> set[str]:
+    need: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in need or name in exclude or name not in defs:
+            continue
+        need.add(name)
+        todo += defs[name].reads
+    return need
+
+
+def _ordered(names: set[str], defs: dict[str, Definition]) -> list[Definition]:
+    chosen = {id(defs[n]): defs[n] for n in names}.values()
+    rank = {m: i for i, (m, _) in enumerate(MODULES)}
+    return sorted(chosen, key=lambda d: (rank[d.module], d.order))
+
+
+def library(roots: Iterable[str], exclude: Sequence[str] = (), early: Sequence[str] = ()) -> Library:
+    """The definitions `roots` need, transitively, written module by module; `exclude`: names the generated file
+    defines itself (e.g. the GEMM scheme it was built for); `early`: names among them the generated code needs
+    at its own definition (with what they need: `Library.early`, not in the sections)."""
+    defs = _all_definitions()
+    roots = set(roots)
+    need = _closure(roots, defs, set(exclude))
+    first = _closure([n for n in early if n in need], defs, set(exclude))
+    reads = roots.union(*(defs[n].reads for n in need))
+    sections = []
+    for module, title in MODULES:
+        mine = [d for d in _ordered(need - first, defs) if d.module == module]
+        if mine:
+            banner = f"# ---------------- {title} (kfuse/kernels/{module}.py) ----------------"
+            sections.append(banner + "\n" + "\n\n\n".join(d.source for d in mine))
+    imports: dict[str, str] = {}
+    for module, _ in MODULES:
+        for bound, line in _module(module)[1].items():
+            if bound in reads and bound not in ALWAYS_IMPORTED:
+                imports.setdefault(bound, line)
+    return Library(tuple(sections), tuple(sorted(set(imports.values()))),
+                   tuple(d.source for d in _ordered(first, defs)), frozenset(need))
