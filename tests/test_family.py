@@ -50,8 +50,8 @@ CASES = [
     # the sum of a whole GEMM output: a GEMV (rewrite), and the size-1 reductions after it vanish
     ("gemv_sum_chain", "", "x = torch.sum(y, dim=1, keepdim=True)\nx = torch.max(x, dim=1, keepdim=True)[0]\n"
      "x = torch.mean(x, dim=1, keepdim=True)\nreturn torch.logsumexp(x, dim=1, keepdim=True)",
-     [("gemv", ["linear_rowsum", "view", "view", "view", "view"])], []),
-    ("gemv_scaled_mean", "", "return torch.mean(y / 2.0, dim=1) * 1.5", [("gemv", ["linear_rowsum", "mul"])], []),
+     [("gemm_rowsum", ["linear_rowsum", "view", "view", "view", "view"])], []),
+    ("gemv_scaled_mean", "", "return torch.mean(y / 2.0, dim=1) * 1.5", [("gemm_rowsum", ["linear_rowsum", "mul"])], []),
     # the pointwise family with saved values
     ("saved_value_gate", "self.s = nn.Parameter(torch.randn(out_features))", "return y * torch.sigmoid(y * self.s) + y",
      [("gemm_epilogue", ["linear", "mul", "sigmoid", "mul", "add"])], []),

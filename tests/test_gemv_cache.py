@@ -1,4 +1,4 @@
-"""The `gemv` region's float64 weight and bias sums (runtime.cached_gemv_sums): computed once and reused while W
+"""The `gemm_rowsum` region's float64 weight and bias sums (runtime.cached_gemv_sums): computed once and reused while W
 and b are unchanged, recomputed whenever either changes -- in place under no_grad, by an optimizer step, by
 load_state_dict, or by reassigning a Parameter. Never stale: every result is compared with eager after each change.
 Two layouts: nn.Linear with a bias (W (N, K)) and `x @ W` without one (W (K, N): the sums run over W's columns)."""
@@ -36,7 +36,7 @@ def generated(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gemv")
     prob = load_problem(write_problem(tmp, init, forward, batch=5, k=70, n=129, name=request.param))
     compiled = compile_problem(prob, Options(device="cpu"))
-    assert [r.kind for r in compiled.regions if r.kind != "torch"] == ["gemv"]
+    assert [r.kind for r in compiled.regions if r.kind != "torch"] == ["gemm_rowsum"]
     path = tmp / f"{request.param}_new.py"
     path.write_text(compiled.source)
     return prob, load_module(path), w, b

@@ -18,8 +18,8 @@ CPU = Options(device="cpu", trials=2)
 
 # Regions each problem must get (the rest of the file's ops may stay torch calls, and are then listed).
 KINDS = {
-    "04_gemm_divide_sum_scaling": ["gemv"],
-    "05_matmul_sum_max_avg_logsumexp": ["gemv"],
+    "04_gemm_divide_sum_scaling": ["gemm_rowsum"],
+    "05_matmul_sum_max_avg_logsumexp": ["gemm_rowsum"],
     "06_matmul_scale_residual_clamp_logsumexp_mish": ["gemm_rowreduce"],
     "08_gemm_groupnorm_hardtanh": ["gemm_groupnorm_wide"],
     "09_matmul_swish_biasadd_groupnorm": ["gemm_groupnorm"],

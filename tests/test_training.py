@@ -123,14 +123,14 @@ REGION_CASES = {
     "pool_avg_sum": (LIN + "\nself.pool = nn.AvgPool1d(8)",
                      "y = self.pool(torch.tanh(self.lin(x)).unsqueeze(1)).squeeze(1)\nreturn y.sum(dim=1) * 0.5",
                      ["gemm_pool"]),
-    # row reductions and norms over the GEMM's features (kind gemm_rowreduce), the GEMV rewrite (kind gemv)
+    # row reductions and norms over the GEMM's features (kind gemm_rowreduce), the GEMV rewrite (kind gemm_rowsum)
     "rowreduce_logsumexp": (LIN, "return torch.logsumexp(self.lin(x), dim=1, keepdim=True) * 2.0", ["gemm_rowreduce"]),
     "rowreduce_softmax": (LIN, "return torch.softmax(self.lin(x) * 0.5, dim=1) + 1.0", ["gemm_rowreduce"]),
     "rowreduce_layernorm": (LIN + "\nself.ln = nn.LayerNorm(out_features)", "return torch.relu(self.ln(self.lin(x)))",
                             ["gemm_rowreduce"]),
     "rowreduce_max_view": (LIN, "return torch.max(self.lin(x), dim=1, keepdim=True)[0] - 1.0", ["gemm_rowreduce"]),
     "rowreduce_mean_sub": (LIN, "y = self.lin(x)\nreturn y - y.mean(dim=1, keepdim=True)", ["gemm_rowreduce"]),
-    "gemv_sum_sigmoid": (LIN, "return torch.sigmoid(torch.sum(self.lin(x), dim=1, keepdim=True))", ["gemv"]),
+    "gemv_sum_sigmoid": (LIN, "return torch.sigmoid(torch.sum(self.lin(x), dim=1, keepdim=True))", ["gemm_rowsum"]),
 }
 N_COLS = {"groupnorm": 128, "groupnorm_wide": 300}
 
@@ -177,7 +177,7 @@ def test_generic_recompute_backward(tmp_path, monkeypatch):
     for case in ("epilogue_two_outputs", "groupnorm", "batchnorm_scale"):
         prob = region_problem(tmp_path, case)
         compiled, module = compile_to(prob, tmp_path, "generic")
-        assert "(FusedRegionFn)" in compiled.source and "(FusedGemmFn)" not in compiled.source
+        assert "autograd_fn(" in compiled.source and "GEMM = True" not in compiled.source  # FusedRegionFn's
         gradient_contract(prob, module, train=True, draws=1)
 
 

@@ -28,7 +28,7 @@ import dataclasses
 from kfuse.ir import Arg, Graph, Node, Param, Region, Scalar, attr_expr
 from kfuse.ops import POINTWISE
 from kfuse.regions import kind_of
-from kfuse.regions.common import RegionCode
+from kfuse.regions.common import RegionCode, docstring
 from kfuse.regions.pointwise_dz import dz_method
 
 STATEFUL = ("dropout",)  # recomputing these would not reproduce the forward (a new mask)
@@ -152,7 +152,7 @@ def class_name(stem: str, taken: set[str]) -> str:
 
 
 def function_class(region: Region, code: RegionCode, name: str, launcher_name: str,
-                   dz: tuple[str, list[str], list[str], str] | None = None) -> str:
+                   dz: tuple[str, list[str], list[str], tuple[str, ...]] | None = None) -> str:
     """The Function class source. dz: (kernel stem, parameter and scalar expressions, extra epilogue_dz
     arguments) of the generated epilogue-backward kernel of the region's kind (its `dz_plan`), which then
     computes dZ instead of torch."""
@@ -163,9 +163,8 @@ def function_class(region: Region, code: RegionCode, name: str, launcher_name: s
            "the ops after the GEMM differentiated in torch")
     how = (f"z saved by the forward kernel (else recomputed) and dX = dZ W, dW = dZ^T X by gemm_nt; {epi}"
            if gemm else "the region recomputed in torch and differentiated")
-    lines = [f"class {name}:",
-             f'    """Autograd for {launcher_name} ({replaced}), made a Function by autograd_fn.',
-             f'    Forward: the fused kernels. Backward: {how}."""']
+    lines = [f"class {name}:", docstring(f"Autograd for {launcher_name} ({replaced}), made a Function by autograd_fn. "
+                                         f"Forward: the fused kernels. Backward: {how}.")]
     if gemm:
         lines += ["", "    GEMM = True  # autograd_fn's base: FusedGemmFn"]
     if gemm and region.anchor.op == "matmul":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import textwrap
 from collections.abc import Sequence
 
 import kfuse
@@ -175,7 +176,7 @@ def _header(problem_name: str, variants: Sequence[Variant], fused: bool, scheme:
         header.append(f"# GEMM scheme: {scheme} ({SCHEME_NOTES.get(scheme, scheme)}).")
         header.append("# Training: each fused region is a torch.autograd.Function (used only when a gradient is needed).")
     header += [f"# {ln}" for ln in verified]
-    return header
+    return [wrapped for ln in header for wrapped in textwrap.wrap(ln, 118, subsequent_indent="#     ")]
 
 
 def _regions_part(forwards: Sequence[tuple[Variant, list[RegionCode]]]) -> list[str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 KERNELS = Path(__file__).parent / "kernels"
 # Modules in the order their definitions are written: a module reads only those before it at import time.
 MODULES: tuple[tuple[str, str], ...] = (
+    ("pointwise", "helpers of the pointwise table's spellings"),
     ("gemm_core", "fp32-accurate GEMM core"),
     ("gemm_sm90", "the GEMM tile on Hopper, in Gluon"),
     ("skinny", "skinny GEMMs: the float64 split-K pass"),

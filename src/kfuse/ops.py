@@ -62,8 +62,8 @@ POINTWISE: dict[str, Pointwise] = {p.name: p for p in [
     _p("softplus", 3, "tl.where({0} * {1} > {2}, {0}, tl.where(1.0 + tl.exp(tl.minimum({0} * {1}, {2})) == 1.0, tl.exp(tl.minimum({0} * {1}, {2})), tl.log(1.0 + tl.exp(tl.minimum({0} * {1}, {2}))) * tl.exp(tl.minimum({0} * {1}, {2})) / (1.0 + tl.exp(tl.minimum({0} * {1}, {2})) - 1.0)) / {1})", lambda x, b, t: F.softplus(x, float(b), float(t)), 'torch.nn.functional.softplus({0}, {1}, {2})'),
     # mish = x * tanh(log(1 + e^x)) = x * n / (n + 2), n = e^x (e^x + 2): no log(1 + tiny) or 2 sigmoid - 1
     # cancellation for negative x; x past softplus's threshold (20) is x, as torch
-    _p("mish", 1, "tl.where({0} > 20.0, {0}, {0} * (tl.exp(tl.minimum({0}, 20.0)) * (tl.exp(tl.minimum({0}, 20.0)) + 2.0))"
-       " / (tl.exp(tl.minimum({0}, 20.0)) * (tl.exp(tl.minimum({0}, 20.0)) + 2.0) + 2.0))", F.mish, 'torch.nn.functional.mish({0})'),
+    _p("mish", 1, "tl.where({0} > 20.0, {0}, {0} * _mish_n({0}) / (_mish_n({0}) + 2.0))", F.mish,
+       'torch.nn.functional.mish({0})'),  # _mish_n: kernels/pointwise.py
     _p("hardswish", 1, "{0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0", F.hardswish, 'torch.nn.functional.hardswish({0})'),
     _p("hardsigmoid", 1, "tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0", F.hardsigmoid, 'torch.nn.functional.hardsigmoid({0})'),
     _p("exp", 1, "tl.exp({0})", torch.exp, 'torch.exp({0})'),
@@ -74,10 +74,10 @@ POINTWISE: dict[str, Pointwise] = {p.name: p for p in [
 # Non-pointwise canonical ops that regions are built around.
 GEMM_OPS = ("linear", "matmul")
 NORM_OPS = ("group_norm", "batch_norm")
-# Reductions over one dim (attrs dim, keepdim) and the norms over a whole row (regions/gemm_rowreduce.py).
+# Reductions over one dim (attrs dim, keepdim) and the norms over a whole row (the row-reduction region kind).
 REDUCE_OPS = ("sum", "mean", "amax", "amin", "logsumexp")
 ROW_NORM_OPS = ("softmax", "log_softmax", "layer_norm", "instance_norm")
-POOL_OPS = ("max_pool1d", "avg_pool1d")  # windows of k features of an (M, 1, N) view (regions/gemm_pool.py)
+POOL_OPS = ("max_pool1d", "avg_pool1d")  # windows of k features of an (M, 1, N) view (the pooling region kind)
 VIEW_OPS = ("view",)  # unsqueeze / squeeze / flatten / view / reshape: the shape is the node's
 
 

@@ -1,5 +1,5 @@
 """Backward helpers every generated ModelNew carries (this file's body below the marker is copied into it):
-the launcher of the generated epilogue-backward kernels (kfuse/backward_epilogue.py), and the fp16 hi/lo split
+the launcher of the generated epilogue-backward kernels (kfuse/regions/pointwise_dz.py), and the fp16 hi/lo split
 of a transposed operand (dW = dZ^T X reads dZ and X along their columns) in two coalesced Triton passes.
 """
 
@@ -63,8 +63,8 @@ def epilogue_dz(kernel, z: torch.Tensor, grads: tuple, params: tuple, scalars: t
     shape of M*N elements; None is zero). Returns (dZ (M, N) in z's dtype, db float64 (N,), [(parameter, its
     gradient in float64 and the parameter's shape)], max_rows |dZ| (N,) fp32). The column sums are float64 partials per row block, added
     here in float64 (T x N values: T = M / rows per program).
-    groups: a GroupNorm's number of groups (kernels of kfuse/backward_groupnorm.py, constexpr GROUP);
-    bn_eps: a training-mode BatchNorm's eps (kernels of kfuse/backward_batchnorm.py: two passes first, or one
+    groups: a GroupNorm's number of groups (the one-tile GroupNorm kind's kernels, constexpr GROUP);
+    bn_eps: a training-mode BatchNorm's eps (the BatchNorm kind's kernels: two passes first, or one
     where bn_merged: the norm is the region's last op)."""
     M, N = z.shape
     gs = [torch.zeros_like(z) if g is None else g.reshape(M, N).contiguous() for g in grads]
@@ -90,7 +90,7 @@ def epilogue_dz(kernel, z: torch.Tensor, grads: tuple, params: tuple, scalars: t
 
 
 def batch_norm_passes(launch, z: torch.Tensor, rows: int, eps: float, merged: bool = False) -> dict:
-    """The two column-statistics passes of a BatchNorm dZ kernel (PHASE 0, 1; kfuse/backward_batchnorm.py),
+    """The two column-statistics passes of a BatchNorm dZ kernel (PHASE 0, 1; the BatchNorm kind),
     each followed by a float64 torch merge of its (T, N) row-block partials (`rows` rows each) into stat (4, N):
       0: the norm input u's block means and centred sums of squares -> mean and rstd = 1 / sqrt(var + eps),
          var biased (torch's training-mode normalization); Chan's merge, in closed form over the blocks;

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 
 from kfuse.ir import Graph, Region
 from kfuse.regions import (gemm_batchnorm, gemm_epilogue, gemm_groupnorm, gemm_groupnorm_wide, gemm_pool,
-                           gemm_rowreduce, gemv, no_kernel, torch_call)
+                           gemm_rowreduce, gemm_rowsum, no_kernel, torch_call)
 from kfuse.regions.common import RegionCode
 from kfuse.regions.kind import RegionKind
 
 KINDS: tuple[RegionKind, ...] = (
-    gemv.KIND,  # the row sum of a GEMM, rewritten (rewrite.py)
+    gemm_rowsum.KIND,  # the row sum of a GEMM, rewritten to a GEMV (rewrite.py)
     gemm_epilogue.KIND,  # a GEMM and pointwise ops: where every GEMM region starts
     gemm_rowreduce.KIND,  # ... taken over at a reduction or norm over the whole feature row
     gemm_pool.KIND,  # ... at a pool over the features

@@ -9,6 +9,8 @@ in the file (emit.py claims it before any code is generated): the kernel for `ge
 from __future__ import annotations
 
 import re
+import textwrap
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kfuse.ir import Arg, Graph, Node, Param, Region, Scalar
@@ -113,8 +115,7 @@ def pointwise_lines(nodes: list[Node], env: dict[str, str], args: KernelArgs) ->
     lines = []
     for n in nodes:
         spec = POINTWISE["identity" if n.op in VIEW_OPS else n.op]  # a view keeps the tile's (M, N) layout
-        operands = [args.operand(a, env) for a in n.args]
-        lines.append(f"{var(n.name)} = {spec.triton.format(*operands)}  # {n.origin}")
+        lines += assign(var(n.name), spec.triton, [args.operand(a, env) for a in n.args], n.origin)
         env[n.name] = var(n.name)
     return lines
 
@@ -127,6 +128,16 @@ def affine_lines(out: str, weight, bias, env: dict[str, str], args: KernelArgs) 
     if isinstance(bias, Param):
         lines.append(f"{out} = {out} + {args.operand(bias, env)}")
     return lines
+
+
+def assign(target: str, template: str, operands: list[str], origin: str) -> list[str]:
+    """`target = template(operands)  # origin`; a spelling that repeats long operands (mish) reads them through
+    short local names first, so the line stays short."""
+    line = f"{target} = {template.format(*operands)}  # {origin}"
+    if len(line) <= 140:
+        return [line]
+    short = [f"u_{i}" for i in range(len(operands))]
+    return [f"# {origin}", *[f"{s} = {o}" for s, o in zip(short, operands)], f"{target} = {template.format(*short)}"]
 
 
 def kernel_name(region: Region) -> str:
@@ -179,8 +190,28 @@ def signature(decls: tuple[Decl, ...] | list[Decl], indent: int = 8, width: int 
     return ("\n" + " " * indent).join(lines)
 
 
-def names(decls: tuple[Decl, ...] | list[Decl]) -> str:
-    return ", ".join(n for n, _ in decls)
+def names(decls: tuple[Decl, ...] | list[Decl]) -> list[str]:
+    return [n for n, _ in decls]
+
+
+def docstring(doc: str, indent: int = 4, width: int = 116) -> str:
+    """A docstring line (or lines) for `doc`, wrapped at `width` columns."""
+    pad = " " * indent
+    return pad + '"""' + textwrap.fill(doc, width - indent - 6, subsequent_indent=pad).lstrip() + '"""'
+
+
+def call(fn: str, *args: str | Iterable[str], width: int = 100, indent: int = 8) -> str:
+    """`fn(args...)`, each of `args` an expression or several: the arguments wrapped at `width` columns (the
+    continuation lines indented `indent` more, inside the parentheses)."""
+    flat = [a for group in args for a in ([group] if isinstance(group, str) else group)]
+    lines, line = [], f"{fn}("
+    for i, a in enumerate(flat):
+        piece = a + (", " if i < len(flat) - 1 else "")
+        if len(line) + len(piece) > width and line.strip() and not line.endswith("("):
+            lines.append(line.rstrip())
+            line = " " * indent
+        line += piece
+    return "\n".join([*lines, line + ")"])
 
 
 GEMM_PARAMS = plain("a_ptr", "a_lo_ptr", "a_scale_ptr", "b_ptr", "b_lo_ptr", "b_scale_ptr")
@@ -211,15 +242,37 @@ def batch_offsets(outs: list[str]) -> list[str]:
             *[f"{o}_ptr += pid_b * M * N" for o in outs]]
 
 
+def gemm_cost(region: Region, g: Graph) -> str:
+    """What the region's GEMM kernel moves and computes at the problem's shape (fp32 operands and outputs)."""
+    a = region.anchor
+    n = a.shape[-1]
+    m = 1
+    for d in a.shape[:-1]:
+        m *= d
+    x = g.shape_of(a.args[0]) if isinstance(a.args[0], str) else ()
+    k = x[-1] if x else 0
+    w = a.args[1]
+    w_shape = w.shape if isinstance(w, Param) else g.shape_of(w) if isinstance(w, str) else ()
+    w_numel = 1
+    for d in w_shape:
+        w_numel *= d
+    outs = len(region.outputs)
+    moved = 4 * (m * k + w_numel + outs * m * n)
+    return (f"At the problem's shape (M={m}, N={n}, K={k}): {2 * m * n * k / 1e9:.3g} GFLOP, {moved / 2 ** 20:.3g} MiB "
+            f"moved at fp32 (x and W read once, {outs} output{'s' if outs > 1 else ''} of M x N written once).")
+
+
 def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str],
                 extra_sig: tuple[Decl, ...] = (), z_var: str | None = None, sm90: bool = True,
-                batched: bool = False) -> str:
+                batched: bool = False, cost: str = "") -> str:
     """A GEMM tile kernel `<name>_kernel`: tile ids, the fp32-accurate accumulator, then `<name>_epilogue`, a jit
     function running `body` (epilogue + stores) on it, which the Hopper twin calls too.
     extra_sig: more parameters (plain() or constexpr() declarations), before the tile constexprs.
     z_var: the variable holding x W^T + b; the kernel then takes `z_ptr` and STORE_Z (write z too).
     sm90: also its Hopper twin `<name>_kernel_sm90` (regions/sm90_twin.py), which launchers pick for sm90 configs.
-    batched: B products, one per program_id(1), each M x N (no twin: runtime.tuned_gemm offers none)."""
+    batched: B products, one per program_id(1), each M x N (no twin: runtime.tuned_gemm offers none).
+    cost: what it moves and computes (gemm_cost), added to its docstring."""
+    doc = f"{doc} {cost}" if cost else doc
     outs_sig = plain(*[f"{o}_ptr" for o in outs], *(["z_ptr"] if z_var else []))
     decls = (*GEMM_PARAMS, *outs_sig, *args.decls(), *GEMM_SIZES, *(BATCH_PARAMS if batched else ()), *extra_sig,
              *GEMM_CONSTEXPRS, *([constexpr("STORE_Z", "False")] if z_var else []))
@@ -230,14 +283,14 @@ def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: li
                 *args.loads, *body]
     epilogue_fn = [
         "@triton.jit",
-        f"def {name}_epilogue(acc, pid_m, pid_n, offs_m, offs_n, {signature(decls)}):",
+        f"def {name}_epilogue({signature([*plain('acc', 'pid_m', 'pid_n', 'offs_m', 'offs_n'), *decls])}):",
         f'    """The epilogue of {name}_kernel (and of its Hopper twin) on the tile\'s fp32 accumulator."""',
         *[f"    {ln}" for ln in epilogue],
     ]
     kernel = [
         "@triton.jit",
         f"def {name}_kernel({signature(decls)}):",
-        f'    """{doc}"""',
+        docstring(doc),
         *[f"    {ln}" for ln in offsets],
         "    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)",
         "    acc = gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, pid_m, pid_n, M, N, K,",
@@ -245,16 +298,16 @@ def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: li
         "                    EVEN_K, K_SLICES=K_SLICES)",
         "    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         "    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
-        f"    {name}_epilogue(acc, pid_m, pid_n, offs_m, offs_n, {names(decls)})",
+        "    " + call(f"{name}_epilogue", ["acc", "pid_m", "pid_n", "offs_m", "offs_n"], names(decls)),
     ]
     src = "\n".join(epilogue_fn) + "\n\n\n" + "\n".join(kernel) + "\n"
     return src + "\n\n" + sm90_twin(name, decls, doc) if sm90 and not batched else src
 
 
-def gemm_launch(kernel: str, args: str) -> str:
-    """The launch of GEMM kernel `kernel` (its name stem, made by gemm_kernel with its twin) with positional `args`
-    under `cfg`: the Hopper twin for sm90 configs."""
-    return f"pick_kernel({kernel}_kernel, {kernel}_kernel_sm90, cfg)[grid]({args}{LAUNCH_TAIL})"
+def gemm_launch(kernel: str, *args: str | Iterable[str]) -> str:
+    """The launch of GEMM kernel `kernel` (its name stem, made by gemm_kernel with its twin) with `args` (then the
+    tile config's) under `cfg`: the Hopper twin for sm90 configs."""
+    return call(f"pick_kernel({kernel}_kernel, {kernel}_kernel_sm90, cfg)[grid]", *args, LAUNCH_TAIL)
 
 
 # what a launcher called with save_z=True returns after its outputs (runtime.saved_for_backward): z = x W^T + b, and
@@ -262,14 +315,15 @@ def gemm_launch(kernel: str, args: str) -> str:
 KEPT = "saved_for_backward(z.reshape(*lead, N), ops, scheme, cfg)"
 SAVE_Z_DOC = "save_z: also return what backward keeps (z = x W^T + b and x's split: runtime.saved_for_backward)."
 
-LAUNCH_TAIL = ("BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SCHEME=tile_scheme(scheme, cfg), "
-               "SPLIT_A=cfg.split_a, EVEN_K=k_run % cfg.block_k == 0, K_SLICES=cfg.k_slices, num_warps=cfg.num_warps, "
-               "num_stages=cfg.num_stages, **sm90_options(cfg, M, N, k_run, x.device)")
+LAUNCH_TAIL = ("BLOCK_M=cfg.block_m", "BLOCK_N=cfg.block_n", "BLOCK_K=cfg.block_k", "GROUP_M=cfg.group_m",
+               "SCHEME=tile_scheme(scheme, cfg)", "SPLIT_A=cfg.split_a", "EVEN_K=k_run % cfg.block_k == 0",
+               "K_SLICES=cfg.k_slices", "num_warps=cfg.num_warps", "num_stages=cfg.num_stages",
+               "**sm90_options(cfg, M, N, k_run, x.device)")
 
 
 def launcher(name: str, params: list[str], body: list[str], doc: str) -> str:
-    head = f"def {name}({', '.join(params)}):"
-    return "\n".join([head, f'    """{doc}"""'] + [f"    {ln}" for ln in body]) + "\n"
+    head = f"def {name}({signature(plain(*params))}):"
+    return "\n".join([head, docstring(doc)] + [f"    {ln}" for ln in body]) + "\n"
 
 
 def gemm_head(anchor: Node) -> list[str]:
@@ -304,19 +358,20 @@ def tuned_launch_lines(anchor: Node, kernel: str, body: list[str], results: list
             f"cfg, ({names}) = tuned_gemm({kernel}_kernel, x2, N, scheme, min_block_n, launch)"]
 
 
-def batched_region_code(region: Region, name: str, args: KernelArgs, body: list[str], doc: str) -> RegionCode:
+def batched_region_code(region: Region, name: str, args: KernelArgs, body: list[str], doc: str,
+                        cost: str = "") -> RegionCode:
     """Kernel + launcher + forward line for a batched product x[..., M, K] @ w[..., K, N] (the same leading dims)
     and its epilogue: one launch, program_id(1) picking the product."""
     anchor = region.anchor
     outs = [f"out{i}" for i in range(len(region.outputs))]
-    kernel = gemm_kernel(name, doc, outs, args, body, z_var=var(anchor.name), batched=True)
-    positional = "".join(f"{a}, " for a in [*outs, "z", *args.params])
-    tail = LAUNCH_TAIL.replace("K_SLICES=cfg.k_slices", "K_SLICES=0")
+    kernel = gemm_kernel(name, doc, outs, args, body, z_var=var(anchor.name), batched=True, cost=cost)
+    tail = ["K_SLICES=0" if kw == "K_SLICES=cfg.k_slices" else kw for kw in LAUNCH_TAIL]
     launch_body = [*[f"{o} = torch.empty((B * M, N), device=x.device, dtype=x.dtype)" for o in outs],
                    f"z = torch.empty((B * M, N), device=x.device, dtype=x.dtype) if save_z else {outs[0]}  # unused if not",
                    "ops, k_run, strides, steps = batched_operands(x3, w3, scheme, cfg)",
                    "grid = (gemm_grid(M, N, cfg, x.device)[0], B)",
-                   f"{name}_kernel[grid](*ops, {positional}M, N, k_run, *strides, *steps, STORE_Z=save_z, {tail})",
+                   call(f"{name}_kernel[grid]", ["*ops", *outs, "z", *args.params, "M", "N", "k_run", "*strides",
+                                                   "*steps", "STORE_Z=save_z"], tail),
                    f"return ({', '.join([*outs, 'z'])},)"]
     lines = ["min_block_n = 16",
              "lead = x.shape[:-1]",
@@ -330,14 +385,13 @@ def batched_region_code(region: Region, name: str, args: KernelArgs, body: list[
     shaped = ", ".join(f"{o}.reshape(*lead, N)" for o in outs)
     lines += ["if save_z:", f"    return {shaped}, (z.reshape(*lead, N),)", f"return {shaped}"]
     launch = launcher(f"fused_{name}", ["x", "weight", *args.params, "save_z=False"], lines, doc + f" {SAVE_Z_DOC}")
-    call = f"fused_{name}({', '.join([anchor.args[0], operand_code(anchor.args[1]), *args.values])})"
-    outs_code = ", ".join(region.outputs)
-    return RegionCode((kernel,), launch, (f"{outs_code} = {call}",))
+    line = call(f"fused_{name}", [anchor.args[0], operand_code(anchor.args[1]), *args.values])
+    return RegionCode((kernel,), launch, (f"{', '.join(region.outputs)} = {line}",))
 
 
 def gemm_region_code(region: Region, name: str, args: KernelArgs, body: list[str], doc: str, *,
-                     extra_sig: tuple[Decl, ...] = (), extra_kwargs: str = "",
-                     pre: tuple[str, ...] = ("min_block_n = 16",),
+                     extra_sig: tuple[Decl, ...] = (), extra_kwargs: tuple[str, ...] = (),
+                     pre: tuple[str, ...] = ("min_block_n = 16",), cost: str = "",
                      extra_params: tuple[str, ...] = (), extra_values: tuple[str, ...] = ()) -> RegionCode:
     """Kernel + launcher + forward line for a single-kernel GEMM region.
 
@@ -347,11 +401,11 @@ def gemm_region_code(region: Region, name: str, args: KernelArgs, body: list[str
     parameters and the forward expressions feeding them; `extra_sig`/`extra_kwargs`: kernel constexprs."""
     anchor = region.anchor
     outs = [f"out{i}" for i in range(len(region.outputs))]
-    kernel = gemm_kernel(name, doc, outs, args, body, extra_sig, z_var=var(anchor.name))
-    positional = "".join(f"{a}, " for a in [*outs, "z", *args.params])
+    kernel = gemm_kernel(name, doc, outs, args, body, extra_sig, z_var=var(anchor.name), cost=cost)
     body = [f"{o} = torch.empty((M, N), device=x.device, dtype=x.dtype)" for o in outs]
     body.append(f"z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else {outs[0]}  # unused if not")
-    body.append(gemm_launch(name, f"*ops, {positional}M, N, k_run, *strides, {extra_kwargs}STORE_Z=save_z, "))
+    body.append(gemm_launch(name, ["*ops", *outs, "z", *args.params, "M", "N", "k_run", "*strides", *extra_kwargs,
+                                   "STORE_Z=save_z"]))
     lines = [*pre, *gemm_head(anchor), *tuned_launch_lines(anchor, name, body, [*outs, "z", "ops"])]
     shaped = ", ".join(f"{o}.reshape(*lead, N)" for o in outs)
     lines += ["if save_z:", f"    return {shaped}, {KEPT}", f"return {shaped}"]
@@ -359,21 +413,28 @@ def gemm_region_code(region: Region, name: str, args: KernelArgs, body: list[str
                       doc + f" {SAVE_Z_DOC}")
     weight = anchor.args[1]
     call_args = [anchor.args[0], operand_code(weight), *extra_values, *args.values]
-    call = f"fused_{name}({', '.join(call_args)})"
-    outs_code = ", ".join(region.outputs)
-    return RegionCode((kernel,), launch, (f"{outs_code} = {call}",),
-                      z_forward=(f"{outs_code}, kept = {call[:-1]}, save_z=True)",))
+    return forward_calls(region, f"fused_{name}", call_args, launch, (kernel,))
+
+
+def forward_calls(region: Region, launcher_name: str, args: list[str], launch: str,
+                  kernels: tuple[str, ...]) -> RegionCode:
+    """RegionCode whose forward line calls the launcher with `args`, and whose z_forward line also asks it for
+    what backward keeps (save_z=True)."""
+    outs = ", ".join(region.outputs)
+    return RegionCode(kernels, launch, (f"{outs} = " + call(launcher_name, args),),
+                      z_forward=(f"{outs}, kept = " + call(launcher_name, args, ["save_z=True"]),))
 
 
 def pointwise_kernel(name: str, doc: str, ins: list[str], outs: list[str], args: KernelArgs, body: list[str],
-                     extra_sig: str = "") -> str:
+                     extra_sig: tuple[Decl, ...] = ()) -> str:
     """A 2-d elementwise kernel over (M, N) row-major tensors: load `ins` tiles as v_<in>, run `body`.
-    `extra_sig`: more scalar parameters, after M, N (e.g. "GROUP, NUM_GROUPS, ")."""
-    ptrs = "".join(f"{p}_ptr, " for p in [*ins, *outs])
+    `extra_sig`: more parameters, after M, N (e.g. plain("GROUP", "NUM_GROUPS"))."""
+    decls = (*plain(*[f"{p}_ptr" for p in [*ins, *outs]]), *args.decls(), *plain("M", "N"), *extra_sig,
+             constexpr("BLOCK_M"), constexpr("BLOCK_N"))
     lines = [
         "@triton.jit",
-        f"def {name}_kernel({ptrs}{args.signature()}M, N, {extra_sig}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):",
-        f'    """{doc}"""',
+        f"def {name}_kernel({signature(decls)}):",
+        docstring(doc),
         "    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
         "    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
         "    mask_m = offs_m < M",

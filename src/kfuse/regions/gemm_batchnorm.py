@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from kfuse.ir import Graph, Node, Param, Region, Scalar, attr_expr
-from kfuse.regions.common import (constexpr, plain, KEPT, SAVE_Z_DOC, KernelArgs, RegionCode, gemm_head, gemm_kernel, gemm_launch,
+from kfuse.regions.common import (call, forward_calls, gemm_cost, constexpr, plain, KEPT, SAVE_Z_DOC, KernelArgs, RegionCode, gemm_head, gemm_kernel, gemm_launch,
                                   is_column_vector, is_single, launcher, linear_bias, operand_code, pointwise_kernel,
                                   pointwise_lines, store_line, tuned_launch_lines, var)
 from kfuse.regions.kind import EpilogueKind, Walk, norm_of_tile
@@ -139,8 +139,8 @@ def _stores(values: list[str], env: dict[str, str]) -> list[str]:
     return [store_line(f"buf_{v}", env[v]) for v in values]
 
 
-def _eval_kernel(region: Region, name: str, bn: Node, before: list[Node], after: list[Node], pre_outs: list[str],
-                 post_outs: list[str], registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+def _eval_kernel(region: Region, name: str, cost: str, bn: Node, before: list[Node], after: list[Node],
+                 pre_outs: list[str], post_outs: list[str], registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
     """Eval mode as one GEMM kernel: (y - running_mean) / sqrt(running_var + eps) * weight + bias."""
     path, n_cols, y = bn.module, region.anchor.shape[-1], bn.args[0]
     w, b, eps = bn_params(bn, n_cols)
@@ -154,11 +154,11 @@ def _eval_kernel(region: Region, name: str, bn: Node, before: list[Node], after:
     body += pointwise_lines(after, env, args) + _stores(post_outs, env)
     replaced = ", ".join(n.origin for n in region.nodes)
     kernel = gemm_kernel(f"{name}_eval", f"Eval mode (running statistics): {replaced}.",
-                         [f"buf_{v}" for v in pre_outs + post_outs], args, body)
+                         [f"buf_{v}" for v in pre_outs + post_outs], args, body, cost=cost)
     return kernel, args
 
 
-def _folded_kernel(region: Region, name: str, bn: Node, after: list[Node], outs: list[str],
+def _folded_kernel(region: Region, name: str, cost: str, bn: Node, after: list[Node], outs: list[str],
                    registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
     """Eval mode with the norm folded into W' and b' (bn_eval_fold): acc + b', then the ops after the norm."""
     args, env = KernelArgs(registry), {}
@@ -169,7 +169,7 @@ def _folded_kernel(region: Region, name: str, bn: Node, after: list[Node], outs:
     body += pointwise_lines(after, env, args) + _stores(outs, env)
     replaced = ", ".join(n.origin for n in region.nodes)
     kernel = gemm_kernel(f"{name}_folded", f"Eval mode, BatchNorm folded into the weights ({FOLD_RULE}): {replaced}.",
-                         [f"buf_{v}" for v in outs] + ["fold_b"], args, body)
+                         [f"buf_{v}" for v in outs] + ["fold_b"], args, body, cost=cost)
     return kernel, args
 
 
@@ -210,7 +210,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     body1 += ["if STORE_Y:", f"    {store_y}", *store_rest] + [ln.format(y=env1[y]) for ln in STATS_LINES]
     stats = gemm_kernel(f"{name}_stats", f"Training-mode pass 1 of: {replaced}.",
                         [f"buf_{v}" for v in stats_outs] + ["mean_part", "m2_part"], a1, body1,
-                        extra_sig=(constexpr("STORE_Y"),), z_var=var(region.anchor.name))
+                        extra_sig=(constexpr("STORE_Y"),), z_var=var(region.anchor.name), cost=gemm_cost(region, g))
 
     # 3. apply: normalize y with the batch statistics, then the ops after the norm
     a3, env3 = KernelArgs(registry), {y: "v_y"}
@@ -226,23 +226,24 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     # mean and rstd are (N,) vectors (loaded above), not tiles: pointers after y that pointwise_kernel leaves alone
     apply = pointwise_kernel(f"{name}_apply", f"Training-mode pass 3 of: {replaced}.", ["y"],
                              ["mean", "rstd", *[f"buf_{v}" for v in post_outs]], a3, body3,
-                             extra_sig="FROM_Z: tl.constexpr, ")
+                             extra_sig=(constexpr("FROM_Z"),))
 
     # eval: the norm folded into W and b where fold_plan allows, else one kernel with the running statistics
     # as per-column constants (neither without running statistics)
     plan = fold_plan(region)
     has_running = bn.attrs.get("track_running_stats", True)
     if plan is not None:
-        evalk = _folded_kernel(region, name, bn, after, post_outs, registry)
+        evalk = _folded_kernel(region, name, gemm_cost(region, g), bn, after, post_outs, registry)
     elif has_running:
-        evalk = _eval_kernel(region, name, bn, before, after, pre_outs, post_outs, registry)
+        evalk = _eval_kernel(region, name, gemm_cost(region, g), bn, before, after, pre_outs, post_outs, registry)
     else:
         evalk = None
     a2 = evalk[1] if evalk else None
 
-    def launch(kernel: str, outs: list[str], args: KernelArgs, extra: str = "", kw: str = "") -> str:
-        ptrs = "".join(f"buf_{v}, " for v in outs)
-        return gemm_launch(kernel, f"*ops, {ptrs}{extra}{''.join(p + ', ' for p in args.params)}M, N, k_run, *strides, {kw}")
+    def launch(kernel: str, outs: list[str], args: KernelArgs, extra: tuple[str, ...] = (),
+               kw: tuple[str, ...] = ()) -> str:
+        return gemm_launch(kernel, ["*ops", *[f"buf_{v}" for v in outs], *extra, *args.params, "M", "N", "k_run",
+                                    "*strides", *kw])
 
     alloc = "{} = torch.empty((M, N), device=x.device, dtype=x.dtype)"
     shaped = ", ".join(f"buf_{v}.reshape(*lead, N)" for v in region.outputs)
@@ -251,7 +252,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     eval_lines = []
     if plan is not None:
         eval_outs = [f"buf_{v}" for v in post_outs]  # fold_plan: nothing before the norm is read outside
-        eval_body = [alloc.format(o) for o in eval_outs] + [launch(name + "_folded", post_outs, a2, "fold_b, ")]
+        eval_body = [alloc.format(o) for o in eval_outs] + [launch(name + "_folded", post_outs, a2, ("fold_b",))]
         eval_lines = [f"if not (bn.training or bn.running_mean is None):  # eval: the norm folded into W and b ({FOLD_RULE})",
                       f"    {_fold_call(plan, registry)}",
                       *[f"    {ln}" for ln in tuned_launch_lines(region.anchor, name + "_folded", eval_body, eval_outs)],
@@ -271,8 +272,8 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
                   "m2_part = torch.empty_like(mean_part)",
                   "z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else m2_part  # unused if not",
                   *allocs,
-                  launch(name + "_stats", stats_outs, a1, "mean_part, m2_part, z, ",
-                         "STORE_Z=save_z, STORE_Y=not from_z, ")]
+                  launch(name + "_stats", stats_outs, a1, ("mean_part", "m2_part", "z"),
+                         ("STORE_Z=save_z", "STORE_Y=not from_z"))]
     stats_results = [f"buf_{v}" for v in stats_outs] + ["mean_part", "m2_part", "z", "ops"]
     lines = ["min_block_n = 16", *gemm_head(region.anchor), *eval_lines,
              "if M < 2:",
@@ -285,9 +286,9 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
              "mean, rstd = batch_norm_stats(mean_part, m2_part, M, cfg.block_m, bn, factor)",
              *[alloc.format("buf_" + v) for v in post_outs],
              "bm, bn_ = (32, 128) if interpreting() else (16, 256)",
-             f"{name}_apply_kernel[(cdiv(M, bm), cdiv(N, bn_))](buf_{y}, mean, rstd, "
-             + "".join(f"buf_{v}, " for v in post_outs) + "".join(p + ", " for p in a3.params)
-             + "M, N, FROM_Z=from_z, BLOCK_M=bm, BLOCK_N=bn_, num_warps=4)",
+             call(f"{name}_apply_kernel[(cdiv(M, bm), cdiv(N, bn_))]", [f"buf_{y}", "mean", "rstd"],
+                  [f"buf_{v}" for v in post_outs], a3.params,
+                  ["M", "N", "FROM_Z=from_z", "BLOCK_M=bm", "BLOCK_N=bn_", "num_warps=4"]),
              f"return ({shaped}, {KEPT}) if save_z else ({shaped})"]
     in_eval = "running statistics folded into W and b in eval" if plan else "running statistics in eval"
     launch_src = launcher(f"fused_{name}", ["x", "weight", "bn", *params, "save_z=False"], lines,
@@ -295,13 +296,11 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
                           f"{SAVE_Z_DOC} Nothing in eval.")
     weight = region.anchor.args[1]
     call_args = [region.anchor.args[0], operand_code(weight), attr_expr(bn.module), *registry]
-    call = f"{', '.join(region.outputs)} = fused_{name}({', '.join(call_args)})"
-    z_call = f"{', '.join(region.outputs)}, kept = fused_{name}({', '.join(call_args)}, save_z=True)"
-    return RegionCode((stats, apply) + ((evalk[0],) if evalk else ()), launch_src, (call,), z_forward=(z_call,))
+    return forward_calls(region, f"fused_{name}", call_args, launch_src, (stats, apply) + ((evalk[0],) if evalk else ()))
 
 
 # part_ptr: (2, T, N) float64 row-block partials of PHASE 0 and 1 ((4, T, N) merged); stat_ptr: (4, N) float64 mean, rstd, m1, m2
-PHASE_ARGS = "part_ptr, stat_ptr, PHASE: tl.constexpr, "
+PHASE_ARGS = (*plain("part_ptr", "stat_ptr"), constexpr("PHASE"))
 # kernel variables of the norm (one per region): no value (v_<name>), parameter (p<i>), scalar (s<i>) or
 # gradient (d_...) variable starts with bn_
 XHAT, DOUT = "bn_xhat", "bn_dout"
@@ -403,13 +402,13 @@ def batchnorm_rule(region: Region) -> NodeRule:
     return NodeRule(partial(batchnorm_forward, merged=merged), partial(batchnorm_reverse, merged=merged))
 
 
-def batchnorm_dz_kernel(region: Region, name: str) -> tuple[str, list[str], list[str], str]:
+def batchnorm_dz_kernel(region: Region, name: str) -> tuple[str, list[str], list[str], tuple[str, ...]]:
     """(kernel source, parameter and scalar expressions in kernel order, the extra epilogue_dz argument that
     runs the statistics phases with the norm's eps)."""
     src, params, scalars = dz_kernel(region, name, {"batch_norm": batchnorm_rule(region)}, PHASE_ARGS, "PHASE == 2")
     norm = next(n for n in region.nodes if n.op == "batch_norm")
-    merged = ", bn_merged=True" if region.nodes[-1] is norm else ""
-    return src, params, scalars, f", bn_eps=float({attr_expr(norm.module)}.eps){merged}"
+    merged = ("bn_merged=True",) if region.nodes[-1] is norm else ()
+    return src, params, scalars, (f"bn_eps=float({attr_expr(norm.module)}.eps)", *merged)
 
 
 class GemmBatchNorm(EpilogueKind):
@@ -427,7 +426,7 @@ class GemmBatchNorm(EpilogueKind):
     def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
         return generate(region, g, stem)
 
-    def dz_plan(self, region: Region, stem: str) -> tuple[str, list[str], list[str], str] | None:
+    def dz_plan(self, region: Region, stem: str) -> tuple[str, list[str], list[str], tuple[str, ...]] | None:
         return batchnorm_dz_kernel(region, stem) if batchnorm_dz_supported(region) else None
 
     def call_time_rewrites(self, region: Region) -> list[str]:

@@ -15,7 +15,7 @@ Backward: dZ by one generated kernel (regions/pointwise_dz.py) when every op has
 from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Param, Region
-from kfuse.regions.common import (KernelArgs, RegionCode, batched_region_code, gemm_region_code, linear_bias,
+from kfuse.regions.common import (KernelArgs, RegionCode, batched_region_code, gemm_cost, gemm_region_code, linear_bias,
                                   pointwise_lines, store_lines)
 from kfuse.regions.kind import EpilogueKind
 from kfuse.regions.pointwise_dz import dz_kernel, pointwise_ok
@@ -54,15 +54,15 @@ class GemmEpilogue(EpilogueKind):
         body += store_lines(region, env)
         doc = "Fused: " + ", ".join(n.origin for n in region.nodes) + "."
         if region.anchor.attrs.get("batched"):
-            return batched_region_code(region, stem, args, body, doc)
-        return gemm_region_code(region, stem, args, body, doc)
+            return batched_region_code(region, stem, args, body, doc, cost=gemm_cost(region, g))
+        return gemm_region_code(region, stem, args, body, doc, cost=gemm_cost(region, g))
 
-    def dz_plan(self, region: Region, stem: str) -> tuple[str, list[str], list[str], str] | None:
+    def dz_plan(self, region: Region, stem: str) -> tuple[str, list[str], list[str], tuple[str, ...]] | None:
         """Every op after the GEMM pointwise with a derivative row: one generated dZ kernel."""
         n_cols = region.anchor.shape[-1]
         if not all(pointwise_ok(n, n_cols) for n in region.nodes[1:]):
             return None
-        return (*dz_kernel(region, stem), "")
+        return (*dz_kernel(region, stem), ())
 
 
 KIND = GemmEpilogue()

@@ -32,7 +32,7 @@ gets no kernel: its Function keeps the float64 torch backward.
 from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Param, Region, Scalar
-from kfuse.regions.common import (constexpr, plain, KernelArgs, RegionCode, affine_lines, gemm_region_code, linear_bias,
+from kfuse.regions.common import (constexpr, gemm_cost, plain, KernelArgs, RegionCode, affine_lines, gemm_region_code, linear_bias,
                                   pointwise_lines, store_lines, var)
 from kfuse.regions.kind import EpilogueKind, Walk, group_size, norm_of_tile, whole_groups_in_tile
 from kfuse.regions.pointwise_dz import NodeRule, Operands, accumulate, dz_kernel, pointwise_ok
@@ -56,7 +56,7 @@ def group_norm_lines(n: Node, env: dict[str, str], args: KernelArgs) -> list[str
     return lines
 
 
-GROUP_CONSTEXPR = "GROUP: tl.constexpr, "  # channels per group: N // num_groups, read at run time
+GROUP_CONSTEXPR = (constexpr("GROUP"),)  # channels per group: N // num_groups, read at run time
 # kernel variables of the norm (one per region): no value (v_<name>), parameter (p<i>), scalar (s<i>) or
 # gradient (d_...) variable starts with gn_ or g_
 RSTD, XHAT, DOUT = "gn_rstd", "gn_xhat", "gn_dout"
@@ -143,12 +143,12 @@ def groupnorm_reverse(n: Node, ops: Operands, env: dict[str, str], grads: dict[s
 GROUPNORM_RULE = NodeRule(groupnorm_forward, groupnorm_reverse)
 
 
-def groupnorm_dz_kernel(region: Region, name: str) -> tuple[str, list[str], list[str], str]:
+def groupnorm_dz_kernel(region: Region, name: str) -> tuple[str, list[str], list[str], tuple[str, ...]]:
     """(kernel source, parameter and scalar expressions in kernel order, the extra epilogue_dz argument that
     gives the kernel its number of groups)."""
     src, params, scalars = dz_kernel(region, name, {"group_norm": GROUPNORM_RULE}, GROUP_CONSTEXPR)
     norm = next(n for n in region.nodes if n.op == "group_norm")
-    return src, params, scalars, f", groups=int({norm.args[1].expr()})"
+    return src, params, scalars, (f"groups=int({norm.args[1].expr()})",)
 
 
 class GemmGroupNorm(EpilogueKind):
@@ -174,11 +174,11 @@ class GemmGroupNorm(EpilogueKind):
         pre = (f"n_out = weight.shape[{1 if region.anchor.op == 'matmul' else 0}]",
                "group = tile_group(n_out, groups)",
                "min_block_n = group")
-        return gemm_region_code(region, stem, args, body, doc, extra_sig=(constexpr("GROUP"),),
-                                extra_kwargs="GROUP=group, ", pre=pre, extra_params=("groups",),
+        return gemm_region_code(region, stem, args, body, doc, extra_sig=(constexpr("GROUP"),), cost=gemm_cost(region, g),
+                                extra_kwargs=("GROUP=group",), pre=pre, extra_params=("groups",),
                                 extra_values=(f"int({norm.args[1].expr()})",))
 
-    def dz_plan(self, region: Region, stem: str) -> tuple[str, list[str], list[str], str] | None:
+    def dz_plan(self, region: Region, stem: str) -> tuple[str, list[str], list[str], tuple[str, ...]] | None:
         return groupnorm_dz_kernel(region, stem) if groupnorm_dz_supported(region) else None
 
 

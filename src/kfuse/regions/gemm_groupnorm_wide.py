@@ -25,7 +25,7 @@ partials (T = N / BLOCK_N) and 2 * 4 * M * num_groups of statistics: tiny next t
 from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Param, Region
-from kfuse.regions.common import (constexpr, plain, KEPT, SAVE_Z_DOC, KernelArgs, RegionCode, affine_lines, gemm_head, gemm_kernel,
+from kfuse.regions.common import (call, gemm_cost, names, forward_calls, constexpr, plain, KEPT, SAVE_Z_DOC, KernelArgs, RegionCode, affine_lines, gemm_head, gemm_kernel,
                                   gemm_launch, launcher, linear_bias, operand_code, pointwise_kernel, pointwise_lines,
                                   store_line, tuned_launch_lines, var)
 from kfuse.regions.kind import EpilogueKind, Walk, group_size, norm_of_tile, whole_groups_in_tile
@@ -136,8 +136,10 @@ def finalize_kernel(name: str, norm: Node, args: KernelArgs) -> str:
             "tl.store(g_rstd_ptr + out, rstd, mask=mask_m)"]
     return "\n".join([
         "@triton.jit",
-        f"def {name}_finalize_kernel(pa_ptr, pb_ptr, y_ptr, g_mean_ptr, g_rstd_ptr, {args.signature()}M, N, T, TILE_N, "
-        "SLOTS, GROUP, NUM_GROUPS, BLOCK_M: tl.constexpr, FROM_Y: tl.constexpr, GP: tl.constexpr):",
+        "def " + call(f"{name}_finalize_kernel", names(plain("pa_ptr", "pb_ptr", "y_ptr", "g_mean_ptr", "g_rstd_ptr")
+                                                        + args.decls() + plain("M", "N", "T", "TILE_N", "SLOTS", "GROUP",
+                                                                               "NUM_GROUPS")),
+                      ["BLOCK_M: tl.constexpr", "FROM_Y: tl.constexpr", "GP: tl.constexpr"]) + ":",
         f'    """Phase 2 of {name}: the moments of each (row, group) from the column tiles\' partials, or from '
         f'y for groups narrower than a tile ({norm.origin})."""',
         "    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
@@ -175,7 +177,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     k1_outs = [buf(v) for v in pre_outs + keeps] + ["pa", "pb"]
     gemm = gemm_kernel(name, f"Fused: {replaced}. Phase 1: GEMM, ops before {norm.origin}, partial moments per "
                        "(row, column tile, group slot).", k1_outs, a1, body, (*plain("GROUP"), constexpr("SLOTS")),
-                       z_var=var(anchor.name))
+                       z_var=var(anchor.name), cost=gemm_cost(region, g))
 
     # 2. finalize
     a2 = KernelArgs(registry=registry)
@@ -190,7 +192,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     # input pointers are named after the values: pointwise_kernel loads <value>_ptr as v_<value>
     apply = pointwise_kernel(f"{name}_apply", f"Phase 3 of {name}: normalize with the group statistics, then "
                              "the ops after the norm.", apply_in, ["g_mean", "g_rstd", *[f"o_{v}" for v in post_outs]],
-                             a3, abody, extra_sig="GROUP, NUM_GROUPS, ")
+                             a3, abody, extra_sig=plain("GROUP", "NUM_GROUPS"))
 
     # launcher: group size from the module's num_groups at call time; tuning may pick any column tile
     params = [n for n, _ in registry.values()]
@@ -204,8 +206,8 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
         *[full.format(f"o_{v}", "x.dtype") for v in pre_outs],
         *[full.format(f"k_{v}", "torch.float32") for v in keeps],
         "z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else pa  # unused if not",
-        gemm_launch(name, f"*ops, {''.join(p + ', ' for p in k1_outs + ['z'] + a1.params)}M, N, k_run, *strides, "
-                    "group, SLOTS=slots, STORE_Z=save_z, ")]
+        gemm_launch(name, ["*ops", *k1_outs, "z", *a1.params, "M", "N", "k_run", "*strides", "group", "SLOTS=slots",
+                           "STORE_Z=save_z"])]
     lines = [
         "min_block_n = 16",
         *gemm_head(anchor),
@@ -217,15 +219,14 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
         f"from_y = group_slots(cfg.block_n, group) > {NARROW_SLOTS}",
         "g_mean = torch.empty((M, groups), device=x.device, dtype=torch.float32)",
         "g_rstd = torch.empty_like(g_mean)",
-        f"{name}_finalize_kernel[(cdiv(M, 64), groups)](pa, pb, {buf(y)}, g_mean, g_rstd, "
-        f"{''.join(p + ', ' for p in a2.params)}M, N, T, cfg.block_n, slots, group, groups, BLOCK_M=64, "
-        "FROM_Y=from_y, GP=triton.next_power_of_2(group) if from_y else 1)",
+        call(f"{name}_finalize_kernel[(cdiv(M, 64), groups)]", ["pa", "pb", buf(y), "g_mean", "g_rstd"], a2.params,
+             ["M", "N", "T", "cfg.block_n", "slots", "group", "groups", "BLOCK_M=64", "FROM_Y=from_y",
+              "GP=triton.next_power_of_2(group) if from_y else 1"]),
         *[full.format(f"o_{v}", "x.dtype") for v in post_outs],
         "bm, bn = (32, 128) if interpreting() else (16, 256)",
-        f"{name}_apply_kernel[(cdiv(M, bm), cdiv(N, bn))]("
-        + "".join(p + ", " for p in [buf(v) for v in apply_in] + ["g_mean", "g_rstd"]
-                  + [f"o_{v}" for v in post_outs] + a3.params)
-        + "M, N, group, groups, BLOCK_M=bm, BLOCK_N=bn, num_warps=4)",
+        call(f"{name}_apply_kernel[(cdiv(M, bm), cdiv(N, bn))]", [buf(v) for v in apply_in], ["g_mean", "g_rstd"],
+             [f"o_{v}" for v in post_outs], a3.params, ["M", "N", "group", "groups", "BLOCK_M=bm", "BLOCK_N=bn",
+                                                        "num_warps=4"]),
         "shaped = (" + "".join(f"o_{v}.reshape(*lead, N), " for v in outputs) + ")",
         "if save_z:",
         f"    return (*shaped, {KEPT})",
@@ -237,9 +238,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
                       f"{doc} {SAVE_Z_DOC}")
     weight = anchor.args[1]
     call_args = [anchor.args[0], operand_code(weight), f"int({norm.args[1].expr()})", *registry]
-    call = f"{', '.join(outputs)} = fused_{name}({', '.join(call_args)})"
-    z_call = f"{', '.join(outputs)}, kept = fused_{name}({', '.join(call_args)}, save_z=True)"
-    return RegionCode((gemm, finalize, apply), launch, (call,), z_forward=(z_call,))
+    return forward_calls(region, f"fused_{name}", call_args, launch, (gemm, finalize, apply))
 
 
 class GemmGroupNormWide(EpilogueKind):

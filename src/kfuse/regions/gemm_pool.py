@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Param, Region, Scalar
 from kfuse.ops import POOL_OPS, REDUCE_OPS, VIEW_OPS
-from kfuse.regions.common import (constexpr, plain, LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, launcher,
+from kfuse.regions.common import (call, gemm_cost, constexpr, plain, LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, launcher,
                                   linear_bias, operand_code, pointwise_lines, store_line, var)
 from kfuse.regions.kind import RegionKind, Walk, per_row_operand, pointwise_with, squeezed
 from kfuse.regions.rowstats import PARTIAL_DTYPE, PARTIAL_LINES, STAT, TWO_PARTIALS, finalize_kernel, shape_expr
@@ -91,7 +91,8 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
         finalize, row_stores, a2 = finalize_kernel(name, red, row, outputs, [], args.registry)
         kernels.append(finalize)
     doc = f"Fused: {replaced}. Column tiles hold whole pooling windows of POOL features."
-    kernel = gemm_kernel(name, doc, outs, args, body, extra_sig=(*plain("N_OUT"), constexpr("POOL")), sm90=False)
+    kernel = gemm_kernel(name, doc, outs, args, body, extra_sig=(*plain("N_OUT"), constexpr("POOL")), sm90=False,
+                         cost=gemm_cost(region, g))
     kernels.insert(0, kernel)
     by_name = {n.name: n for n in nodes}
 
@@ -114,13 +115,13 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
         lines += ["T = cdiv(N, cfg.block_n)",
                   f"pa = torch.empty((M, T), device=x.device, dtype={PARTIAL_DTYPE[STAT[red.op]]})",
                   "pb = torch.empty_like(pa)" if STAT[red.op] in TWO_PARTIALS else "pb = pa"]
-    lines.append(f"{name}_kernel[grid](*ops, {''.join(o + ', ' for o in outs)}{''.join(p + ', ' for p in args.params)}"
-                 f"M, N, k_run, *strides, N_OUT, POOL=pool, {LAUNCH_TAIL})")
+    lines.append(call(f"{name}_kernel[grid]", ["*ops", *outs, *args.params, "M", "N", "k_run", "*strides", "N_OUT",
+                                               "POOL=pool"], LAUNCH_TAIL))
     if red is not None:  # the partials cover N_OUT pooled features
         lines += [f"{p} = torch.empty((M,), device=x.device, dtype={'x.dtype' if p.startswith('o_') else 'torch.float32'})"
                   for p in row_stores]
-        lines.append(f"{name}_finalize_kernel[(cdiv(M, 64),)](pa, pb, {''.join(p + ', ' for p in row_stores)}"
-                     f"{''.join(p + ', ' for p in a2.params)}M, N_OUT, T, cfg.block_n // pool, BLOCK_M=64)")
+        lines.append(call(f"{name}_finalize_kernel[(cdiv(M, 64),)]", ["pa", "pb", *row_stores, *a2.params, "M",
+                                                                        "N_OUT", "T", "cfg.block_n // pool", "BLOCK_M=64"]))
     rets = [f"o_{v}.reshape({shape_expr(by_name[v], True)})" for v in pre_outs]
     rets += [f"o_{v}.reshape({post_shape(v)})" if v in post_outs else f"o_{v}.reshape({shape_expr(by_name[v], False)})"
              for v in outputs if v not in pre_outs]
@@ -130,7 +131,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     launch = launcher(f"fused_{name}", ["x", "weight", "kernel", *params], lines, doc)
     weight = anchor.args[1]
     call_args = [anchor.args[0], operand_code(weight), pool.args[1].expr(), *values]
-    return RegionCode(tuple(kernels), launch, (f"{', '.join(outputs)} = fused_{name}({', '.join(call_args)})",))
+    return RegionCode(tuple(kernels), launch, (f"{', '.join(outputs)} = " + call(f"fused_{name}", call_args),))
 
 
 class GemmPool(RegionKind):

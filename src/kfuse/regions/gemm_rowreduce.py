@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Param, Region
 from kfuse.ops import REDUCE_OPS, ROW_NORM_OPS, VIEW_OPS
-from kfuse.regions.common import (LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, launcher,
+from kfuse.regions.common import (LAUNCH_TAIL, call, gemm_cost, plain, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, launcher,
                                   linear_bias, operand_code, pointwise_kernel, pointwise_lines, store_line, var)
 from kfuse.regions.kind import RegionKind, Walk, column_operand, numel, per_row_operand, pointwise_with, squeezed
 from kfuse.regions.rowstats import (PARTIAL_DTYPE, PARTIAL_LINES, STAT, TWO_PARTIALS, as_pointwise, finalize_kernel,
@@ -144,7 +144,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
         body.append("tl.store(pb_ptr + offs_m.to(tl.int64) * T + pid_n, part_b, mask=mask_m)")
     k1_outs = [buf(v) for v in pre_outs + keeps] + ["pa", "pb"]
     gemm = gemm_kernel(name, f"Fused: {replaced}. Phase 1: GEMM, ops before {red.origin}, per-tile partials.",
-                       k1_outs, a1, body, sm90=False)  # untuned (gemm_prologue): the Triton tile
+                       k1_outs, a1, body, sm90=False, cost=gemm_cost(region, g))  # untuned (gemm_prologue): the Triton tile
 
     # 2. finalize: merge partials per row, the per-row ops, per-row stores. When the model returns no per-row
     # value, each apply program merges its rows' partials itself (T loads per row, L2-resident) instead: one
@@ -193,7 +193,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
         doc = (f"Phases 2 and 3 of {name}: merge the rows' partials ({red.origin}), then the full-width ops."
                if inline else f"Phase 3 of {name}: the full-width ops reading the row result.")
         apply = pointwise_kernel(f"{name}_apply", doc, apply_pre, row_ptrs + [f"o_{v}" for v in post_outs], a3, abody,
-                                 extra_sig="T, TILE_N, " if inline else "")
+                                 extra_sig=plain("T", "TILE_N") if inline else ())
         kernels.append(apply)
 
     # launcher
@@ -207,26 +207,26 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
              "pb = torch.empty_like(pa)" if stat in TWO_PARTIALS else "pb = pa"]
     lines += [alloc_full.format(f"o_{v}", "x.dtype") for v in pre_outs]
     lines += [alloc_full.format(f"k_{v}", "torch.float32") for v in keeps]
-    lines.append(f"{name}_kernel[grid](*ops, {''.join(p + ', ' for p in k1_outs)}{''.join(p + ', ' for p in a1.params)}"
-                 f"M, N, k_run, *strides, {LAUNCH_TAIL})")
+    lines.append(call(f"{name}_kernel[grid]", ["*ops", *k1_outs, *a1.params, "M", "N", "k_run", "*strides"],
+                      LAUNCH_TAIL))
     if not inline:
         lines += [alloc_row.format(p, "x.dtype" if p.startswith("o_") else "torch.float32") for p in row_stores]
-        lines.append(f"{name}_finalize_kernel[(cdiv(M, 64),)](pa, pb, {''.join(p + ', ' for p in row_stores)}"
-                     f"{''.join(p + ', ' for p in a2.params)}M, N, T, cfg.block_n, BLOCK_M=64)")
+        lines.append(call(f"{name}_finalize_kernel[(cdiv(M, 64),)]", ["pa", "pb", *row_stores, *a2.params, "M", "N",
+                                                                        "T", "cfg.block_n", "BLOCK_M=64"]))
     if post:
         lines += [alloc_full.format(f"o_{v}", "x.dtype") for v in post_outs]
         ins = [buf(v) for v in apply_pre]
         lines += ["bm, bn = (32, 128) if interpreting() else (16, 256)",
-                  f"{name}_apply_kernel[(cdiv(M, bm), cdiv(N, bn))]("
-                  + "".join(p + ", " for p in ins + row_ptrs + [f"o_{v}" for v in post_outs] + a3.params)
-                  + f"M, N, {'T, cfg.block_n, ' if inline else ''}BLOCK_M=bm, BLOCK_N=bn, num_warps=4)"]
+                  call(f"{name}_apply_kernel[(cdiv(M, bm), cdiv(N, bn))]", ins, row_ptrs, [f"o_{v}" for v in post_outs],
+                       a3.params, ["M", "N", *(["T", "cfg.block_n"] if inline else []), "BLOCK_M=bm", "BLOCK_N=bn",
+                                   "num_warps=4"])]
     rets = [f"o_{v}.reshape({shape_expr(by_name[v], roles[v] in ('pre', 'post'))})" for v in outputs]
     lines.append("return " + ", ".join(rets))
     doc = f"Fused: {replaced}. Two-phase row {red.op}: per-tile partials, a per-row merge."
     launch = launcher(f"fused_{name}", ["x", "weight", *params], lines, doc)
     weight = anchor.args[1]
-    call = f"{', '.join(outputs)} = fused_{name}({', '.join([anchor.args[0], operand_code(weight), *values])})"
-    return RegionCode(tuple(kernels), launch, (call,))
+    line = f"{', '.join(outputs)} = " + call(f"fused_{name}", [anchor.args[0], operand_code(weight), *values])
+    return RegionCode(tuple(kernels), launch, (line,))
 
 
 class GemmRowReduce(RegionKind):

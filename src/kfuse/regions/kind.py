@@ -70,7 +70,7 @@ class RegionKind:
         """Kernels, launcher and forward lines; every name it defines starts with `stem` (unique in the file)."""
         raise NotImplementedError(self.name)
 
-    def dz_plan(self, region: Region, stem: str) -> tuple[str, list[str], list[str], str] | None:
+    def dz_plan(self, region: Region, stem: str) -> tuple[str, list[str], list[str], tuple[str, ...]] | None:
         """The generated epilogue-backward kernel (source, parameter expressions, scalar expressions, extra
         `epilogue_dz` arguments), or None: the ops after the GEMM are differentiated in torch."""
         return None

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 
 from kfuse.ir import Node, Param, Region, Scalar
 from kfuse.ops import POINTWISE, VIEW_OPS
-from kfuse.regions.common import is_column_vector, is_single, var
+from kfuse.regions.common import Decl, assign, call, constexpr, is_column_vector, is_single, plain, signature, var
 
-_MISH_T = "(tl.exp(tl.minimum({0}, 20.0)) * (tl.exp(tl.minimum({0}, 20.0)) + 2.0) / " \
-          "(tl.exp(tl.minimum({0}, 20.0)) * (tl.exp(tl.minimum({0}, 20.0)) + 2.0) + 2.0))"  # tanh(softplus(x))
+_MISH_T = "(_mish_n({0}) / (_mish_n({0}) + 2.0))"  # tanh(softplus(x)) (kernels/pointwise.py)
 
 DERIVATIVES: dict[str, tuple[str | None, ...]] = {
     "add": ("1.0", "1.0"),
@@ -95,7 +94,7 @@ class Operands:
         self.scalars: dict[str, str] = {}  # expr -> kernel name
         self.loads: list[str] = []
         # a NodeRule's lines before and after the kernel's loop over its row tiles (accumulators it sets up,
-        # then stores): e.g. BatchNorm's column statistics (backward_batchnorm.py)
+        # then stores): e.g. BatchNorm's column statistics
         self.pre: list[str] = []
         self.post: list[str] = []
 
@@ -130,7 +129,7 @@ def accumulate(grads: dict[str, str], key: str, term: str, lines: list[str]) -> 
 
 @dataclass(frozen=True)
 class NodeRule:
-    """How a node that is not a pointwise op enters the dZ kernel (e.g. GroupNorm, backward_groupnorm.py).
+    """How a node that is not a pointwise op enters the dZ kernel (e.g. GroupNorm's, in its kind's file).
     forward(n, ops, env): kernel lines computing n (float64), binding env[n.name] to var(n.name).
     reverse(n, ops, env, grads, lines): kernel lines adding n's operands' gradient terms to `grads` (through
     `accumulate`), given grads[var(n.name)]."""
@@ -142,7 +141,7 @@ class NodeRule:
 def pointwise_forward(n: Node, ops: Operands, env: dict[str, str]) -> list[str]:
     names = [ops.name(a, env) for a in n.args]
     env[n.name] = var(n.name)
-    return [f"{var(n.name)} = {POINTWISE[_op(n)].triton.format(*names)}  # {n.origin}"]
+    return assign(var(n.name), POINTWISE[_op(n)].triton, names, n.origin)
 
 
 def pointwise_reverse(n: Node, ops: Operands, env: dict[str, str], grads: dict[str, str], rev: list[str]) -> None:
@@ -151,7 +150,11 @@ def pointwise_reverse(n: Node, ops: Operands, env: dict[str, str], grads: dict[s
     for a, da, nm in zip(n.args, DERIVATIVES[_op(n)], names):
         if da is None or isinstance(a, Scalar):
             continue
-        accumulate(grads, nm, f"{grads[var(n.name)]} * ({da.format(*names, y=env[n.name])})", rev)
+        local = da.format(*names, y=env[n.name])
+        if len(local) > 120:  # a derivative that repeats long operands (mish): short local names first
+            rev += [f"u_{i} = {x}" for i, x in enumerate(names)] + [f"u_y = {env[n.name]}"]
+            local = da.format(*[f"u_{i}" for i in range(len(names))], y="u_y")
+        accumulate(grads, nm, f"{grads[var(n.name)]} * ({local})", rev)
 
 
 POINTWISE_RULE = NodeRule(pointwise_forward, pointwise_reverse)
@@ -159,10 +162,10 @@ ZERO_TILE = "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)"
 
 
 def dz_kernel(region: Region, name: str, rules: Mapping[str, NodeRule] | None = None,
-              constexprs: str = "", store_if: str = "") -> tuple[str, list[str], list[str]]:
+              constexprs: tuple[Decl, ...] = (), store_if: str = "") -> tuple[str, list[str], list[str]]:
     """(kernel source, parameter expressions in kernel order, scalar expressions in kernel order).
     rules: op -> NodeRule for the ops that are not pointwise (default: none, every op pointwise);
-    constexprs: more kernel parameters they need (e.g. "GROUP: tl.constexpr, ");
+    constexprs: more kernel parameters they need (e.g. (constexpr("GROUP"),));
     store_if: a constexpr condition for storing dZ and the column sums (a kernel launched in phases, e.g.
     BatchNorm's "PHASE == 2", stores them only in its last)."""
     rules = rules or {}
@@ -192,13 +195,13 @@ def dz_kernel(region: Region, name: str, rules: Mapping[str, NodeRule] | None = 
     if store_if:
         body = [f"if {store_if}:", *[f"    {ln}" for ln in body]]
         tail = [f"if {store_if}:", *[f"    {ln}" for ln in tail]]
-    gptrs = "".join(f"g{i}_ptr, " for i in range(len(region.outputs)))
-    sig = "".join(f"{p}_ptr, " for p in pnames) + "".join(f"{s}_hi, {s}_lo, " for s in ops.scalars.values())
+    decls = plain("z_ptr", *[f"g{i}_ptr" for i in range(len(region.outputs))], "dz_ptr", "cols_ptr", "amax_ptr",
+                  *[f"{p}_ptr" for p in pnames], *[f"{s}_{part}" for s in ops.scalars.values() for part in ("hi", "lo")],
+                  "M", "N", "T") + tuple(constexprs) + tuple(constexpr(c) for c in ("BLOCK_M", "BLOCK_N", "ROW_TILES"))
     replaced = " -> ".join(n.origin for n in region.nodes[1:])
     lines = [
         "@triton.jit",
-        f"def {name}_dz_kernel(z_ptr, {gptrs}dz_ptr, cols_ptr, amax_ptr, {sig}M, N, T, "
-        f"{constexprs}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROW_TILES: tl.constexpr):",
+        f"def {name}_dz_kernel({signature(decls)}):",
         f'    """Backward of the epilogue {replaced}: dZ from z and the upstream gradients, in float64 registers;',
         "    per row block (ROW_TILES tiles of BLOCK_M rows) float64 column sums of dZ (slot 0, the bias gradient)",
         '    and of each parameter\'s gradient; the column maxima of |dZ| into amax (atomic max)."""',
@@ -220,10 +223,13 @@ def dz_kernel(region: Region, name: str, rules: Mapping[str, NodeRule] | None = 
     return "\n".join(lines) + "\n", list(ops.params), list(ops.scalars)
 
 
-def dz_method(name: str, params: list[str], scalars: list[str], extra: str = "") -> list[str]:
+def _tuple(items: list[str]) -> str:
+    return call("", items, indent=12) if len(items) != 1 else f"({items[0]},)"
+
+
+def dz_method(name: str, params: list[str], scalars: list[str], extra: tuple[str, ...] = ()) -> list[str]:
     """The Function's `fused_dz(model, z, grads)` lines: the generated kernel through epilogue_dz.
-    extra: more keyword arguments of epilogue_dz (e.g. ", groups=int(self.gn.num_groups)")."""
-    p = ", ".join(params) + ("," if len(params) == 1 else "")
-    s = ", ".join(scalars) + ("," if len(scalars) == 1 else "")
-    return ["", "    @staticmethod", "    def fused_dz(self, z, grads):",
-            f"        return epilogue_dz({name}_dz_kernel, z, grads, ({p}), ({s}){extra})"]
+    extra: more keyword arguments of epilogue_dz (e.g. "groups=int(self.gn.num_groups)")."""
+    line = call("return epilogue_dz", [f"{name}_dz_kernel", "z", "grads", _tuple(params), _tuple(scalars), *extra],
+                indent=12)
+    return ["", "    @staticmethod", "    def fused_dz(self, z, grads):", f"        {line}"]

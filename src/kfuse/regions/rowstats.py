@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kfuse.ir import Node
 from kfuse.ops import REDUCE_OPS, VIEW_OPS
-from kfuse.regions.common import KernelArgs, pointwise_lines, var
+from kfuse.regions.common import KernelArgs, names, plain, pointwise_lines, signature, var
 
 # The statistic each reduction / row norm needs per tile: one or two partials.
 STAT = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min", "logsumexp": "lse", "softmax": "lse",
@@ -112,10 +112,11 @@ def finalize_kernel(name: str, red: Node, row: list[Node], outputs: list[str], a
     row_stores = row_store_names(red, row, outputs, apply_row)  # the (M,) tensors the finalize kernel writes
     for p in row_stores:
         fbody.append(f"tl.store({p}_ptr + offs_m, {vals[p[2:] if p[:2] in ('o_', 'k_') else p]}, mask=mask_m)")
-    fsig = "".join(f"{p}_ptr, " for p in ["pa", "pb", *row_stores])
+    fsig = [f"{p}_ptr" for p in ["pa", "pb", *row_stores]]
     finalize = "\n".join([
         "@triton.jit",
-        f"def {name}_finalize_kernel({fsig}{a2.signature()}M, N, T, TILE_N, BLOCK_M: tl.constexpr):",
+        f"def {name}_finalize_kernel({signature(plain(*fsig, *names(a2.decls()), 'M', 'N', 'T', 'TILE_N'))}, "
+        "BLOCK_M: tl.constexpr):",
         f'    """Phase 2 of {name}: merge the column tiles\' partials of each row ({red.origin}), then the '
         'per-row ops."""',
         "    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",

@@ -27,16 +27,18 @@ if TYPE_CHECKING:
     from kfuse.regions.common import Decl
 
 # the epilogue's call in the twin: the tile's offsets made with Gluon's arange
-OFFSETS = "pid_m * BLOCK_M + gl.arange(0, BLOCK_M), pid_n * BLOCK_N + gl.arange(0, BLOCK_N)"
+OFFSETS = ("pid_m * BLOCK_M + gl.arange(0, BLOCK_M)", "pid_n * BLOCK_N + gl.arange(0, BLOCK_N)")
 
 
 def sm90_twin(name: str, decls: tuple[Decl, ...], doc: str) -> str:
     """The twin's source: `decls` are the kernel's parameters; the epilogue is `<name>_epilogue`."""
     from kfuse.regions.common import signature
 
+    from kfuse.regions.common import call, docstring
+
     params = signature(decls)
-    names = ", ".join(n for n, _ in decls)
-    epilogue_call = f"{name}_epilogue(acc, pid_m, pid_n, {OFFSETS}, {names})"
+    names = [n for n, _ in decls]
+    epilogue_call = call(f"{name}_epilogue", ["acc", "pid_m", "pid_n", *OFFSETS], names, indent=12)
     setup = ("sm90_setup(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, M, N, K, stride_am, stride_bn, BLOCK_M, BLOCK_N, "
              "BLOCK_K, STAGES)")
     lines = [
@@ -70,12 +72,13 @@ def sm90_twin(name: str, decls: tuple[Decl, ...], doc: str) -> str:
         "@sm90_jit",
         f"def {name}_kernel_sm90({params}, STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4,",
         "        PERSISTENT: tl.constexpr = False, TAIL: tl.constexpr = False, tail_split=1, tail_ws=None, tail_cnt=None):",
-        f'    """{doc}"""',
+        docstring(doc),
         '    tl.static_assert(SCHEME == "fp16x3p" and not SPLIT_A and EVEN_K, "the sm_90 tile: pre-split operands")',
         "    if PERSISTENT:  # one block per SM walks the tiles; its producer warp loads across tile boundaries",
         f"        st = {setup}",
         "        gl.warp_specialize([",
-        f"            ({name}_tiles_sm90, (st, STAGES, CHUNK, TAIL, tail_split, tail_ws, tail_cnt, {names})),",
+        "            (" + call(f"{name}_tiles_sm90, ", ["st", "STAGES", "CHUNK", "TAIL", "tail_split", "tail_ws",
+                                                             "tail_cnt"], names, indent=16) + "),",
         "            (sm90_loader, (st, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES, TAIL, tail_split))],",
         "            [1], [24])",
         "    else:",

@@ -1,5 +1,5 @@
-"""Region kind `gemv`: the sum (or mean) over the features of a GEMM, rewritten to a GEMV, plus the per-row
-ops after it.
+"""Region kind `gemm_rowsum`: the sum (or mean) over the features of a GEMM, rewritten to a GEMV, plus the
+per-row ops after it.
 
 rewrite.py's `sum-of-gemm->gemv` turns sum_n (x W^T + b)[m, n] into x[m, :] . w_sum + b_sum with
 w_sum = sum of W's rows (K,) and b_sum = sum(b): exact in real arithmetic. The launcher forms w_sum and b_sum
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Param, Region
 from kfuse.ops import VIEW_OPS
-from kfuse.regions.common import KernelArgs, RegionCode, launcher, pointwise_lines, var
+from kfuse.regions.common import KernelArgs, RegionCode, call, launcher, names, pointwise_lines, var
 from kfuse.regions.kind import RegionKind, Walk, numel, per_row_operand, pointwise_with
 from kfuse.regions.rowstats import as_pointwise, shape_expr
 
@@ -36,8 +36,9 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     replaced = ", ".join(n.origin for n in nodes)
     kernel = "\n".join([
         "@triton.jit",
-        f"def {name}_kernel(x_ptr, w_ptr, {''.join(o + '_ptr, ' for o in outs)}{args.signature()}M, N, K, "
-        "stride_xm, stride_xk, bsum_ptr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):",
+        "def " + call(f"{name}_kernel", ["x_ptr", "w_ptr", *[f"{o}_ptr" for o in outs]], names(args.decls()),
+                      ["M", "N", "K", "stride_xm", "stride_xk", "bsum_ptr", "BLOCK_M: tl.constexpr",
+                       "BLOCK_K: tl.constexpr"]) + ":",
         f'    """Fused: {replaced}. Row m: x[m, :] . w_sum + b_sum, then the per-row ops."""',
         "    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
         "    mask_m = offs_m < M",
@@ -57,19 +58,19 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
              f"w_sum, bsum = cached_gemv_sums(weight, bias, {kn})  # recomputed only when W or b changes",
              *[f"{o} = torch.empty((M,), device=x.device, dtype=x.dtype)" for o in outs],
              "bm, bk = (32, 128) if interpreting() else (64, 128)",
-             f"{name}_kernel[(cdiv(M, bm),)](x2, w_sum, {''.join(o + ', ' for o in outs)}"
-             f"{''.join(p + ', ' for p in args.params)}M, N, K, x2.stride(0), x2.stride(1), bsum, "
-             "BLOCK_M=bm, BLOCK_K=bk, num_warps=4)",
+             call(f"{name}_kernel[(cdiv(M, bm),)]", ["x2", "w_sum", *outs, *args.params, "M", "N", "K",
+                                                     "x2.stride(0)", "x2.stride(1)", "bsum", "BLOCK_M=bm", "BLOCK_K=bk",
+                                                     "num_warps=4"]),
              "return " + ", ".join(f"o_{v}.reshape({shape_expr(n, False)})" for v in region.outputs
                                    for n in nodes if n.name == v)]
     launch = launcher(f"fused_{name}", ["x", "weight", "bias", *args.params], lines, f"Fused: {replaced}.")
     w: Param = weight
     call_args = [x, w.expr(), bias.expr() if isinstance(bias, Param) else "None", *args.values]
-    return RegionCode((kernel,), launch, (f"{', '.join(region.outputs)} = fused_{name}({', '.join(call_args)})",))
+    return RegionCode((kernel,), launch, (f"{', '.join(region.outputs)} = " + call(f"fused_{name}", call_args),))
 
 
-class Gemv(RegionKind):
-    name = "gemv"
+class GemmRowSum(RegionKind):
+    name = "gemm_rowsum"
 
     def starts(self, n: Node, g: Graph) -> bool:
         """rewrite.py's `linear_rowsum` node over a 2-d x."""
@@ -86,4 +87,4 @@ class Gemv(RegionKind):
         return generate(region, g, stem)
 
 
-KIND = Gemv()
+KIND = GemmRowSum()
