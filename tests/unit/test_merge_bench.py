@@ -2,11 +2,12 @@
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("merge_bench", Path(__file__).parents[1] / "benchmarks" / "merge_bench.py")
+from kfuse_testing import ROOT
+
+SPEC = importlib.util.spec_from_file_location("merge_bench", ROOT / "benchmarks" / "merge_bench.py")
 mb = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(mb)
 
