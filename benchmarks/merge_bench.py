@@ -6,8 +6,8 @@ The device lends at most 10 minutes per command, and `kfuse bench` with max-auto
 two minutes per full-size problem, so the family is measured in chunks. The merged file keeps the bench JSON's
 shape ({gpu, torch, triton, command, kfuse, date, mode, method, results}); `command` lists each chunk's command,
 joined by " ; ", and `commit` each chunk's commit the same way where the chunks record one (`versions` is kept
-where every chunk has the same). A problem measured twice keeps the later file's result. Every input must come from the same
-GPU kind and versions (checked), so the ratios stay side-by-side measurements.
+where every chunk has the same). A problem measured twice keeps the later file's result. Every input must come from
+the same GPU kind and versions (checked), so the ratios stay side-by-side measurements.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def table(rep: dict[str, Any]) -> str:
         ok = "yes" if r["correct"] else f"NO ({', '.join(bad) or 'error'})"
         rows.append(f"| {r['problem']} | {f(r['eager_ms'], '.3f')} | {f(r['compile_default_ms'], '.3f')} | "
                     f"{f(r['compile_max_autotune_ms'], '.3f')} | {f(r['kfuse_ms'], '.3f')} | "
-                    f"{f(r.get('speedup_vs_eager'), '.2f')}x | {f(r.get('speedup_vs_compile_max_autotune'), '.2f')}x | {ok} |")
+                    f"{f(r.get('speedup_vs_eager'), '.2f')}x | "
+                    f"{f(r.get('speedup_vs_compile_max_autotune'), '.2f')}x | {ok} |")
     return "\n".join(rows)
 
 
@@ -91,8 +92,9 @@ def plot(rep: dict[str, Any], path: Path) -> None:
     names = [r["problem"] + ("" if r["correct"] else "  [FAILED contract]") for r in res]
     ys = range(len(res))
     fig, ax = plt.subplots(figsize=(9, 0.32 * len(res) + 1.6))
-    for off, key, color, label in ((-0.2, "speedup_vs_eager", "#7f7f7f", "vs eager fp32"),
-                                   (0.2, "speedup_vs_compile_max_autotune", "#9467bd", "vs torch.compile max-autotune")):
+    bars = ((-0.2, "speedup_vs_eager", "#7f7f7f", "vs eager fp32"),
+            (0.2, "speedup_vs_compile_max_autotune", "#9467bd", "vs torch.compile max-autotune"))
+    for off, key, color, label in bars:
         vals = [r.get(key) or 0.0 for r in res]
         ax.barh([y + off for y in ys], vals, height=0.38, color=color, label=label)
     ax.axvline(1.0, color="black", lw=0.8)

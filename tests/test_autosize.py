@@ -9,7 +9,7 @@ import time
 import torch
 from typer.testing import CliRunner
 
-from kfuse.autosize import Budget, choose_sizes, describe, halve, meta_cost, size_constants
+from kfuse.autosize import Budget, Cost, _time_left, choose_sizes, describe, halve, meta_cost, size_constants
 from kfuse.cli import app
 from kfuse.load import load_problem
 
@@ -218,6 +218,19 @@ def test_a_model_that_cannot_run_on_meta(tmp_path):
     assert consts["batch_size"] * consts["in_features"] < 4096 * 1024
 
 
+def test_a_slow_real_candidate_keeps_the_search_going():
+    """Past search_seconds the search goes on only while it holds a candidate measured for real whose forward, run
+    verify_runs times by the verification, would take longer than the search has so far; never past
+    real_search_seconds (level 3 problem 30 stopped at a batch of 5, 3.8 s a forward, after 6 s of search)."""
+    b = Budget(search_seconds=6.0, verify_runs=18, real_search_seconds=60.0)
+    assert _time_left(5.9, Cost(complete=False), b)  # within search_seconds: always
+    assert not _time_left(6.1, Cost(complete=False), b)  # nothing measured for real: stop
+    assert not _time_left(6.1, Cost(elements=10**9, flops=10**12), b)  # a meta cost: stop
+    assert _time_left(20.0, Cost(seconds=3.8), b)  # 18 x 3.8 s = 68 s of verification ahead
+    assert not _time_left(20.0, Cost(seconds=1.0), b)  # 18 s ahead: not worth 20 s of search
+    assert not _time_left(60.5, Cost(seconds=30.0), b)  # the cap
+
+
 def test_small_problems_stay_as_they_are(tmp_path):
     text = MLP.replace("1024\n", "37\n").replace("8192", "70").replace("[70, 4096]", "[64]").replace("1000", "129")
     assert choose_sizes(write(tmp_path, text)) == {}
@@ -239,7 +252,7 @@ def test_optimize_on_the_cpu_picks_a_small_instance(tmp_path):
     assert res.exit_code == 0, res.output
     overrides = json.loads(report.read_text())["overrides"]
     assert overrides and overrides["input_size"] < 8192
-    line = next(l for l in res.stderr.splitlines() if "small instance" in l)
+    line = next(line for line in res.stderr.splitlines() if "small instance" in line)
     assert describe(overrides) in line and "--full-size" in line
     # --set: exactly what was asked, nothing automatic
     res = CliRunner().invoke(app, ["optimize", str(path), "--device", "cpu", "--trials", "1", "--set", "batch_size=8",

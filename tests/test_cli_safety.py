@@ -10,9 +10,9 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from kfuse_testing import SEEDS, write_problem
 from kfuse.cli import app
 from kfuse.commands import is_kfuse_json, same_file
+from kfuse_testing import SEEDS, write_problem
 
 P12 = SEEDS / "12_gemm_multiply_leakyrelu.py"
 

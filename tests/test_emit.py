@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from kfuse_testing import SEEDS, SMALL
 from kfuse.load import load_problem
 from kfuse.optimize import Options, load_module, optimize
+from kfuse_testing import SEEDS, SMALL
 
 ALLOWED_IMPORTS = {"torch", "triton", "dataclasses", "os", "math", "json", "hashlib", "pathlib", "time",
                    "typing", "__future__", "functools", "itertools", "collections", "warnings", "weakref"}

@@ -7,10 +7,10 @@ import pytest
 import torch
 import triton
 
-from kfuse_testing import write_problem
 from kfuse.load import load_problem
 from kfuse.ops import POINTWISE, TANH
 from kfuse.optimize import Options, load_module, optimize
+from kfuse_testing import write_problem
 
 LINEAR = "self.lin = nn.Linear(in_features, out_features)"
 CPU = Options(device="cpu", trials=2)

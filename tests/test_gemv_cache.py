@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kfuse_testing import write_problem
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module
+from kfuse_testing import write_problem
 
 CASES = {
     # name: (init, forward, weight attribute, bias attribute or None)

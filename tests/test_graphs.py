@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kfuse_testing import generate_model, graphed_pair, requires_cuda
 from kfuse.kernels import graphs
+from kfuse_testing import generate_model, graphed_pair, requires_cuda
 
 
 class Small(torch.nn.Module):
@@ -104,7 +104,8 @@ def test_forward_is_graphed_only_when_every_op_is_fused(tmp_path):
     dropout = ("self.gemm = nn.Linear(in_features, out_features)\nself.drop = nn.Dropout(0.0001)",
                "return torch.relu(self.drop(self.gemm(x)))")
     _, compiled, _ = _generate(tmp_path, *dropout, "dropout")
-    assert "            return self.forward_train(x)\n        return replay_forward(self, self.forward_eval, x)" in compiled.source
+    assert ("            return self.forward_train(x)\n"
+            "        return replay_forward(self, self.forward_eval, x)") in compiled.source
 
 
 @requires_cuda

@@ -11,10 +11,10 @@ import textwrap
 import pytest
 import torch
 
-from kfuse_testing import ROOT, requires_cuda, write_problem
 from kfuse.kernels.runtime import group_slots
 from kfuse.load import load_problem
 from kfuse.optimize import Options, load_module, optimize
+from kfuse_testing import ROOT, requires_cuda, write_problem
 
 CPU = Options(device="cpu", trials=2)
 LINEAR = "self.lin = nn.Linear(in_features, out_features)"
@@ -33,14 +33,16 @@ CASES = [
     ("non_affine_43", 258, "self.gn = nn.GroupNorm(6, out_features, affine=False)",
      "return torch.sigmoid(self.gn(F.silu(y)))", ["linear", "silu", "group_norm", "sigmoid"]),
     # the functional spelling with a literal group count and per-channel parameters
-    ("functional", 192, "self.w = nn.Parameter(torch.randn(out_features))\nself.b = nn.Parameter(torch.randn(out_features))",
+    ("functional", 192,
+     "self.w = nn.Parameter(torch.randn(out_features))\nself.b = nn.Parameter(torch.randn(out_features))",
      "return F.group_norm(y, 2, self.w, self.b) * 2.0", ["linear", "group_norm", "mul"]),
     # the norm's input is also a model output (stored by phase 1 in the output's dtype)
     ("two_outputs", 170, "self.gn = nn.GroupNorm(5, out_features)", "z = y - 0.5\nreturn z, F.gelu(self.gn(z))",
      ["linear", "sub", "group_norm", "gelu"]),
     # groups narrower than a third of a tile (9 and 3 channels, straddling tile edges): no partials, phase 2
     # reads each group's columns of y; the affine parameters perturbed so they are checked
-    ("narrow_9", 261, "self.gn = nn.GroupNorm(29, out_features)\nnn.init.normal_(self.gn.weight)\nnn.init.normal_(self.gn.bias)",
+    ("narrow_9", 261,
+     "self.gn = nn.GroupNorm(29, out_features)\nnn.init.normal_(self.gn.weight)\nnn.init.normal_(self.gn.bias)",
      "return torch.tanh(self.gn(y))", ["linear", "group_norm", "tanh"]),
     ("narrow_3_two_outputs", 129, "self.gn = nn.GroupNorm(43, out_features)", "z = y * 2.0\nreturn z, self.gn(z) - 1.0",
      ["linear", "mul", "group_norm", "sub"]),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kfuse_testing import SEEDS, SMALL
 from kfuse.judge.evaluate import EvalConfig, evaluate
 from kfuse.load import load_problem
 from kfuse.optimize import Options, optimize
+from kfuse_testing import SEEDS, SMALL
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))

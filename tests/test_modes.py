@@ -9,10 +9,10 @@ import re
 import pytest
 import torch
 
-from kfuse_testing import generate_model, graphed_pair, requires_cuda, write_problem
 from kfuse.gradients import gradient_contract
 from kfuse.load import load_problem
 from kfuse.optimize import Options, load_module, optimize, report
+from kfuse_testing import generate_model, graphed_pair, requires_cuda, write_problem
 
 CPU = Options(device="cpu", trials=2)
 LINEAR = "self.lin = nn.Linear(in_features, out_features)"

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
-from kfuse_testing import write_problem
 from kfuse.load import load_problem
 from kfuse.optimize import Options, load_module, optimize
+from kfuse_testing import write_problem
 
 CPU = Options(device="cpu", trials=2)
 
@@ -17,11 +15,13 @@ CPU = Options(device="cpu", trials=2)
 @pytest.mark.parametrize("group", [4, 16, 64])
 def test_groupnorm_group_sizes(tmp_path, group):
     n = 256
-    init = f"self.lin = nn.Linear(in_features, out_features)\nself.gn = nn.GroupNorm(out_features // {group}, out_features, eps=1e-5)"
+    init = ("self.lin = nn.Linear(in_features, out_features)\n"
+            f"self.gn = nn.GroupNorm(out_features // {group}, out_features, eps=1e-5)")
     path = write_problem(tmp_path, init, "return torch.relu(self.gn(self.lin(x)) * 1.5)", n=n)
     result = optimize(load_problem(path), CPU, workdir=tmp_path)
     assert result.contract.correct, result.contract.failures
-    assert [(r.kind, r.ops()) for r in result.compiled.regions] == [("gemm_groupnorm", ["linear", "group_norm", "mul", "relu"])]
+    assert [(r.kind, r.ops()) for r in result.compiled.regions] == [
+        ("gemm_groupnorm", ["linear", "group_norm", "mul", "relu"])]
 
 
 def test_groupnorm_without_affine(tmp_path):
@@ -34,7 +34,8 @@ def test_groupnorm_without_affine(tmp_path):
 
 def test_groupnorm_one_kernel_refuses_groups_it_cannot_tile(tmp_path):
     """A ModelNew built for 16-channel groups, whose GroupNorm is later given 256-channel groups (no 256-wide
-    tile compiled on an H100) or a count that does not divide them, says so in one line instead of failing in the autotuner."""
+    tile compiled on an H100) or a count that does not divide them, says so in one line instead of failing in the
+    autotuner."""
     init = "self.lin = nn.Linear(in_features, out_features)\nself.gn = nn.GroupNorm(8, out_features)"
     path = write_problem(tmp_path, init, "return self.gn(self.lin(x))", n=128)
     result = optimize(load_problem(path), CPU, workdir=tmp_path)
@@ -75,7 +76,8 @@ def test_batchnorm_training_contract(tmp_path, bn_args):
     """The contract also compares buffers: running_mean/var and num_batches_tracked after the call."""
     result = optimize(load_problem(bn_problem(tmp_path, bn_args)), CPU, workdir=tmp_path)
     assert result.contract.correct, result.contract.failures
-    assert [(r.kind, r.ops()) for r in result.compiled.regions] == [("gemm_batchnorm", ["linear", "mul", "batch_norm", "relu"])]
+    assert [(r.kind, r.ops()) for r in result.compiled.regions] == [
+        ("gemm_batchnorm", ["linear", "mul", "batch_norm", "relu"])]
 
 
 def _pair(tmp_path):
@@ -112,11 +114,14 @@ def test_batchnorm_running_stats_over_calls_then_eval(tmp_path):
 
 # ---- eval mode: BatchNorm folded into the weights at call time (bn-eval-fold, regions/gemm_batchnorm.py) ----
 FOLD_CASES = {  # name: (init, forward, the parameter the folded weight is cached on)
-    "linear_scale": ("self.lin = nn.Linear(in_features, out_features)\nself.s = nn.Parameter(torch.randn(out_features))\n"
+    "linear_scale": ("self.lin = nn.Linear(in_features, out_features)\n"
+                     "self.s = nn.Parameter(torch.randn(out_features))\n"
                      "self.bn = nn.BatchNorm1d(out_features)", BN_FORWARD, "lin.weight"),
     "kn_no_affine": ("self.w = nn.Parameter(torch.randn(in_features, out_features) / 8)\n"
-                     "self.bn = nn.BatchNorm1d(out_features, affine=False)", "return torch.tanh(self.bn(x @ self.w))", "w"),
-    "no_bias_gelu": ("self.lin = nn.Linear(in_features, out_features, bias=False)\nself.bn = nn.BatchNorm1d(out_features)",
+                     "self.bn = nn.BatchNorm1d(out_features, affine=False)",
+                     "return torch.tanh(self.bn(x @ self.w))", "w"),
+    "no_bias_gelu": ("self.lin = nn.Linear(in_features, out_features, bias=False)\n"
+                     "self.bn = nn.BatchNorm1d(out_features)",
                      "return F.gelu(self.bn(self.lin(x)))", "lin.weight"),
 }
 

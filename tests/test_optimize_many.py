@@ -7,9 +7,9 @@ import json
 
 from typer.testing import CliRunner
 
-from kfuse_testing import write_problem
 from kfuse.cli import app
 from kfuse.commands import REPORT_MARK
+from kfuse_testing import write_problem
 
 SMALL = dict(batch=5, k=12, n=9)
 

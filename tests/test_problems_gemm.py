@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kfuse_testing import ROOT
 from kfuse.load import load_problem
 from kfuse.optimize import Options, optimize
+from kfuse_testing import ROOT
 
 GEMM = ROOT / "problems" / "gemm"
 PROBLEMS = sorted(GEMM.glob("*.py"))

@@ -27,7 +27,8 @@ POINTWISE = [
     ("hardswish", "", "F.hardswish({y})"), ("hardtanh", "", "F.hardtanh({y}, -0.5, 0.5)"),
     ("clamp", "", "torch.clamp({y}, min=-1.0, max=2.0)"), ("softplus", "", "F.softplus({y})"),
     ("scale", "self.m{i} = 1.7", "{y} * self.m{i}"), ("shift", "", "{y} - 0.3"), ("scale_chain", "", "{y} * 2.0 / 4.0"),
-    ("double", "", "{y} + {y}"), ("swish", "", "{y} * torch.sigmoid({y})"), ("resid", "", "2 * torch.sigmoid({y}) + {y}"),
+    ("double", "", "{y} + {y}"), ("swish", "", "{y} * torch.sigmoid({y})"),
+    ("resid", "", "2 * torch.sigmoid({y}) + {y}"),
 ]
 FULL_ONLY = [
     ("vector", "self.s{i} = nn.Parameter(torch.randn(out_features))", "{y} * self.s{i}"),

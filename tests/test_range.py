@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kfuse_testing import write_problem
 from kfuse.kernels import gemm_core as gc
 from kfuse.load import load_problem
 from kfuse.optimize import Options, optimize
 from kfuse.verify import reference_run
+from kfuse_testing import write_problem
 
 INPUTS = {
     "tiny": "torch.rand(batch_size, in_features) * 1e-6",

@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from kfuse_testing import SEEDS, SMALL, requires_cuda
 from kfuse.cli import app
+from kfuse_testing import SEEDS, SMALL, requires_cuda
 
 REPORT_KEYS = {"problem", "device", "precision", "correct", "rules", "max_abs_err", "ref_max_abs_err", "trials",
                "regions", "unfused_ops", "output"}

@@ -11,13 +11,13 @@ import dataclasses
 import pytest
 import torch
 
-from kfuse_testing import ROOT, requires_cuda
 from kfuse.gradients import gradient_contract
 from kfuse.kernels import gemm_core as gc
 from kfuse.kernels import skinny as sk
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module
-from test_training import REGION_CASES, region_problem
+from kfuse_testing import ROOT, requires_cuda
+from test_training import region_problem
 
 
 def _operands(M: int, K: int, N: int, seed: int, device: str = "cpu"):

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from kfuse_testing import ROOT, SEEDS, SMALL, write_problem
 from kfuse.errors import KfuseError
 from kfuse.gradients import compare_runs, max_err, run_backward
 from kfuse.gradients import gradient_contract as kfuse_gradient_contract
 from kfuse.load import Problem, load_problem
 from kfuse.optimize import Options, compile_problem, load_module
 from kfuse.regions import KINDS
+from kfuse_testing import ROOT, SEEDS, SMALL, write_problem
 
 KIND_NAMES = {k.name for k in KINDS}
 
@@ -108,7 +108,8 @@ REGION_CASES = {
     # 3 groups of 100: groups straddle the 64-wide column tiles (kind gemm_groupnorm_wide, two-phase)
     "groupnorm_wide": (LIN + "\nself.gn = nn.GroupNorm(3, out_features)",
                        "y = self.lin(x)\nreturn torch.tanh(self.gn(y * 2.0)) + y", ["gemm_groupnorm_wide"]),
-    "batchnorm_scale": (LIN + "\nself.s = nn.Parameter(torch.randn(out_features))\nself.bn = nn.BatchNorm1d(out_features)",
+    "batchnorm_scale": (LIN + "\nself.s = nn.Parameter(torch.randn(out_features))"
+                              "\nself.bn = nn.BatchNorm1d(out_features)",
                         "return torch.relu(self.bn(self.lin(x) * self.s))", ["gemm_batchnorm"]),
     "batchnorm_plain": (LIN + "\nself.bn = nn.BatchNorm1d(out_features, affine=False, momentum=None)",
                         "return self.bn(self.lin(x))", ["gemm_batchnorm"]),

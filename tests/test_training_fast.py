@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kfuse_testing import SEEDS, SMALL, write_problem
-from test_training import compile_to, gradient_contract, pair, region_problem
 from kfuse.gradients import gradient_contract as kfuse_contract
 from kfuse.gradients import run_backward
 from kfuse.load import load_problem
+from kfuse_testing import SEEDS, SMALL, write_problem
+from test_training import compile_to, gradient_contract, pair, region_problem
 
 
 def no_recompute(module, monkeypatch) -> list:
@@ -57,7 +57,8 @@ def test_saved_z_is_the_gemm_output(tmp_path, name):
     _, module = compile_to(prob, tmp_path)
     _, new, _ = pair(prob, module)
     new.train()
-    fn = next(v for k, v in vars(module).items() if k.endswith("Fn") and getattr(v, "launch_z", None))
+    fn = next(module.autograd_fn(v) for k, v in vars(module).items()
+              if k.endswith("Fn") and getattr(v, "launch_z", None))
     x = prob.inputs()[0]
     with torch.no_grad():
         outs, (z, *_) = fn.launch_z(new, x)  # kept: z, then x's split where the GEMM made one
@@ -76,16 +77,19 @@ DZ_CASES = {  # together they use every row of DERIVATIVES, column and single pa
     "abs_neg_div_exp": (PARAMS, "y = self.lin(x)\nreturn torch.abs(-y) / self.s - torch.exp(y * 0.1) * self.a"),
     "hard_clamps": (LIN, "y = self.lin(x)\n"
                     "return F.hardswish(y) + F.hardsigmoid(y) * torch.clamp(y, min=-0.5) - torch.clamp(y, max=0.3)"),
-    "smooth": (LIN, "y = self.lin(x)\nreturn F.softplus(y, beta=2.0, threshold=1.0) + F.mish(y) + F.silu(y) + F.gelu(y)"),
+    "smooth": (LIN, "y = self.lin(x)\n"
+               "return F.softplus(y, beta=2.0, threshold=1.0) + F.mish(y) + F.silu(y) + F.gelu(y)"),
     "kinks": (LIN, "y = self.lin(x) * 3.0\n"
-              "return torch.tanh(y) * torch.sigmoid(y) + F.hardtanh(y, -0.5, 0.5) + torch.relu(y) - F.leaky_relu(y, 0.2)"),
+              "return torch.tanh(y) * torch.sigmoid(y) + F.hardtanh(y, -0.5, 0.5) + torch.relu(y)"
+              " - F.leaky_relu(y, 0.2)"),
     "square_detach_two_outputs": (PARAMS, "y = self.lin(x)\nd = y.clone().detach()\nu = y * y * self.s + d\n"
                                   "return u, u - y * self.a"),
 }
 
 
 def _fns(module) -> list:
-    return [v for k, v in vars(module).items() if k.endswith("Fn") and getattr(v, "fused_dz", None)]
+    return [module.autograd_fn(v) for k, v in vars(module).items()
+            if k.endswith("Fn") and getattr(v, "fused_dz", None)]
 
 
 def fused_dz_and_float64_reference(fn, model, x, state=None) -> tuple:

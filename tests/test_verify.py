@@ -8,11 +8,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from kfuse_testing import SEEDS, SMALL
 from kfuse import ops
 from kfuse.cli import app
 from kfuse.load import load_problem
 from kfuse.verify import check_contract, run_in_process
+from kfuse_testing import SEEDS, SMALL
 
 P12 = load_problem(SEEDS / "12_gemm_multiply_leakyrelu.py", SMALL["12_gemm_multiply_leakyrelu"])
 P39 = load_problem(SEEDS / "39_gemm_scale_batchnorm.py", SMALL["39_gemm_scale_batchnorm"])
@@ -32,10 +32,12 @@ def wrong(problem, forward):
 CASES = {
     "honest": (lambda self, x, y: y.clone(), None),
     "off_by_1e-3": (lambda self, x, y: y + 1e-3, "allclose"),
-    "one_element": (lambda self, x, y: y.index_put((torch.tensor([3]), torch.tensor([5])), torch.tensor(9.0)), "allclose"),
+    "one_element": (lambda self, x, y: y.index_put((torch.tensor([3]), torch.tensor([5])), torch.tensor(9.0)),
+                    "allclose"),
     "wrong_shape": (lambda self, x, y: y[:, :-1], "shape_dtype"),
     "wrong_dtype": (lambda self, x, y: y.double(), "shape_dtype"),
-    "nan": (lambda self, x, y: y.index_put((torch.tensor([0]), torch.tensor([0])), torch.tensor(float("nan"))), "shape_dtype"),
+    "nan": (lambda self, x, y: y.index_put((torch.tensor([0]), torch.tensor([0])), torch.tensor(float("nan"))),
+            "shape_dtype"),
     # within allclose's 1e-4 but far less accurate than fp32 eager: rule 3 catches it
     "tf32_like_noise": (lambda self, x, y: y + 3e-5 * torch.randn_like(y).sign(), "float64_bound"),
     "batch_specialized": (lambda self, x, y: y if x.shape[0] == 37 else y * 0, "extra_shape"),
@@ -67,8 +69,9 @@ def test_missed_running_stat_update_fails_buffers():
 
 def test_optimize_refuses_to_write_a_failing_model(tmp_path, monkeypatch):
     """A kernel that is wrong (a bad table entry) gives exit 1, a report naming the rule, and no output file."""
-    bad = ops.POINTWISE["leaky_relu"].__class__("leaky_relu", 2, "tl.where({0} >= 0.0, {0}, {0} * {1} * 1.01)",
-                                                "torch.nn.functional.leaky_relu({0}, {1})", ops.POINTWISE["leaky_relu"].ref)
+    leaky = ops.POINTWISE["leaky_relu"]
+    bad = leaky.__class__("leaky_relu", 2, "tl.where({0} >= 0.0, {0}, {0} * {1} * 1.01)",
+                          "torch.nn.functional.leaky_relu({0}, {1})", leaky.ref)
     monkeypatch.setitem(ops.POINTWISE, "leaky_relu", bad)
     out, report = tmp_path / "new.py", tmp_path / "r.json"
     sets = [a for k, v in SMALL["12_gemm_multiply_leakyrelu"].items() for a in ("--set", f"{k}={v}")]

@@ -4,17 +4,26 @@ and the float64 evaluation sized to free memory: slices of the batch, refusals, 
 from __future__ import annotations
 
 import json
+
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from kfuse_testing import ROOT, requires_cuda, write_problem
 from kfuse import memory, verify
 from kfuse.cli import app
 from kfuse.errors import KfuseError
 from kfuse.load import load_problem
-from kfuse.verify import (TOLERANCES, Reference, Results, check_contract, combine_references, compare, reference_run,
-                          run_in_process)
+from kfuse.verify import (
+    TOLERANCES,
+    Reference,
+    Results,
+    check_contract,
+    combine_references,
+    compare,
+    reference_run,
+    run_in_process,
+)
+from kfuse_testing import ROOT, requires_cuda, write_problem
 
 TOL = TOLERANCES["fp32"]
 KERNELBENCH = ROOT.parent / "shared" / "kernelbench"

@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kfuse_testing import SEEDS, SMALL
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module
+from kfuse_testing import SEEDS, SMALL
 
 NAME = "12_gemm_multiply_leakyrelu"
 

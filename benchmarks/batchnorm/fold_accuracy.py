@@ -30,11 +30,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"batch_size": 37, "in_features": 70, "out_features": 129}
 LIN = "self.lin = nn.Linear(in_features, out_features)"
 SYNTHETIC = {  # name: (init, forward)
-    "linear_scale_bn": (LIN + "\nself.s = nn.Parameter(torch.randn(out_features))\nself.bn = nn.BatchNorm1d(out_features)",
+    "linear_scale_bn": (LIN + "\nself.s = nn.Parameter(torch.randn(out_features))"
+                              "\nself.bn = nn.BatchNorm1d(out_features)",
                         "return torch.relu(self.bn(self.lin(x) * self.s))"),
     "kn_matmul_bn_no_affine": ("self.w = nn.Parameter(torch.randn(in_features, out_features) / 8)\n"
-                               "self.bn = nn.BatchNorm1d(out_features, affine=False)", "return torch.tanh(self.bn(x @ self.w))"),
-    "linear_no_bias_bn_gelu": ("self.lin = nn.Linear(in_features, out_features, bias=False)\nself.bn = nn.BatchNorm1d(out_features)",
+                               "self.bn = nn.BatchNorm1d(out_features, affine=False)",
+                               "return torch.tanh(self.bn(x @ self.w))"),
+    "linear_no_bias_bn_gelu": ("self.lin = nn.Linear(in_features, out_features, bias=False)"
+                               "\nself.bn = nn.BatchNorm1d(out_features)",
                                "return F.gelu(self.bn(self.lin(x)))"),
 }
 FILES = {"38_gemm_batchnorm_eval_relu": "problems/gemm/38_gemm_batchnorm_eval_relu.py",

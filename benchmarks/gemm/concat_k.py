@@ -2,9 +2,9 @@
 per K block computes lo*hi + hi*lo + hi*hi into a fresh partial, promoted into the fp32 sum with an FADD.
 
 Why: fp16x3p (gemm_core) issues three dots per K block and Triton 3.6 waits for every wgmma group after each dot
-(NOTES.md, "Bigger tiles for fp16x3p"): 3 drains per 12 wgmma instructions at BLOCK_K=64. Laying the parts out as, per 64-wide
-K segment, A3 = [lo | hi | hi] and B3 = [hi | lo | hi] makes the three products one plain GEMM over K3 = 3 K;
-a BLOCK_K3 = 128 dot is 8 wgmma instructions per drain (2x fewer drains), same partial length as fp16x3p.
+(NOTES.md, "Bigger tiles for fp16x3p"): 3 drains per 12 wgmma instructions at BLOCK_K=64. Laying the parts out as,
+per 64-wide K segment, A3 = [lo | hi | hi] and B3 = [hi | lo | hi] makes the three products one plain GEMM over
+K3 = 3 K; a BLOCK_K3 = 128 dot is 8 wgmma instructions per drain (2x fewer drains), same partial length as fp16x3p.
 Cost: A3 and B3 are 6 B per element instead of 4 (more L2 -> smem traffic, a larger split).
 
 GPU:  PYTHONPATH=src python3 benchmarks/gemm/concat_k.py [--only p12|p39]   (prints a table, writes $OUT/concat_k.json)
@@ -232,7 +232,7 @@ def gpu_main() -> None:
                            passed=bool(er <= 2 * ee + 1e-7 and torch.allclose(o2, e2, atol=atol, rtol=1e-4)))
                 res["rows"].append(row)
                 print(json.dumps(row), flush=True)
-        del x, w, b, ref, eager, a3, b3, xp, wp
+        x = w = b = ref = eager = a3 = b3 = xp = wp = None  # free this shape's tensors (the closures above are done)
         torch.cuda.empty_cache()
     print(f"\n{'prob':5}{'variant':44}{'ms':>8}{'TF/s':>7}{'err':>10}{'eager':>10}  pass")
     for r in res["rows"]:
@@ -240,7 +240,8 @@ def gpu_main() -> None:
             print(f"{r['problem']:5}{r['variant']:44} ERROR {r['error'][:70]}")
         else:
             print(f"{r['problem']:5}{r['variant']:44}{r.get('gemm_ms', float('nan')):8.3f}"
-                  f"{r.get('tflops_3products', float('nan')):7.0f}{r['err']:10.2e}{r['eager_err']:10.2e}  {r['passed']}")
+                  f"{r.get('tflops_3products', float('nan')):7.0f}{r['err']:10.2e}{r['eager_err']:10.2e}"
+                  f"  {r['passed']}")
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "concat_k.json"), "w") as f:
         json.dump(res, f, indent=1)
 

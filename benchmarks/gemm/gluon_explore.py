@@ -17,9 +17,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 sys.path.insert(0, os.path.dirname(__file__))
 
+import gluon_proto as gp  # noqa: E402
 from kfuse.kernels import gemm_core as gc  # noqa: E402
 from kfuse.timing import time_cuda  # noqa: E402
-import gluon_proto as gp  # noqa: E402
 
 VARIANTS = {  # name -> (BLOCK_K, STAGES, CHUNK, GROUP_M, WS[, A_REGS])
     "c4": (64, 3, 4, 8, False),
@@ -49,7 +49,8 @@ def gluon_forward(x_parts, w_parts, bias, mult, slope, variant, out=None):
     gp.bias_mul_leakyrelu_kernel[grid](x_hi, x_lo, x_s, w_hi, w_lo, w_s, bias, out, M, N, kp,
                                        x_hi.stride(0), w_hi.stride(0), mult, slope,
                                        BLOCK_M=128, BLOCK_N=128, BLOCK_K=bk, STAGES=stages, CHUNK=chunk,
-                                       GROUP_M=group_m, WS=ws, A_REGS=bool(rest and rest[0]), num_warps=8, maxnreg=168 if ws else None)
+                                       GROUP_M=group_m, WS=ws, A_REGS=bool(rest and rest[0]), num_warps=8,
+                                       maxnreg=168 if ws else None)
     return out
 
 

@@ -6,8 +6,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 sys.path.insert(0, os.path.dirname(__file__))
-from kfuse.kernels import gemm_core as gc  # noqa: E402
 import gluon_explore as ge  # noqa: E402
+from kfuse.kernels import gemm_core as gc  # noqa: E402
 
 v, M, K, N = sys.argv[1], *map(int, sys.argv[2:5])
 gc.ensure_tma_allocator()

@@ -3,7 +3,7 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (tma, mbarrier, warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from kfuse.kernels.gemm_sm90 import sm90_setup
 
@@ -236,10 +236,13 @@ def compile_for_sm90(kernel, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=3, CHU
 
 
 if __name__ == "__main__":
-    import subprocess, sys, tempfile, os
+    import os
+    import subprocess
+    import tempfile
     for cfg in [dict(CHUNK=8), dict(CHUNK=8, WS=True, maxnreg=168)]:  # (BLOCK_N=192: not a power of two)
         k = compile_for_sm90(bias_mul_leakyrelu_kernel, **cfg)
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(k.asm["cubin"])
         cuobj = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
-        print(cfg, subprocess.run([cuobj, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        usage = subprocess.run([cuobj, "--dump-resource-usage", f.name], capture_output=True, text=True)
+        print(cfg, usage.stdout.strip().splitlines()[-1])

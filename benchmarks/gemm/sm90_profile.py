@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kfuse.load import load_problem  # noqa: E402
 from kfuse.optimize import Options, compile_problem, load_module  # noqa: E402
-from kfuse.verify import seeded_build, seeded_inputs  # noqa: E402
 from kfuse.timing import time_cuda  # noqa: E402
+from kfuse.verify import seeded_build, seeded_inputs  # noqa: E402
 from sm90_ab import CONFIGS, use_config  # noqa: E402
 
 
@@ -65,7 +65,8 @@ def main() -> None:
                 model(*inputs)
             host = (time.perf_counter() - t0) / 20 * 1e3
             torch.cuda.synchronize()
-        print(f"time_cuda median {bench:.4f} ms, back-to-back {back_to_back:.4f} ms/call, host issue {host:.4f} ms/call")
+        print(f"time_cuda median {bench:.4f} ms, back-to-back {back_to_back:.4f} ms/call, "
+              f"host issue {host:.4f} ms/call")
         if os.environ.get("GAPS"):  # the bench's loop (an L2 flush before each call) under the profiler: GPU idle
             flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")  # time between the kernels
             with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof2:

@@ -1,6 +1,7 @@
 """Merge `kfuse optimize --json` sweep rows (one file of many rows, or one file per problem) into one table.
 
-    python benchmarks/kernelbench/merge_sweep.py OUT.json OUT.md ROWS.json [levelN=REPORT.json ...] [--timeouts NAMES.txt]
+    python benchmarks/kernelbench/merge_sweep.py OUT.json OUT.md ROWS.json [levelN=REPORT.json ...] \
+        [--timeouts NAMES.txt]
 
 A later file's row replaces an earlier one of the same problem (a problem run again after a fix). --timeouts lists
 `name rc seconds` lines (the per-problem runner's results.txt): a problem with rc 124 and no row becomes a row with
@@ -46,7 +47,8 @@ def main(argv: list[str]) -> None:
             name, rc, secs = line.split()
             if rc == "124" and name not in rows:
                 rows[name] = {"problem": name, "path": f"level3/{name}.py", "exit": 124, "correct": False,
-                              "error": f"timed out after {secs} s (per-problem limit)", "regions": [], "unfused_ops": []}
+                              "error": f"timed out after {secs} s (per-problem limit)", "regions": [],
+                              "unfused_ops": []}
     ordered = sorted(rows.values(), key=lambda r: (level(r["path"]), int(Path(r["path"]).stem.split("_")[0])))
     Path(out_json).write_text(json.dumps(ordered, indent=1) + "\n")
     counts = collections.Counter((level(r["path"]), kind(r)) for r in ordered)
@@ -59,12 +61,14 @@ def main(argv: list[str]) -> None:
         lines.append(f"| {lv} | {n} | {ok} | " + " | ".join(str(counts[(lv, k)]) for k in
                      ("fully fused", "partly fused", "all torch calls", "failed")) + " |")
     lines += ["", "Ops left as torch calls most often: " + ", ".join(f"{o} ({c})" for o, c in ops.most_common(15)), "",
-              "| problem | exit | correct | fused regions | fallback / error | seconds |", "| --- | ---: | --- | ---: | --- | ---: |"]
+              "| problem | exit | correct | fused regions | fallback / error | seconds |",
+              "| --- | ---: | --- | ---: | --- | ---: |"]
     for r in ordered:
         fused = sum(1 for x in r.get("regions", []) if x["kind"] not in ("torch", "view"))
         why = r.get("error") or r.get("fallback") or ""
-        lines.append(f"| {level(r['path'])}/{Path(r['path']).stem} | {r.get('exit')} | {'yes' if r.get('correct') else 'no'} "
-                     f"| {fused} | {why[:90].replace('|', '/')} | {r.get('seconds', '')} |")
+        lines.append(f"| {level(r['path'])}/{Path(r['path']).stem} | {r.get('exit')} "
+                     f"| {'yes' if r.get('correct') else 'no'} | {fused} | {why[:90].replace('|', '/')} "
+                     f"| {r.get('seconds', '')} |")
     Path(out_md).write_text("\n".join(lines) + "\n")
 
 

@@ -1,9 +1,10 @@
 """Where a generated ModelNew's per-call time goes on a GPU: wall time per call with the GPU kept busy
 (calls queued back to back, one sync at the end) against GPU time per call (CUDA events), and a cProfile of
-the Python side (of the launches, without the CUDA graph). For small problems (problems/gemm/33: 1000 x 1000 -> 999) launch and launcher overhead,
-not the kernels, can set the pace.
+the Python side (of the launches, without the CUDA graph). For small problems (problems/gemm/33: 1000 x 1000 -> 999)
+launch and launcher overhead, not the kernels, can set the pace.
 
-    PYTHONPATH=src python3 benchmarks/overhead/profile_calls.py problems/gemm/33_gemm_layernorm_relu_odd.py [--calls 200]
+    PYTHONPATH=src python3 benchmarks/overhead/profile_calls.py problems/gemm/33_gemm_layernorm_relu_odd.py \
+        [--calls 200]
 """
 
 from __future__ import annotations

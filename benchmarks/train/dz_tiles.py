@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import sys
 
-import torch
-from steps import training_steps
-
 from kfuse.timing import time_cuda
+from steps import training_steps
 
 CANDIDATES = [(4, 512, 32, 4), (4, 512, 8, 4), (4, 512, 64, 4), (2, 512, 64, 4), (4, 256, 32, 2),
               (8, 512, 16, 4), (4, 1024, 32, 8), (8, 256, 16, 2), (16, 128, 1, 4)]

@@ -17,10 +17,10 @@ import traceback
 from pathlib import Path
 
 import torch
-from steps import training_steps
 from torch.profiler import ProfilerActivity, profile
 
 from kfuse.timing import L2_FLUSH_BYTES
+from steps import training_steps
 
 STEPS = 5
 GPU_CATS = ("kernel", "gpu_memset", "gpu_memcpy")

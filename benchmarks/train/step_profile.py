@@ -10,8 +10,9 @@ from __future__ import annotations
 import sys
 
 import torch
-from steps import training_steps
 from torch.profiler import ProfilerActivity, profile
+
+from steps import training_steps
 
 STEPS = 5
 

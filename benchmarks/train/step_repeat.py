@@ -13,9 +13,9 @@ import sys
 import time
 
 import torch
-from steps import training_steps
 
 from kfuse.timing import L2_FLUSH_BYTES, MIN_RUNS
+from steps import training_steps
 
 
 def runs(fn, n: int) -> list[float]:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from steps import training_steps
-
 from kfuse.timing import time_cuda
+from steps import training_steps
 
 
 def main() -> None:

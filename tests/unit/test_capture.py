@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from kfuse_testing import SEEDS, SMALL, write_problem
 from kfuse.capture import capture
 from kfuse.ir import Param, Scalar
 from kfuse.load import load_problem
 from kfuse.partition import partition
 from kfuse.rewrite import rewrite
+from kfuse_testing import SEEDS, SMALL, write_problem
 
 
 def graph_of(path, overrides=None):
@@ -63,7 +63,8 @@ def test_spellings_map_to_one_op(tmp_path):
         y = torch.clamp(y, min=-1.0, max=1.0)
         return torch.sigmoid(y) * y
     """
-    path = write_problem(tmp_path, "self.lin = nn.Linear(in_features, out_features)\nself.s = nn.Parameter(torch.randn(out_features))", forward)
+    init = "self.lin = nn.Linear(in_features, out_features)\nself.s = nn.Parameter(torch.randn(out_features))"
+    path = write_problem(tmp_path, init, forward)
     g, _, _ = graph_of(path)
     assert [n.op for n in g.nodes] == ["linear", "mul", "mul", "leaky_relu", "hardtanh", "sigmoid", "mul"]
     assert [(r.kind, len(r.nodes)) for r in partition(g)] == [("gemm_epilogue", 7)]

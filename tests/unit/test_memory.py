@@ -118,8 +118,8 @@ def test_paired_chunks_cover_every_element_once(make):
 
 
 def test_meta_estimate_counts_parameters_inputs_outputs(tmp_path):
-    from kfuse_testing import write_problem
     from kfuse.load import load_problem
+    from kfuse_testing import write_problem
 
     prob = load_problem(write_problem(tmp_path, "self.gemm = nn.Linear(in_features, out_features)",
                                       "return self.gemm(x)", batch=37, k=70, n=129))

@@ -1,6 +1,5 @@
 """Honest control (GPU): relu(x) * scale in one CUDA C++ kernel built with torch.utils.cpp_extension.load_inline."""
 
-import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 

@@ -9,4 +9,5 @@ class ModelNew(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        raise RuntimeError("[/] [bold red]pwned[/bold red] [link=file:///etc/passwd]x[/link] \x1b[2J\x1b]0;title\x07 \x9b31m")
+        raise RuntimeError("[/] [bold red]pwned[/bold red] [link=file:///etc/passwd]x[/link] "
+                           "\x1b[2J\x1b]0;title\x07 \x9b31m")
