@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from kfuse_testing import ROOT, SEEDS, SMALL, requires_cuda
-from kfuse.bench import (MODELS, NO_GPU, BenchResult, bench_problem, command_line, report_json, table_rows,
-                         write_plot)
+from kfuse.bench import (MODELS, NO_GPU, BenchResult, bench_problem, command_line, load_kfuse, report_json,
+                         result_json, table_rows, write_plot)
 from kfuse.load import load_problem
 from kfuse.timing import Timing, summarize
 
@@ -108,6 +108,8 @@ def test_bench_problem_flow_on_cpu(tmp_path, name):
     assert set(r.timings) == set(MODELS) and all(t.available for t in r.timings.values())
     assert r.correct and r.max_abs_err <= 2 * r.ref_max_abs_err + 1e-7
     assert r.kfuse_first_call_s > 0 and r.tune_s == 0 and r.tuned == []  # no tuning in the interpreter
+    assert r.gemm_configs and all(c["source"] == "default" for c in r.gemm_configs)  # each GEMM's config
+    assert result_json(r)["gemm_configs"] == r.gemm_configs
     assert not math.isnan(r.speedup("compile_max_autotune"))
     assert any("first call" in m for m in msgs) and any("contract met" in m for m in msgs)
     assert r.constants["batch_size"] == 37
@@ -182,3 +184,11 @@ def test_bench_cli_on_gpu(tmp_path):
     rep = json.loads(out.read_text())
     assert REQUIRED <= set(rep["results"][0]) and rep["results"][0]["correct"] is True
     assert png.exists()
+
+
+def test_load_kfuse_sets_the_tuner_mode(tmp_path):
+    """`kfuse bench --retune` hands the generated module its tuner mode instead of writing the environment."""
+    prob = load_problem(SEEDS / "12_gemm_multiply_leakyrelu.py", SMALL["12_gemm_multiply_leakyrelu"])
+    assert load_kfuse(prob, "cpu", tmp_path, autotune="force").TUNER.mode == "force"
+    module = load_kfuse(prob, "cpu", tmp_path)
+    assert module.TUNER.mode == module.SETTINGS.autotune  # None: what KFUSE_AUTOTUNE said when it loaded

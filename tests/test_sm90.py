@@ -155,9 +155,9 @@ ODD = {  # rows past a tile, K not a multiple of 64, columns past a tile
 }
 
 
-def _forced(module, monkeypatch, cfg) -> None:
-    monkeypatch.setenv("KFUSE_AUTOTUNE", "0")
-    monkeypatch.setattr(module, "gemm_config", lambda *args, **kwargs: cfg)
+def _forced(module, cfg) -> None:
+    """Every GEMM of the generated module runs `cfg`, untuned."""
+    module.TUNER.force(cfg)
 
 
 @requires_cuda
@@ -165,9 +165,9 @@ def _forced(module, monkeypatch, cfg) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name, persistent", [(name, False) for name in sorted(ODD)] + [
     ("12_gemm_multiply_leakyrelu", True), ("39_gemm_scale_batchnorm", True)])
-def test_seeds_on_the_twin_meet_the_contract(tmp_path, monkeypatch, name, persistent):
+def test_seeds_on_the_twin_meet_the_contract(tmp_path, name, persistent):
     prob, _, module = _module(tmp_path, name, ODD[name], device="cuda")
-    _forced(module, monkeypatch, dataclasses.replace(SM90, persistent=persistent))
+    _forced(module, dataclasses.replace(SM90, persistent=persistent))
     report = check_contract(prob, run_in_process(module.ModelNew), device="cuda", trials=3)
     assert report.correct, report.failures
 
@@ -176,7 +176,7 @@ def test_seeds_on_the_twin_meet_the_contract(tmp_path, monkeypatch, name, persis
 @requires_hopper
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["39_gemm_scale_batchnorm", "12_gemm_multiply_leakyrelu"])
-def test_tail_split_meets_the_contract(tmp_path, monkeypatch, name):
+def test_tail_split_meets_the_contract(tmp_path, name):
     """A persistent grid whose last wave is a few tiles (8 column tiles x (SMs / 8 + 1) row tiles, the last ones
     partial, K = 700): the tail tiles' K slices summed by whichever block finishes last, then the epilogue
     (39: BatchNorm's partial statistics from those tiles too)."""
@@ -186,7 +186,7 @@ def test_tail_split_meets_the_contract(tmp_path, monkeypatch, name):
                               device="cuda")
     cfg = dataclasses.replace(SM90, persistent=True)
     assert module.sm90_options(cfg, rows, 1000, 704, torch.device("cuda"))["TAIL"]
-    _forced(module, monkeypatch, cfg)
+    _forced(module, cfg)
     report = check_contract(prob, run_in_process(module.ModelNew), device="cuda", trials=3)
     assert report.correct, report.failures
 
@@ -197,14 +197,14 @@ def test_tail_split_meets_the_contract(tmp_path, monkeypatch, name):
 @pytest.mark.parametrize("inputs", ["torch.rand(batch_size, in_features) * 1e-6",
                                     "torch.rand(batch_size, in_features) * 1e6",
                                     "torch.randn(batch_size, in_features)"])
-def test_twin_far_from_the_unit_range(tmp_path, monkeypatch, inputs):
+def test_twin_far_from_the_unit_range(tmp_path, inputs):
     path = write_problem(tmp_path, "self.gemm = nn.Linear(in_features, out_features)",
                          "return F.leaky_relu(self.gemm(x) * 2.0, 0.1)", inputs=inputs, batch=300, k=1100, n=260)
     prob = load_problem(path)
     out = tmp_path / "range_new.py"
     out.write_text(compile_problem(prob, Options(device="cuda")).source)
     module = load_module(out)
-    _forced(module, monkeypatch, SM90)
+    _forced(module, SM90)
     report = check_contract(prob, run_in_process(module.ModelNew), device="cuda", trials=2)
     # rule 3 must hold at every range; rule 2's absolute atol cannot at 1e6 (tests/test_range.py says why)
     assert report.rules["float64_bound"] and report.rules["shape_dtype"], report.failures
@@ -221,7 +221,7 @@ def test_twin_agrees_with_the_triton_tile(tmp_path, monkeypatch):
     x = torch.rand(300, 700, device="cuda")
     outs = {}
     for cfg in (SM90, dataclasses.replace(SM90, sm90=False)):
-        _forced(module, monkeypatch, cfg)
+        _forced(module, cfg)
         with torch.no_grad():
             outs[cfg.sm90] = model(x)
     ref = torch.nn.functional.leaky_relu((x.double() @ model.gemm.weight.double().t() + model.gemm.bias.double())

@@ -1,4 +1,5 @@
-"""Check and time every GEMM scheme x config of src/kfuse/kernels/gemm_core.py on the two target shapes.
+"""Check and time every GEMM scheme x config of src/kfuse/kernels/gemm_core.py and of experimental_schemes.py (the
+schemes and options no kfuse config uses) on the two target shapes.
 
 GPU:  PYTHONUNBUFFERED=1 python3 benchmarks/gemm/explore.py [--quick] [--only p12|p39]   (writes $OUT/gemm_explore.json)
 CPU:  python3 benchmarks/gemm/explore.py --cpu   (TRITON_INTERPRET=1, 37x70 -> 129, "ieee" and split schemes vs torch)
@@ -28,10 +29,10 @@ args = ap.parse_args()
 if args.cpu:
     os.environ["TRITON_INTERPRET"] = "1"
 
-sys.path.insert(0, os.path.join(ROOT, "src", "kfuse", "kernels"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "gemm"))
 import torch  # noqa: E402
 
-import gemm_core as gc  # noqa: E402
+import experimental_schemes as gc  # noqa: E402  (gemm_core's names, plus the schemes no kfuse config uses)
 
 C = gc.GemmConfig
 

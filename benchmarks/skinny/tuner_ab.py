@@ -43,7 +43,7 @@ def sequential(launch, candidates, reps):
 
 
 def main() -> None:
-    os.environ["KFUSE_AUTOTUNE"] = "force"  # no disk cache
+    os.environ["KFUSE_AUTOTUNE"] = "force"  # no disk cache (read when the generated module loads)
     path = sys.argv[1] if len(sys.argv) > 1 else ROOT / "problems/gemm/37_gemm_softplus_hardswish_batch1.py"
     prob = load_problem(path)
     mod_path = Path(tempfile.mkdtemp()) / f"{prob.name}_new.py"
@@ -55,22 +55,20 @@ def main() -> None:
     chosen = {}
     for name, timer in [("interleaved", interleaved), ("sequential", sequential), ("interleaved2", interleaved)]:
         mod._time_launches = timer
-        mod.TUNED.clear()
-        mod.TUNED_FAST.clear()
+        mod.TUNER.forget()
         if hasattr(mod, "forget_graphs"):
             mod.forget_graphs(model)
-        n = len(mod.TUNE_LOG)
+        n = len(mod.TUNER.log)
         with torch.no_grad():
             model(*inputs)
-        for e in mod.TUNE_LOG[n:]:
+        for e in mod.TUNER.log[n:]:
             print(name, e["config"], e["timings_ms"])
-        chosen[name] = dict(mod.TUNED)
+        chosen[name] = dict(mod.TUNER.tuned)
     eager = seeded_build(prob, 0, prob.model_cls, device="cuda")
     for _ in range(3):
         for name, tuned in chosen.items():
-            mod.TUNED.clear()
-            mod.TUNED_FAST.clear()
-            mod.TUNED.update(tuned)
+            mod.TUNER.forget()
+            mod.TUNER.tuned.update(tuned)
             if hasattr(mod, "forget_graphs"):  # a CUDA graph captured under the other choice would replay it
                 mod.forget_graphs(model)
             with torch.no_grad():

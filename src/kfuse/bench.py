@@ -65,6 +65,7 @@ class BenchResult:
     errors: dict[str, str] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)  # the gradient contract's findings (--train)
     cuda_graph: bool | None = None  # whether kfuse's timed forward was a CUDA graph replay (kernels/graphs.py)
+    gemm_configs: list[dict[str, Any]] = field(default_factory=list)  # every GEMM's tile config (TUNER's record)
 
     def ms(self, model: str) -> float:
         t = self.timings.get(model)
@@ -101,6 +102,7 @@ def result_json(r: BenchResult) -> dict[str, Any]:
     out["tune_s"] = round(r.tune_s, 3)
     out["kfuse_cuda_graph"] = r.cuda_graph
     out["tuned"] = r.tuned
+    out["gemm_configs"] = r.gemm_configs
     out["contract_rules"] = r.rules
     out["constants"] = r.constants
     if r.errors:
@@ -230,14 +232,20 @@ def _first_call(fn: Callable[[], Any], device: str) -> float:
     return time.perf_counter() - t0
 
 
-def load_kfuse(problem: Problem, device: str, workdir: Path) -> Any:
-    """Compile the problem with kfuse and import the generated file (a fresh module)."""
+def load_kfuse(problem: Problem, device: str, workdir: Path, autotune: str | None = None) -> Any:
+    """Compile the problem with kfuse and import the generated file (a fresh module). `autotune`: its tuner's mode
+    ("on", "off" or "force": tune again, ignoring the disk cache); None keeps the one the environment gave
+    (KFUSE_AUTOTUNE, read when the module loads)."""
     from kfuse.optimize import Options, compile_problem, load_module
 
     compiled = compile_problem(problem, Options(device=device))
     path = workdir / f"{problem.name}_kfuse.py"
     path.write_text(compiled.source)
-    return load_module(path)
+    module = load_module(path)
+    tuner = getattr(module, "TUNER", None)  # absent where nothing is fused
+    if autotune is not None and tuner is not None:
+        tuner.mode = autotune
+    return module
 
 
 def graph_replayed(module: Any, model: torch.nn.Module) -> bool:
@@ -278,10 +286,11 @@ def step_fn(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
 def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUNS, warmup: int = 5,
                   trials: int = 5, timer: Callable[..., Timing] = time_cuda,
                   compiler: Callable[..., Any] | None = None, progress: Progress = lambda msg: None,
-                  workdir: Path | None = None, baselines: Sequence[str] = MODELS, train: bool = False) -> BenchResult:
+                  workdir: Path | None = None, baselines: Sequence[str] = MODELS, train: bool = False,
+                  autotune: str | None = None) -> BenchResult:
     """Measure one problem (see the module docstring). `compiler` defaults to torch.compile; `timer` to
     timing.time_cuda; `baselines` may leave models out (they are then reported as missing); `train` times
-    training steps and adds the gradient contract."""
+    training steps and adds the gradient contract; `autotune`: the generated module's tuner mode (load_kfuse)."""
     from kfuse.gradients import GradVerdict, gradient_contract
     from kfuse.verify import check_contract, run_in_process
 
@@ -291,7 +300,7 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
     errors: dict[str, str] = {}
 
     progress(f"{name}: kfuse: capture, rewrite, partition, emit")
-    module = load_kfuse(problem, device, workdir)
+    module = load_kfuse(problem, device, workdir, autotune)
 
     def build(cls: type | None = None) -> torch.nn.Module:
         torch.manual_seed(0)
@@ -306,11 +315,12 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
 
     timings: dict[str, Timing] = {}
     compile_s: dict[str, float] = {}
-    log0 = len(getattr(module, "TUNE_LOG", []))
+    log = module.TUNER.log if hasattr(module, "TUNER") else []
+    log0 = len(log)
     progress(f"{name}: kfuse: first call (Triton compilation + autotuning)")
     ups = upstream_grads(eager, inputs) if train else None
     first = _first_call(step_fn(fused, inputs, ups), device)
-    tuned = [dict(e) for e in getattr(module, "TUNE_LOG", [])[log0:]]
+    tuned = [dict(e) for e in log[log0:]]
     tune_s = sum(e.get("seconds", 0.0) for e in tuned)
     progress(f"{name}: kfuse: first call {first:.1f} s (tuning {tune_s:.1f} s); checking the accuracy contract "
              f"({trials} draws + 1 extra shape)")
@@ -356,13 +366,14 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
     constants = {k: v for k, v in problem.constants().items()}
+    configs = module.TUNER.chosen_configs() if hasattr(module, "TUNER") else []
     if not train:
         return BenchResult(name, constants, timings, compile_s, first, tune_s, tuned, contract.correct,
                            contract.max_abs_err, contract.ref_max_abs_err, dict(contract.rules), errors,
-                           cuda_graph=graph_replayed(module, fused))
+                           cuda_graph=graph_replayed(module, fused), gemm_configs=configs)
     return BenchResult(name, constants, timings, compile_s, first, tune_s, tuned, contract.correct and grads.correct,
                        grads.max_abs_err, grads.ref_max_abs_err, {**contract.rules, **grads.rules}, errors,
-                       grads.failures)
+                       grads.failures, gemm_configs=configs)
 
 
 def failed_result(problem: Problem, err: BaseException) -> BenchResult:
@@ -393,8 +404,6 @@ def bench_cmd(
                                        "compile_max_autotune); those left out are reported as missing."),
 ) -> None:
     """Time eager fp32, torch.compile (default, max-autotune) and kfuse's ModelNew side by side on one GPU."""
-    import os
-
     from rich.console import Console
 
     from kfuse.load import load_problem, parse_set
@@ -403,8 +412,6 @@ def bench_cmd(
     if not torch.cuda.is_available():
         typer.echo(NO_GPU, err=True)
         raise typer.Exit(2)
-    if retune:
-        os.environ["KFUSE_AUTOTUNE"] = "force"
     chosen = tuple(b.strip() for b in baselines.split(",") if b.strip())
     unknown = [b for b in chosen if b not in MODELS or b == "kfuse"]
     if unknown:
@@ -425,7 +432,8 @@ def bench_cmd(
         for prob in loaded:
             try:
                 results.append(bench_problem(prob, runs=runs, warmup=warmup, trials=trials, progress=progress,
-                                             train=train, baselines=(*chosen, "kfuse")))
+                                             train=train, baselines=(*chosen, "kfuse"),
+                                             autotune="force" if retune else None))
             except Exception as err:  # noqa: BLE001 - one broken problem must not lose the others' numbers
                 results.append(failed_result(prob, err))
                 progress(f"{prob.name}: FAILED: {results[-1].errors['kfuse']}")

@@ -22,28 +22,26 @@ overflow whatever the input's range (1e-6 or 1e6 inputs work the same).
 
 Schemes (SCHEME constexpr of gemm_tile); H100 numbers from benchmarks/gemm/NOTES.md
 -------------------------------------------------------------------------------------
-  "ieee"    plain fp32 FMA dot (input_precision="ieee").  Slow (no tensor cores); the reference scheme, and the one
-            that runs under the CPU interpreter (TRITON_INTERPRET=1).
+  "fp16x3p" the default on a GPU.  The fp16 split above, one K loop with three dots per K block, each block's
+            three products summed in a FRESH tensor-core partial that is then added into the fp32 register
+            accumulator with a round-to-nearest FADD ("promotion": the H100's tensor core truncates when it
+            accumulates, so a partial that never grows keeps its truncation tiny).  Max error 2e-6 (cuBLAS fp32:
+            1.45e-5).  0.68-0.73 ms GEMM on problem 12 (128x128x64 tiles: the partial + sum need two
+            accumulators).  Tiles above HALVES_ABOVE elements (e.g. 128x256, where an epilogue needs wide column
+            tiles) run as two column halves sharing one partial (fits, but slower: Triton waits after every dot).
   "tf32x3"  Triton's built-in 3-pass tf32 split (fp32 operands, tensor cores at the tf32 rate, half fp16's).
             Accurate; 1.7 ms on problem 12.
-  "fp16x3p" RECOMMENDED.  The fp16 split above, one K loop with three dots per K block, each block's three products
-            summed in a FRESH tensor-core partial that is then added into the fp32 register accumulator with a
-            round-to-nearest FADD ("promotion").  Max error 2e-6 (cuBLAS fp32: 1.45e-5).  0.68-0.73 ms GEMM on
-            problem 12 (128x128x64 tiles: the partial + sum need two accumulators).  Tiles above HALVES_ABOVE
-            (e.g. 128x256) run as two column halves sharing one partial (fits, but slower: Triton waits after
-            every dot); USE_TMA loads tiles with tensor descriptors (no faster).  See NOTES.md, session 2.
-  "fp16x3"  FAST BUT NOT fp32-ACCURATE FOR LONG K: three single-dot K loops into ONE tensor-core accumulator
-            (0.61 ms on problem 12).  The H100 tensor core truncates toward zero when it adds into its fp32
-            accumulator; over K=8192 that gave 3.8e-5 max error (2.6x cuBLAS: fails the 2x rule), at K=4096 1.0e-5
-            (1.7x: passes, barely).  Kept for measurement and for short K.
-  "fp16x3c" fp16x3 with the hi*hi loop promoted every PROMOTE_K (nested loop): accurate, but Triton spills and
-            drains the pipeline at each promotion: 1.3-6 ms.  Kept for the record.
-  "fp16x3d" three dots per K block into one accumulator (no promotion): 1.1e-4 max error (each K block adds the
-            small terms into the big accumulator, 3x the truncations).  Kept for the record.
+  "ieee"    plain fp32 FMA dot (input_precision="ieee").  Slow (no tensor cores); the reference scheme, and the one
+            that runs under the CPU interpreter.
+  "fp64"    skinny GEMMs (M <= SKINNY_M): products and sums in float64 on the CUDA cores (kernels/skinny.py).
+The schemes measured and not shipped (fp16x3, fp16x3c, fp16x3d, TMA tile loads, persistent Triton kernels) live
+in benchmarks/gemm/experimental_schemes.py, beside the scripts that measured them.  Which scheme a GEMM runs is
+decided in one place (runtime.scheme_for), which configs a kernel can run in another (supports, below).
 
 x's split: SPLIT_A=True loads fp32 x tiles and splits them in registers inside the GEMM (needs only the per-row
-scales, from split_rows_kernel with WRITE_PARTS=False: one read of x); SPLIT_A=False takes x pre-split into
-fp16 hi/lo by split_rows_kernel (one read of x, one write of 2 bytes + 2 bytes per element).
+scales, from split_rows_kernel with WRITE_PARTS=False: one read of x); SPLIT_A=2 computes those scales in the GEMM
+too; SPLIT_A=False takes x pre-split into fp16 hi/lo by split_rows_kernel (one read of x, one write of 2 bytes +
+2 bytes per element).
 
 Cost (problem 12: M=1024, K=8192, N=8192):  3 x 2*M*N*K = 412 GFLOP of fp16 tensor-core work -> 0.51 ms at the
 803 TFLOP/s measured for bf16 cuBLAS on the H100; bytes: W hi+lo 2*128 MiB + x 32 MiB + out 32 MiB = 320 MiB ->
@@ -52,7 +50,6 @@ Cost (problem 12: M=1024, K=8192, N=8192):  3 x 2*M*N*K = 412 GFLOP of fp16 tens
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 import triton
@@ -62,7 +59,7 @@ import triton.language as tl
 def _patch_interpreter_for_numpy24() -> None:
     """Triton 3.6's CPU interpreter turns every scalar into a 1-element array and calls int() on it for
     `range(0, K)`; numpy >= 2.4 refuses int() of a 1-d array ("only 0-dimensional arrays can be converted").
-    Re-register __index__ to read the single element.  No effect on compiled (GPU) kernels."""
+    Re-register __index__ to read the single element.  Only interpreted kernels go through it."""
     try:
         import triton.runtime.interpreter as interp
     except Exception:  # pragma: no cover
@@ -79,18 +76,22 @@ def _patch_interpreter_for_numpy24() -> None:
     interp._kfuse_numpy24_patch = True
 
 
-if os.environ.get("TRITON_INTERPRET") == "1":
-    _patch_interpreter_for_numpy24()
+_patch_interpreter_for_numpy24()
 
-# The split schemes scale every row so that its max |value| lands in [2^TARGET_EXP, 2^(TARGET_EXP+1)).
+# The split scheme scales every row so that its max |value| lands in [2^TARGET_EXP, 2^(TARGET_EXP+1)).
 TARGET_EXP = 14
-SPLIT_SCHEMES = ("fp16x3", "fp16x3c", "fp16x3d", "fp16x3p")
+DEFAULT_SCHEME = "fp16x3p"
+USER_SCHEMES = (DEFAULT_SCHEME, "tf32x3", "ieee")  # what `kfuse optimize --scheme` takes
+SPLIT_SCHEMES = ("fp16x3p",)  # the schemes whose operands are fp16 hi/lo parts (split_weight, split_x)
 # "fp64": x and W read as fp32, products and sums in float64 on the CUDA cores, rounded once. For skinny GEMMs
 # (M <= SKINNY_M rows: a batch of 1) the GEMM is a memory-bound read of W, the tensor-core tiles waste all
-# but M of their rows, and the split schemes' ~3e-7 relative error is above cuBLAS's GEMV error (rule 3 failed
+# but M of their rows, and the split scheme's ~3e-7 relative error is above cuBLAS's GEMV error (rule 3 failed
 # at batch 1, problems/gemm/37 on an H100); float64 sums cost nothing there and are correctly rounded.
 SKINNY_M = 16
-SCHEMES = ("ieee", "tf32x3", "fp64") + SPLIT_SCHEMES
+SCHEMES = USER_SCHEMES + ("fp64",)
+# fp16x3p tiles of more elements than this run as two column halves (_fp16x3p_halves): two full fp32 accumulators
+# of a 128 x 256 tile would take all 65536 registers of the SM
+HALVES_ABOVE: tl.constexpr = tl.constexpr(128 * 128)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -250,66 +251,16 @@ def row_scales(x: torch.Tensor) -> torch.Tensor:
 # the reusable tile
 # ----------------------------------------------------------------------------------------------------------------
 @triton.jit
-def _a_part(a, a_s, A_PART: tl.constexpr):
-    """The A operand one of the fp16 dot loops multiplies: 0 = `a` as loaded (pre-split fp16 hi or lo); from fp32 x,
-    1 = hi(x*s), 2 = lo(x*s) (s the row's power of two: exact)."""
-    if A_PART == 1:
-        a = (a * a_s[:, None]).to(tl.float16)
-    elif A_PART == 2:
-        av = a * a_s[:, None]
-        a = (av - av.to(tl.float16).to(tl.float32)).to(tl.float16)
-    return a
-
-
-@triton.jit
-def _fp16_dot_loop(acc, a_ptrs, b_ptrs, a_s, K, stride_ak, stride_bk,
-                   BLOCK_K: tl.constexpr, A_PART: tl.constexpr, EVEN_K: tl.constexpr):
-    """acc += sum over K of A_part @ B with ONE fp16 tensor-core dot per K block (Triton then keeps the wgmma
-    asynchronous across iterations; several dots per iteration make it wait after each).
-    A_PART: 0 = a_ptrs already point at fp16 (pre-split hi or lo); 1 = fp32 x, use hi(x*s); 2 = fp32 x, lo(x*s)."""
-    offs_k = tl.arange(0, BLOCK_K)
-    for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        a, b = _load_k_block(a_ptrs, b_ptrs, offs_k, kb, K, BLOCK_K, EVEN_K)
-        acc = tl.dot(_a_part(a, a_s, A_PART), b, acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
-    return acc
-
-
-@triton.jit
-def _fp16_dot_loop_promoted(acc, a_ptrs, b_ptrs, a_s, K, stride_ak, stride_bk,
-                            BLOCK_K: tl.constexpr, A_PART: tl.constexpr, EVEN_K: tl.constexpr,
-                            PROMOTE_K: tl.constexpr):
-    """Like _fp16_dot_loop, but the tensor cores accumulate each PROMOTE_K-long stretch of K into a fresh partial,
-    which is then added to acc with a round-to-nearest fp32 FADD.  Why: the H100's tensor-core accumulation
-    truncates every product to the accumulator's grid (measured: a single accumulator over K=8192 had 2.6x
-    cuBLAS's error); restarting from 0 every PROMOTE_K keeps the partial small, so its truncation is tiny.
-    Measured slow (nested loop: the pipeline drains at each promotion; two accumulators spill at 128x256)."""
-    offs_k = tl.arange(0, BLOCK_K)
-    for c0 in tl.range(0, K, PROMOTE_K, flatten=False):
-        part = tl.zeros_like(acc)
-        kc = tl.minimum(K - c0, PROMOTE_K)
-        for kb in range(0, tl.cdiv(kc, BLOCK_K)):
-            a, b = _load_k_block(a_ptrs, b_ptrs, offs_k, kb, kc, BLOCK_K, EVEN_K)
-            part = tl.dot(_a_part(a, a_s, A_PART), b, part)
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
-        acc += part
-    return acc
-
-
-@triton.jit
 def _fp16x3p_halves(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, a_s, pid_m, pid_n, M, N, K,
                     stride_am, stride_ak, stride_bn, stride_bk,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr, INTERLEAVE: tl.constexpr):
+                    SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr):
     """fp16x3p for tiles too big for two full fp32 accumulators (e.g. 128x256 at 8 warps: 2 x 128 registers).
     The tile's columns are split into two halves, each with its own fp32 running sum (BLOCK_N/2 wide), and ONE
     fresh tensor-core partial (BLOCK_N/2 wide) is reused for both halves in turn: 3 half-size accumulators
     (192 registers/thread at 128x256, 8 warps) instead of 4.  Each K block loads A (hi, lo) once and uses it for
-    both halves, so global/L2 traffic is that of the full tile.
-    INTERLEAVE: half 0 holds the even columns and half 1 the odd ones, so join + reshape back to (BM, BN) moves
-    no data between threads; else half 0 = first BLOCK_N/2 columns (join + permute)."""
+    both halves, so global/L2 traffic is that of the full tile.  Half 0 holds the even columns and half 1 the odd
+    ones, so join + reshape back to (BM, BN) moves no data between threads."""
     HALF: tl.constexpr = BLOCK_N // 2
     offs_j = tl.arange(0, HALF)
     offs_k = tl.arange(0, BLOCK_K)
@@ -318,12 +269,8 @@ def _fp16x3p_halves(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, a_s, pid_m, pid_n, M, N, K
     m0 = pid_m * BLOCK_M
     n_first = pid_n * BLOCK_N
     rel_m = tl.minimum(m0 + tl.arange(0, BLOCK_M), M - 1) - m0
-    if INTERLEAVE:
-        rel_n0 = tl.minimum(n_first + 2 * offs_j, N - 1) - n_first
-        rel_n1 = tl.minimum(n_first + 2 * offs_j + 1, N - 1) - n_first
-    else:
-        rel_n0 = tl.minimum(n_first + offs_j, N - 1) - n_first
-        rel_n1 = tl.minimum(n_first + HALF + offs_j, N - 1) - n_first
+    rel_n0 = tl.minimum(n_first + 2 * offs_j, N - 1) - n_first
+    rel_n1 = tl.minimum(n_first + 2 * offs_j + 1, N - 1) - n_first
     a_off = rel_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b0_off = rel_n0[None, :] * stride_bn + offs_k[:, None] * stride_bk
     b1_off = rel_n1[None, :] * stride_bn + offs_k[:, None] * stride_bk
@@ -369,65 +316,7 @@ def _fp16x3p_halves(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, a_s, pid_m, pid_n, M, N, K
         a_lo_base += BLOCK_K * stride_ak
         b_base += BLOCK_K * stride_bk
         b_lo_base += BLOCK_K * stride_bk
-    if INTERLEAVE:
-        return tl.reshape(tl.join(acc0, acc1), (BLOCK_M, BLOCK_N))
-    else:
-        return tl.reshape(tl.permute(tl.join(acc0, acc1), (0, 2, 1)), (BLOCK_M, BLOCK_N))
-
-
-@triton.jit
-def _fp16x3p_tma(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, pid_m, pid_n, M, N, K, stride_am, stride_bn,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr):
-    """fp16x3p with TMA tile loads (device-side tensor descriptors; needs triton.set_allocator, see
-    ensure_tma_allocator) on pre-split operands (SPLIT_A=False), unit K stride, 16-byte aligned rows and bases.
-    Out-of-range rows/cols/K are zero-filled by the TMA unit (no masks, no address registers).
-    HALVES: two column halves (first/second BLOCK_N/2 columns) with one shared partial, as _fp16x3p_halves."""
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
-    a_lo_desc = tl.make_tensor_descriptor(a_lo_ptr, shape=[M, K], strides=[stride_am, 1],
-                                          block_shape=[BLOCK_M, BLOCK_K])
-    m0 = pid_m * BLOCK_M
-    n0 = pid_n * BLOCK_N
-    if HALVES:
-        HALF: tl.constexpr = BLOCK_N // 2
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_bn, 1], block_shape=[HALF, BLOCK_K])
-        b_lo_desc = tl.make_tensor_descriptor(b_lo_ptr, shape=[N, K], strides=[stride_bn, 1],
-                                              block_shape=[HALF, BLOCK_K])
-        acc0 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
-        acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
-        for kb in range(0, tl.cdiv(K, BLOCK_K)):
-            k = kb * BLOCK_K
-            a_hi = a_desc.load([m0, k])
-            a_lo = a_lo_desc.load([m0, k])
-            b0 = b_desc.load([n0, k]).T
-            b0_lo = b_lo_desc.load([n0, k]).T
-            b1 = b_desc.load([n0 + HALF, k]).T
-            b1_lo = b_lo_desc.load([n0 + HALF, k]).T
-            part = tl.dot(a_lo, b0)
-            part = tl.dot(a_hi, b0_lo, part)
-            part = tl.dot(a_hi, b0, part)
-            acc0 = acc0 + part
-            part = tl.dot(a_lo, b1)
-            part = tl.dot(a_hi, b1_lo, part)
-            part = tl.dot(a_hi, b1, part)
-            acc1 = acc1 + part
-        acc = tl.reshape(tl.permute(tl.join(acc0, acc1), (0, 2, 1)), (BLOCK_M, BLOCK_N))
-    else:
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_bn, 1],
-                                           block_shape=[BLOCK_N, BLOCK_K])
-        b_lo_desc = tl.make_tensor_descriptor(b_lo_ptr, shape=[N, K], strides=[stride_bn, 1],
-                                              block_shape=[BLOCK_N, BLOCK_K])
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kb in range(0, tl.cdiv(K, BLOCK_K)):
-            k = kb * BLOCK_K
-            a_hi = a_desc.load([m0, k])
-            a_lo = a_lo_desc.load([m0, k])
-            b = b_desc.load([n0, k]).T
-            b_lo = b_lo_desc.load([n0, k]).T
-            part = tl.dot(a_lo, b)
-            part = tl.dot(a_hi, b_lo, part)
-            part = tl.dot(a_hi, b, part)
-            acc = acc + part
-    return acc
+    return tl.reshape(tl.join(acc0, acc1), (BLOCK_M, BLOCK_N))
 
 
 @triton.jit
@@ -464,28 +353,25 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
               stride_am, stride_ak, stride_bn, stride_bk,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               SCHEME: tl.constexpr, SPLIT_A: tl.constexpr, EVEN_K: tl.constexpr,
-              PROMOTE_K: tl.constexpr = 1024, HALVES_ABOVE: tl.constexpr = 16384, INTERLEAVE: tl.constexpr = True,
-              USE_TMA: tl.constexpr = False, K_SLICES: tl.constexpr = 0, A_BLOCKS: tl.constexpr = False):
+              K_SLICES: tl.constexpr = 0, A_BLOCKS: tl.constexpr = False):
     """Return the fp32 (BLOCK_M, BLOCK_N) tile acc[i, j] = sum_k A[m_i, k] * B[n_j, k] (= (x @ W^T) tile) for
     rows m_i = pid_m*BLOCK_M + i, cols n_j = pid_n*BLOCK_N + j.  Rows/cols past M/N are computed from wrapped
     (valid) indices: the caller must mask its store with (offs_m < M) & (offs_n < N).
 
     Operands by SCHEME:
-      "ieee", "tf32x3": a_ptr = x fp32 (M, K), b_ptr = W fp32 (N, K); the *_lo_ptr / *_scale_ptr are unused.
-      split schemes: b_ptr, b_lo_ptr = w_hi, w_lo fp16 (N, K) sharing strides (stride_bn, stride_bk),
+      "ieee", "tf32x3", "fp64": a_ptr = x fp32 (M, K), b_ptr = W fp32 (N, K); the *_lo_ptr / *_scale_ptr are unused.
+      "fp16x3p": b_ptr, b_lo_ptr = w_hi, w_lo fp16 (N, K) sharing strides (stride_bn, stride_bk),
           b_scale_ptr = w_scale (N,) (split_weight); SPLIT_A=True: a_ptr = x fp32, a_scale_ptr = x_scale (M,)
           (row_scales), a_lo_ptr unused; SPLIT_A=2: the same, the row scales computed here (a_scale_ptr unused);
           SPLIT_A=False: a_ptr, a_lo_ptr = x_hi, x_lo fp16 (M, K) sharing strides
           (stride_am, stride_ak), a_scale_ptr = x_scale (split_x).
     EVEN_K: K % BLOCK_K == 0 (drops the K mask from the loads; set by the launcher, any K is handled otherwise).
-    PROMOTE_K ("fp16x3c" only; a multiple of BLOCK_K): K stretch summed in a fresh tensor-core partial.
-    HALVES_ABOVE / INTERLEAVE ("fp16x3p"): tiles with BLOCK_M*BLOCK_N > HALVES_ABOVE run as two column halves
-    (even/odd columns when INTERLEAVE) sharing one tensor-core partial (_fp16x3p_halves).
-    USE_TMA ("fp16x3p", SPLIT_A=False, unit K stride, 16-byte aligned rows): TMA tile loads via device-side tensor
-    descriptors; the launcher must have called ensure_tma_allocator().
+    Tiles with BLOCK_M*BLOCK_N > HALVES_ABOVE run fp16x3p as two column halves (even/odd columns) sharing one
+    tensor-core partial (_fp16x3p_halves).
     K_SLICES ("fp64" only): 0 = this tile sums K itself; S >= 1 = K was already summed by skinny.fp64_split_k_kernel
-    into S float64 partials: a_ptr = P (S, M, N) float64 with stride_am = its row stride, stride_ak = its slice
-    stride, stride_bn = its column stride (skinny.fp64_partials returns them); the tile adds the S slices in order.
+    into S float64 partials (or by runtime.split_k_partials into S fp32 ones): a_ptr = P (S, M, N) with stride_am =
+    its row stride, stride_ak = its slice stride, stride_bn = its column stride (skinny.fp64_partials returns them);
+    the tile adds the S slices in order, in float64.
     A_BLOCKS ("fp16x3p", SPLIT_A=False, the plain K loop only): A is split per (row, SCALE_BLOCK_K-long stretch of K)
     with its own power of two, and B carries no scales of its own (they were folded into A: kernels/backward.py,
     gemm_dw_presplit): a_scale_ptr = the inverse scales, (rows of A, cdiv(K, SCALE_BLOCK_K)) row-major; each K
@@ -529,8 +415,9 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
             b_ptrs += BLOCK_K * stride_bk
         acc = acc64.to(tl.float32)
     else:
+        tl.static_assert(SCHEME == "fp16x3p", "gemm_tile's schemes: ieee, tf32x3, fp64, fp16x3p")
         if A_BLOCKS:
-            tl.static_assert(SCHEME == "fp16x3p" and not SPLIT_A and not USE_TMA and BLOCK_M * BLOCK_N <= HALVES_ABOVE,
+            tl.static_assert(not SPLIT_A and BLOCK_M * BLOCK_N <= HALVES_ABOVE,
                              "A_BLOCKS runs fp16x3p's plain K loop on pre-split operands")
             tl.static_assert(SCALE_BLOCK_K % BLOCK_K == 0, "a K block must lie inside one scale block")
             s_ptrs = a_scale_ptr + offs_am.to(tl.int64) * tl.cdiv(K, SCALE_BLOCK_K)
@@ -538,48 +425,11 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
             a_s = _tile_row_scales(a_ptr, offs_am, K, stride_am, stride_ak, BLOCK_M, BLOCK_K)
         else:
             a_s = tl.load(a_scale_ptr + offs_am)
-        if SCHEME == "fp16x3":
-            # Three single-dot K loops into ONE tensor-core accumulator: lo*hi, hi*lo, then hi*hi.
-            if SPLIT_A:
-                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
-                                     BLOCK_K, 2, EVEN_K)
-                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_lo_ptr + b_off, a_s, K, stride_ak, stride_bk,
-                                     BLOCK_K, 1, EVEN_K)
-                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
-                                     BLOCK_K, 1, EVEN_K)
-            else:
-                acc = _fp16_dot_loop(acc, a_lo_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
-                                     BLOCK_K, 0, EVEN_K)
-                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_lo_ptr + b_off, a_s, K, stride_ak, stride_bk,
-                                     BLOCK_K, 0, EVEN_K)
-                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
-                                     BLOCK_K, 0, EVEN_K)
-        elif SCHEME == "fp16x3c":
-            # The same three loops; the two small (lo) terms go first straight into acc (their truncation is
-            # 2^-11 smaller), the big hi*hi term in PROMOTE_K stretches promoted with FADDs.
-            if SPLIT_A:
-                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
-                                     BLOCK_K, 2, EVEN_K)
-                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_lo_ptr + b_off, a_s, K, stride_ak, stride_bk,
-                                     BLOCK_K, 1, EVEN_K)
-                acc = _fp16_dot_loop_promoted(acc, a_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
-                                              BLOCK_K, 1, EVEN_K, PROMOTE_K)
-            else:
-                acc = _fp16_dot_loop(acc, a_lo_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
-                                     BLOCK_K, 0, EVEN_K)
-                acc = _fp16_dot_loop(acc, a_ptr + a_off, b_lo_ptr + b_off, a_s, K, stride_ak, stride_bk,
-                                     BLOCK_K, 0, EVEN_K)
-                acc = _fp16_dot_loop_promoted(acc, a_ptr + a_off, b_ptr + b_off, a_s, K, stride_ak, stride_bk,
-                                              BLOCK_K, 0, EVEN_K, PROMOTE_K)
-        elif SCHEME == "fp16x3p" and USE_TMA:
-            tl.static_assert(not SPLIT_A, "USE_TMA needs pre-split x (SPLIT_A=False)")
-            acc = _fp16x3p_tma(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, pid_m, pid_n, M, N, K, stride_am, stride_bn,
-                               BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_M * BLOCK_N > HALVES_ABOVE)
-        elif SCHEME == "fp16x3p" and BLOCK_M * BLOCK_N > HALVES_ABOVE:
-            acc = _fp16x3p_halves(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, a_s, pid_m, pid_n, M, N, K,
-                                  stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_A, EVEN_K, INTERLEAVE)
+        if BLOCK_M * BLOCK_N > HALVES_ABOVE:
+            acc = _fp16x3p_halves(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, a_s, pid_m, pid_n, M, N, K, stride_am, stride_ak,
+                                  stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_A, EVEN_K)
         else:
-            # "fp16x3d" / "fp16x3p": one K loop, three dots per K block.
+            # one K loop, three dots per K block into a fresh tensor-core partial, added with a round-to-nearest FADD
             a_ptrs = a_ptr + a_off
             a_lo_ptrs = a_lo_ptr + a_off
             b_ptrs = b_ptr + b_off
@@ -604,18 +454,13 @@ def gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
                         a_lo = tl.load(a_lo_ptrs)
                     else:
                         a_lo = tl.load(a_lo_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-                if SCHEME == "fp16x3d":
-                    acc = tl.dot(a_lo, b, acc)
-                    acc = tl.dot(a_hi, b_lo, acc)
-                    acc = tl.dot(a_hi, b, acc)
-                else:  # "fp16x3p": fresh tensor-core partial per K block, added with a round-to-nearest FADD
-                    part = tl.dot(a_lo, b)
-                    part = tl.dot(a_hi, b_lo, part)
-                    part = tl.dot(a_hi, b, part)
-                    if A_BLOCKS:  # this K block's stretch of A was scaled on its own: undo it here (exact)
-                        acc = acc + part * tl.load(s_ptrs + (kb * BLOCK_K) // SCALE_BLOCK_K)[:, None]
-                    else:
-                        acc = acc + part
+                part = tl.dot(a_lo, b)
+                part = tl.dot(a_hi, b_lo, part)
+                part = tl.dot(a_hi, b, part)
+                if A_BLOCKS:  # this K block's stretch of A was scaled on its own: undo it here (exact)
+                    acc = acc + part * tl.load(s_ptrs + (kb * BLOCK_K) // SCALE_BLOCK_K)[:, None]
+                else:
+                    acc = acc + part
                 a_ptrs += BLOCK_K * stride_ak
                 a_lo_ptrs += BLOCK_K * stride_ak
                 b_ptrs += BLOCK_K * stride_bk
@@ -642,20 +487,20 @@ def _tile_ids(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# example fused kernel: y = LeakyReLU((x @ W^T + bias) * mult, slope)   (KernelBench problem 12)
+# the tile in a kernel: y = LeakyReLU((x @ W^T + bias) * mult, slope) (KernelBench problem 12), as the tests and
+# benchmarks drive gemm_tile (generated files make their own kernels around it: regions/common.py)
 # ----------------------------------------------------------------------------------------------------------------
 @triton.jit
-def _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
-                             tile, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on,
-                             mult, slope, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             GROUP_M: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr,
-                             EVEN_K: tl.constexpr, PROMOTE_K: tl.constexpr, USE_TMA: tl.constexpr = False,
-                             K_SLICES: tl.constexpr = 0):
-    pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+def gemm_bias_mul_leakyrelu_kernel(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
+                                   M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on,
+                                   mult, slope,
+                                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                   GROUP_M: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr,
+                                   EVEN_K: tl.constexpr, K_SLICES: tl.constexpr = 0):
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = gemm_tile(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr,
                     pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
-                    BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K, PROMOTE_K, USE_TMA=USE_TMA,
-                    K_SLICES=K_SLICES)
+                    BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, SPLIT_A, EVEN_K, K_SLICES=K_SLICES)
     # epilogue on the fp32 accumulator, then a masked store
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -666,29 +511,67 @@ def _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_sc
     tl.store(out_ptrs, y, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-@triton.jit
-def gemm_bias_mul_leakyrelu_kernel(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
-                                   M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on,
-                                   mult, slope,
-                                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                   GROUP_M: tl.constexpr, SCHEME: tl.constexpr, SPLIT_A: tl.constexpr,
-                                   EVEN_K: tl.constexpr, PERSISTENT: tl.constexpr, NUM_SMS: tl.constexpr,
-                                   PROMOTE_K: tl.constexpr, USE_TMA: tl.constexpr = False,
-                                   K_SLICES: tl.constexpr = 0):
-    if PERSISTENT:  # one program per SM walks the tiles (grid = NUM_SMS)
-        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-        for tile in range(tl.program_id(0), num_tiles, NUM_SMS):
-            _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
-                                     tile, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on,
-                                     mult, slope, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCHEME, SPLIT_A, EVEN_K,
-                                     PROMOTE_K, USE_TMA, K_SLICES)
-    else:  # one program per tile
-        _tile_bias_mul_leakyrelu(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, bias_ptr, out_ptr,
-                                 tl.program_id(0), M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
-                                 stride_om, stride_on, mult, slope, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCHEME,
-                                 SPLIT_A, EVEN_K, PROMOTE_K, USE_TMA, K_SLICES)
+def gemm_bias_mul_leakyrelu(x: torch.Tensor, w_parts, bias: torch.Tensor, mult: float, slope: float,
+                            scheme: str = DEFAULT_SCHEME, config: GemmConfig | None = None,
+                            x_parts: tuple | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = LeakyReLU((x @ W^T + bias) * mult, slope), x (M, K) fp32.
+    w_parts: the fp32 W (N, K) for "ieee"/"tf32x3"/"fp64"; split_weight(W) for "fp16x3p".
+    x_parts: optional precomputed split_x(x) / (None, None, row_scales(x)) -- otherwise computed here (and timed
+    as part of the call).  "fp64" with config.k_slices: x_parts = skinny.fp64_partials(x, W, config) (required)."""
+    assert scheme in SCHEMES, scheme
+    M, K = x.shape
+    if scheme in SPLIT_SCHEMES:
+        w_hi, w_lo, w_scale = w_parts
+        N = w_hi.shape[0]
+        assert w_hi.dtype == torch.float16 and w_hi.stride() == w_lo.stride()
+    else:
+        w = w_parts[0] if isinstance(w_parts, (tuple, list)) else w_parts
+        N = w.shape[0]
+    cfg = config or default_config(M, N, K, scheme)
+    assert supports(cfg, scheme, K), cfg
+    if out is None:
+        out = torch.empty(M, N, device=x.device, dtype=torch.float32)
+    if scheme in SPLIT_SCHEMES:
+        if cfg.split_a == 2:
+            a, a_lo, a_s = x, x, x  # the kernel computes the row scales
+        elif cfg.split_a:
+            x_scale = x_parts[2] if x_parts is not None else row_scales(x)
+            a, a_lo, a_s = x, x, x_scale
+        else:
+            a, a_lo, a_s = x_parts if x_parts is not None else split_x(x)
+        b, b_lo, b_s = w_hi, w_lo, w_scale
+    else:
+        a, a_lo, a_s = x, x, x
+        b, b_lo, b_s = w, w, w
+    strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
+    # both operands pre-split with zero-padded rows (split_x, split_weight): run K to the padding, unmasked
+    padded = scheme in SPLIT_SCHEMES and not cfg.split_a and a.stride(0) == b.stride(0) == 2 * padded_k(K)
+    k_run = padded_k(K) if padded else K
+    if scheme == "fp64" and cfg.k_slices:
+        assert x_parts is not None, "fp64 with k_slices: pass x_parts = skinny.fp64_partials(x, W, config)"
+        part, strides = x_parts
+        a = a_lo = a_s = b = b_lo = b_s = part
+    assert b.stride() == b_lo.stride() and (cfg.split_a or a.stride() == a_lo.stride())
+    grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
+    gemm_bias_mul_leakyrelu_kernel[grid](
+        a, a_lo, a_s, b, b_lo, b_s, bias, out, M, N, k_run, *strides, out.stride(0), out.stride(1),
+        float(mult), float(slope),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        SCHEME=scheme, SPLIT_A=cfg.split_a, EVEN_K=(k_run % cfg.block_k == 0), K_SLICES=cfg.k_slices,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
 
 
+def gemm_bias_mul_leakyrelu_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, mult: float,
+                                slope: float) -> torch.Tensor:
+    """Plain torch reference (computes in x's dtype: pass float64 tensors for the accuracy reference)."""
+    y = (x @ w.t() + bias) * mult
+    return torch.nn.functional.leaky_relu(y, slope)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# configs: each scheme's config space, the default per shape, and the one check of what the kernels can run
+# ----------------------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class GemmConfig:
     block_m: int
@@ -697,14 +580,12 @@ class GemmConfig:
     group_m: int
     num_warps: int
     num_stages: int
-    # split schemes: split x inside the GEMM (True) or by split_x beforehand (False); 2: inside the GEMM, and
-    # the rows' scales too (no row_scales launch; for small, launch-bound GEMMs)
+    # fp16x3p: split x inside the GEMM (True) or by split_x beforehand (False); 2: inside the GEMM, and the rows'
+    # scales too (no row_scales launch; for small, launch-bound GEMMs)
     split_a: bool | int = True
-    persistent: bool = False  # one program per SM looping over tiles
-    promote_k: int = 1024  # "fp16x3c": K stretch per fresh tensor-core partial (multiple of block_k)
-    tma: bool = False  # "fp16x3p" with split_a=False: TMA tile loads (tensor descriptors; see ensure_tma_allocator)
+    persistent: bool = False  # sm90 only: a block per SM walks the tiles (regions/sm90_twin.py)
     # k_slices = S >= 1: "fp64" runs skinny.fp64_split_k_kernel first (S K slices, column tiles of split_block_n,
-    # K blocks of block_k), the split schemes runtime.split_k_partials (one tile per slice, K >= LONG_K); then the
+    # K blocks of block_k), fp16x3p runtime.split_k_partials (one tile per slice, K >= LONG_K); then the
     # tile kernel (block_m x block_n) adds the S partials in float64
     k_slices: int = 0
     split_block_n: int = 16
@@ -713,6 +594,8 @@ class GemmConfig:
     # promotions. Pre-split operands only (split_a=False).
     sm90: bool = False
     chunk: int = 4  # more failed problem 39's BatchNorm running mean (sm90_configs)
+    # not a field: kernels/backward.py (gemm_dw_presplit) still reads it; TMA tile loads are benchmarks/gemm's
+    tma = False
 
     def short(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}_w{self.num_warps}_s{self.num_stages}"
@@ -722,10 +605,6 @@ class GemmConfig:
             s += "_ksc"
         if self.persistent:
             s += "_pers"
-        if self.promote_k != 1024:
-            s += f"_pk{self.promote_k}"
-        if self.tma:
-            s += "_tma"
         if self.k_slices:
             s += f"_ks{self.k_slices}x{self.split_block_n}"
         if self.sm90:
@@ -738,8 +617,29 @@ LONG_K = 32768  # longer K: one tile's sequential fp32 sum over its K blocks is 
 # missed) and a few tiles leave the GPU idle; K is cut into slices summed in float64 (long_k_configs)
 
 
+def supports(cfg: GemmConfig, scheme: str, K: int, min_block_n: int = 16, batch: int = 1, sm90: bool = False,
+             a_blocks: bool = False) -> bool:
+    """Whether kfuse's GEMM kernels can run `cfg` for a GEMM of depth K under `scheme`: the one validity check.
+    The config spaces are built with it, the tuner keeps only the candidates it accepts, and the tests hold every
+    default to it.
+      min_block_n: the smallest column tile the kernel's epilogue takes (whole GroupNorm groups, a pooling window);
+      batch: products in one launch (runtime.batched_operands: no split-K, no Hopper twin);
+      sm90: the launch may pick the kernel's Hopper twin (runtime.sm90_ok: Gluon, a compiled run on a Hopper GPU);
+      a_blocks: the tile's A_BLOCKS loop (kernels/backward.py, gemm_dw_presplit), which launches the tile alone:
+        pre-split, without split-K, whatever cfg's split_a and k_slices say."""
+    if a_blocks:
+        return scheme == "fp16x3p" and cfg.block_m * cfg.block_n <= HALVES_ABOVE.value and PAD_K % cfg.block_k == 0
+    if scheme not in SCHEMES or cfg.block_n < min_block_n:
+        return False
+    if cfg.k_slices and (batch > 1 or scheme not in ("fp64",) + SPLIT_SCHEMES):
+        return False  # the tile adds the slices' partials of one product: fp64 sums, or fp16x3p's split-K pass
+    if cfg.sm90:  # pre-split fp16x3p; its cross products sum all of K in one tensor-core accumulator
+        return sm90 and batch == 1 and scheme == "fp16x3p" and cfg.split_a is False and not cfg.k_slices and K < LONG_K
+    return not cfg.persistent  # the Triton kernels run one program per tile
+
+
 def long_k_configs(M: int, N: int, K: int) -> list[GemmConfig]:
-    """Split-K configs of the split schemes for K >= LONG_K: S slices of about 4096-8192 of K, each a GEMM tile of
+    """Split-K configs of fp16x3p for K >= LONG_K: S slices of about 4096-8192 of K, each a GEMM tile of
     its own (runtime.split_k_partials: fp32 partials over one slice each), then the region's tile adds the S
     partials in float64 in a fixed order (gemm_tile's K_SLICES) and runs its epilogue."""
     if K < LONG_K:
@@ -749,43 +649,40 @@ def long_k_configs(M: int, N: int, K: int) -> list[GemmConfig]:
 
 
 def valid_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
-    """A small config space per scheme (each entry compiled and timed by benchmarks/gemm/explore.py).
-    Shared memory per stage for the split schemes: (BM + BN) * BK * 4 bytes (hi + lo fp16 of A and B) -- the
-    H100's 227 KB cap the stages (128x128x64: 3 stages = 192 KB).  Registers: a 128x128 fp32 tile over 8 warps is
-    64 registers/thread per accumulator; fp16x3p holds two (partial + sum); 128x256 ones (128 each) would spill."""
+    """The Triton tile's config space per scheme: what the tuner times (each entry compiled and timed by
+    benchmarks/gemm/explore.py).  Shared memory per stage for fp16x3p: (BM + BN) * BK * 4 bytes (hi + lo fp16 of
+    A and B) -- the H100's 227 KB cap the stages (128x128x64: 3 stages = 192 KB).  Registers: a 128x128 fp32 tile
+    over 8 warps is 64 registers/thread per accumulator; fp16x3p holds two (partial + sum); 128x256 ones (128 each)
+    would spill."""
     if scheme == "fp64":
         return skinny_configs(M)
     if scheme in ("ieee", "tf32x3"):
         return [GemmConfig(128, 128, 32, 8, 8, 3), GemmConfig(128, 64, 32, 8, 4, 4),
                 GemmConfig(64, 64, 32, 8, 4, 3), GemmConfig(128, 256, 32, 8, 8, 3)]
-    if scheme in SPLIT_SCHEMES and K >= LONG_K:
+    if scheme != "fp16x3p":
+        raise ValueError(f"unknown GEMM scheme {scheme!r}")
+    if K >= LONG_K:
         return long_k_configs(M, N, K)
-    if scheme in ("fp16x3p", "fp16x3d"):
-        small = [GemmConfig(128, 128, 64, 8, 8, 3, split_a=2), GemmConfig(64, 128, 64, 8, 4, 3, split_a=2)]
-        return [GemmConfig(128, 128, 64, 8, 8, 3, split_a=False), GemmConfig(128, 128, 64, 16, 8, 3, split_a=False),
-                GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, persistent=True),
-                GemmConfig(128, 128, 32, 8, 8, 5, split_a=False), GemmConfig(128, 128, 64, 8, 8, 3),
-                GemmConfig(64, 128, 64, 8, 4, 3, split_a=False)] + (small if launch_bound(M, N, K) else [])
-    if scheme == "fp16x3c":
-        return [GemmConfig(128, 128, 64, 8, 8, 3, split_a=False), GemmConfig(128, 128, 64, 8, 8, 3, split_a=False,
-                                                                               promote_k=512)]
-    return [GemmConfig(128, 256, 64, 8, 8, 3, split_a=False), GemmConfig(128, 256, 32, 8, 8, 4, split_a=False),
-            GemmConfig(128, 256, 64, 16, 8, 3, split_a=False), GemmConfig(256, 128, 64, 8, 8, 3, split_a=False),
-            GemmConfig(128, 128, 64, 8, 8, 4, split_a=False),
-            GemmConfig(128, 256, 64, 8, 8, 3, split_a=False, persistent=True), GemmConfig(128, 256, 64, 8, 8, 3)]
+    small = [GemmConfig(128, 128, 64, 8, 8, 3, split_a=2), GemmConfig(64, 128, 64, 8, 4, 3, split_a=2)]
+    return [GemmConfig(128, 128, 64, 8, 8, 3, split_a=False), GemmConfig(128, 128, 64, 16, 8, 3, split_a=False),
+            GemmConfig(128, 128, 32, 8, 8, 5, split_a=False), GemmConfig(128, 128, 64, 8, 8, 3),
+            GemmConfig(64, 128, 64, 8, 4, 3, split_a=False)] + (small if launch_bound(M, N, K) else [])
+
+
+SM90_CONFIGS = (GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, sm90=True, chunk=4),
+                GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, persistent=True, sm90=True, chunk=4))
 
 
 def sm90_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
-    """The Hopper twin's configs (kernels/gemm_sm90.py), offered where runtime.sm90_ok holds: 128 x 128 x 64 tiles
+    """The Hopper twin's configs (kernels/gemm_sm90.py), where it can run them (supports): 128 x 128 x 64 tiles
     (three fp32 accumulators fill 192 of the consumers' 240 registers), 3 stages of 64 KB, the hi*hi partial
     promoted every 4 K blocks (longer chunks failed problem 39's BatchNorm running mean by their truncation bias:
-    benchmarks/gemm/NOTES.md, session 14). H100: problem 12's GEMM kernel 0.55 ms (Triton tile 0.69), problem 39's
-    2.44-2.59 ms (2.97). One block per tile, and persistent (a block per SM walks the tiles: regions/sm90_twin.py).
-    Skipped where launches set the time."""
-    if scheme != "fp16x3p" or launch_bound(M, N, K) or K >= LONG_K:  # its cross products sum all of K in one
-        return []  # tensor-core accumulator
-    return [GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, sm90=True, chunk=4),
-            GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, persistent=True, sm90=True, chunk=4)]
+    benchmarks/gemm/NOTES.md, the Gluon twin's promotion chunk). H100: problem 12's GEMM kernel 0.55 ms (Triton
+    tile 0.69), problem 39's 2.44-2.59 ms (2.97). One block per tile, and persistent (a block per SM walks the
+    tiles: regions/sm90_twin.py). Skipped where launches set the time."""
+    if launch_bound(M, N, K):
+        return []
+    return [c for c in SM90_CONFIGS if supports(c, scheme, K, sm90=True)]
 
 
 def sm90_maxnreg(cfg: GemmConfig) -> int:
@@ -820,7 +717,6 @@ def skinny_configs(M: int) -> list[GemmConfig]:
     return out
 
 
-RECOMMENDED_SCHEME = "fp16x3p"
 # GEMMs this small (problems/gemm/33: 1000 x 1000 -> 999, 2 GFLOP of fp16 products, ~10 us of tensor-core work)
 # should be set by launch overhead, not by the GPU: the tuner also tries SPLIT_A=2 (one launch fewer) there.
 LAUNCH_BOUND_MNK = 2 ** 31
@@ -830,42 +726,41 @@ def launch_bound(M: int, N: int, K: int) -> bool:
     return M * N * K <= LAUNCH_BOUND_MNK
 
 
-def default_config(M: int, N: int, K: int, scheme: str) -> GemmConfig:
+# Triton's CPU interpreter runs each program as numpy code: fewer, larger tiles are faster.
+INTERPRETER_CONFIG = GemmConfig(32, 64, 32, 8, 4, 1)
+
+
+def default_config(M: int, N: int, K: int, scheme: str, interpret: bool = False) -> GemmConfig:
     """Best measured config per shape class on the H100 (benchmarks/gemm/NOTES.md).  Large shapes measured:
-    1024x8192->8192 and 16384x4096->4096.  Small-M entries are untimed guesses (they only need to be correct)."""
+    1024x8192->8192 and 16384x4096->4096.  Small-M entries are untimed guesses (they only need to be correct).
+    `interpret`: kernels run in Triton's CPU interpreter (its "ieee" GEMMs take INTERPRETER_CONFIG)."""
     small = M < 128 or N < 128
+    if scheme == "ieee" and interpret:
+        return INTERPRETER_CONFIG
     if scheme == "fp64":
         return skinny_configs(M)[0]
-    if scheme in SPLIT_SCHEMES and K >= LONG_K:
+    if scheme == "fp16x3p" and K >= LONG_K:
         return long_k_configs(M, N, K)[0]
     if scheme in ("ieee", "tf32x3"):
         return GemmConfig(64, 64, 32, 8, 4, 3) if small else GemmConfig(128, 128, 32, 8, 8, 3)
-    if scheme in ("fp16x3p", "fp16x3d", "fp16x3c"):
+    if scheme == "fp16x3p":
         # not SPLIT_A=2 here, though it saves a launch: on the H100 problem 33's GEMM (1000 x 1000 -> 999) took
         # 236 us per call with it (torch.profiler, benchmarks/overhead/NOTES.md), cause not yet profiled; the
         # tuner still times it for launch-bound shapes (valid_configs) and keeps it only where it is faster
         return GemmConfig(64, 128, 64, 8, 4, 3, split_a=False) if small else GemmConfig(128, 128, 64, 8, 8, 3,
                                                                                          split_a=False)
-    return GemmConfig(64, 128, 64, 8, 4, 3, split_a=False) if small else GemmConfig(128, 256, 64, 8, 8, 3,
-                                                                                     split_a=False)
+    raise ValueError(f"unknown GEMM scheme {scheme!r}")
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# device facts
+# ----------------------------------------------------------------------------------------------------------------
 _NUM_SMS = {}
 
 
-def tma_ok(*ts) -> bool:
-    """TMA descriptors need unit last stride, 16-byte aligned bases and row strides (K % 8 == 0 for the split
-    parts) and a CUDA device of compute capability >= 9."""
-    for t in ts:
-        if t.device.type != "cuda" or t.stride(-1) != 1 or (t.stride(0) * t.element_size()) % 16 or \
-                t.data_ptr() % 16:
-            return False
-    return torch.cuda.get_device_capability(ts[0].device)[0] >= 9
-
-
 def ensure_tma_allocator() -> None:
-    """Device-side tensor descriptors (tl.make_tensor_descriptor) need a global-memory scratch allocator; set a
-    torch-backed one once (callers launching tma=True configs themselves must call this before launching)."""
+    """Device-side tensor descriptors (the Hopper twin's TMA loads) need a global-memory scratch allocator; set a
+    torch-backed one once (callers launching sm90 configs themselves must call this before launching)."""
     global _TMA_ALLOC_SET
     if not _TMA_ALLOC_SET:
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
@@ -877,68 +772,6 @@ _TMA_ALLOC_SET = False
 
 def _num_sms(device) -> int:
     if device not in _NUM_SMS:
-        _NUM_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+        cuda = device.type == "cuda"
+        _NUM_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 4
     return _NUM_SMS[device]
-
-
-def gemm_bias_mul_leakyrelu(x: torch.Tensor, w_parts, bias: torch.Tensor, mult: float, slope: float,
-                            scheme: str = RECOMMENDED_SCHEME, config: GemmConfig | None = None,
-                            x_parts: tuple | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """y = LeakyReLU((x @ W^T + bias) * mult, slope), x (M, K) fp32.
-    w_parts: the fp32 W (N, K) for "ieee"/"tf32x3"; split_weight(W) for the split schemes.
-    x_parts: optional precomputed split_x(x) / (None, None, row_scales(x)) -- otherwise computed here (and timed
-    as part of the call).  "fp64" with config.k_slices: x_parts = skinny.fp64_partials(x, W, config) (required)."""
-    assert scheme in SCHEMES, scheme
-    M, K = x.shape
-    if scheme in SPLIT_SCHEMES:
-        w_hi, w_lo, w_scale = w_parts
-        N = w_hi.shape[0]
-        assert w_hi.dtype == torch.float16 and w_hi.stride() == w_lo.stride()
-    else:
-        w = w_parts[0] if isinstance(w_parts, (tuple, list)) else w_parts
-        N = w.shape[0]
-    cfg = config or default_config(M, N, K, scheme)
-    if out is None:
-        out = torch.empty(M, N, device=x.device, dtype=torch.float32)
-    if scheme in SPLIT_SCHEMES:
-        if cfg.split_a == 2:
-            a, a_lo, a_s = x, x, x  # the kernel computes the row scales
-        elif cfg.split_a:
-            x_scale = x_parts[2] if x_parts is not None else row_scales(x)
-            a, a_lo, a_s = x, x, x_scale
-        else:
-            a, a_lo, a_s = x_parts if x_parts is not None else split_x(x)
-        b, b_lo, b_s = w_hi, w_lo, w_scale
-    else:
-        a, a_lo, a_s = x, x, x
-        b, b_lo, b_s = w, w, w
-    strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
-    # both operands pre-split with zero-padded rows (split_x, split_weight): run K to the padding, unmasked
-    padded = scheme in SPLIT_SCHEMES and not cfg.split_a and a.stride(0) == b.stride(0) == 2 * padded_k(K)
-    k_run = padded_k(K) if padded else K
-    if scheme == "fp64" and cfg.k_slices:
-        assert x_parts is not None, "fp64 with k_slices: pass x_parts = skinny.fp64_partials(x, W, config)"
-        part, strides = x_parts
-        a = a_lo = a_s = b = b_lo = b_s = part
-    assert b.stride() == b_lo.stride() and (cfg.split_a or a.stride() == a_lo.stride())
-    use_tma = bool(cfg.tma) and scheme == "fp16x3p" and not cfg.split_a and tma_ok(a, a_lo, b, b_lo)
-    if use_tma:
-        ensure_tma_allocator()
-    num_tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
-    nsm = _num_sms(x.device)
-    grid = (min(num_tiles, nsm),) if cfg.persistent else (num_tiles,)
-    gemm_bias_mul_leakyrelu_kernel[grid](
-        a, a_lo, a_s, b, b_lo, b_s, bias, out, M, N, k_run, *strides, out.stride(0), out.stride(1),
-        float(mult), float(slope),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        SCHEME=scheme, SPLIT_A=cfg.split_a, EVEN_K=(k_run % cfg.block_k == 0), PROMOTE_K=cfg.promote_k,
-        PERSISTENT=cfg.persistent, NUM_SMS=nsm if cfg.persistent else 1, USE_TMA=use_tma, K_SLICES=cfg.k_slices,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return out
-
-
-def gemm_bias_mul_leakyrelu_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, mult: float,
-                                slope: float) -> torch.Tensor:
-    """Plain torch reference (computes in x's dtype: pass float64 tensors for the accuracy reference)."""
-    y = (x @ w.t() + bias) * mult
-    return torch.nn.functional.leaky_relu(y, slope)

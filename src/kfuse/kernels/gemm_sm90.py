@@ -13,12 +13,14 @@ that the tensor cores wait only at the end of a chunk of K blocks:
   * `part` sums hi*hi over a CHUNK of K blocks (4 x 64 = 256 of K), then is added into the fp32 register sum `acc`
     with a round-to-nearest FADD ("promotion"). Each block issues hi*hi first, so the promotion waits for that
     product only (wgmma groups retire in order) while the block's two cross products keep the tensor cores busy:
-    3-4% off the forward of every seed against a full drain (session 15, interleaved A/B). ptxas serializes every
-    wgmma of a loop if registers of an unfinished wgmma are read (C7514), so a promotion cannot come earlier.
+    3-4% off the forward of every seed against a full drain (interleaved A/B: benchmarks/gemm/NOTES.md, "Early
+    promotion wait, tail split, a fair tuner"). ptxas serializes every wgmma of a loop if registers of an
+    unfinished wgmma are read (C7514), so a promotion cannot come earlier.
     The chunk is bounded by accuracy, not speed: the tensor core truncates toward zero, so a longer chunk leaves a
     bias in every output that a column mean does not average away: at 8 blocks problem 39's BatchNorm
     running_mean missed rule 3 (1.43e-7 against a bound of 1.42e-7); at 4 it passes. Measured on the H100, the
-    GEMM kernel took about the same time at chunks of 4, 8 and 16 (benchmarks/gemm/NOTES.md, session 14).
+    GEMM kernel took about the same time at chunks of 4, 8 and 16 (benchmarks/gemm/NOTES.md, "The fp16x3p tile
+    in Gluon").
   * three accumulators of a 128 x 128 tile over 8 warps are 192 registers a thread: a producer warp (24 registers,
     setmaxnreg) issues the TMA loads, so the 8 consumer warps get 240.
   * STAGES shared-memory stages of hi and lo for A and B (64 KB each at 128 x 128 x 64: 3 stages), refilled as
@@ -28,7 +30,7 @@ that the tensor cores wait only at the end of a chunk of K blocks:
     sm90_tile_mma and the generated epilogue, while sm90_loader already loads the next tile). Where the last wave
     would be a few tiles (runtime.sm90_tail), the blocks cut those along K instead, and the block that finishes a
     tile's last slice sums the slices and runs its epilogue (sm90_tail_piece, sm90_tail_done, sm90_tail_sum):
-    problem 39's 4096 tiles on 132 SMs took 32 tile-times, now 31 plus an eighth (-1.2% of its forward).
+    problem 39's 4096 tiles on 132 SMs take 31 tile-times plus an eighth instead of 32 (-1.2% of its forward).
 
 Operands (as gemm_tile with SPLIT_A=False): a_ptr / a_lo_ptr = x_hi / x_lo (M, K) fp16 and b_ptr / b_lo_ptr =
 w_hi / w_lo (N, K) fp16, rows zero-padded to a multiple of 64 (padded_k) with 16-byte aligned row strides (the
@@ -43,7 +45,7 @@ import triton.language as tl
 
 from kfuse.kernels.gemm_core import _pow2_inv, _tile_ids
 
-# --- emitted below ---
+
 try:  # Gluon ships with Triton >= 3.5; without it every GEMM runs the Triton kernels
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl

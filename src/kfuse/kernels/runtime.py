@@ -1,89 +1,148 @@
-"""Run-time helpers every generated ModelNew carries (this file's body below the marker is copied into it).
+"""Run-time helpers every generated ModelNew carries (a generated file copies the definitions its code reads).
 
-They choose the GEMM scheme and tile config for the device at hand, prepare the GEMM operands (the split
-schemes need fp16 hi/lo parts of the weight, cached until the weight changes), and define the small jit
-math helpers the epilogue table uses (tanh, softplus).
+The GEMM policy at run time: the settings the environment gives (read once), the scheme each GEMM runs (scheme_for:
+the one decision, which `kfuse optimize` makes for the file too), its tile config (the default, or the autotuner's
+choice: TUNER, one object holding every choice made in this process), and the operands (the fp16x3p scheme needs
+fp16 hi/lo parts of the weight, cached until the weight changes). Also the small jit math helpers the epilogue
+table uses (tanh, softplus).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 
 import torch
 import triton
 import triton.language as tl
 
-import dataclasses
-
-from kfuse.kernels.gemm_core import (SKINNY_M, SPLIT_SCHEMES, GemmConfig, _num_sms, _tile_ids, cdiv, default_config,
-                                    gemm_tile,
-                                    ensure_tma_allocator, padded_k, row_scales, sm90_configs, sm90_maxnreg,
-                                    split_weight, split_x, valid_configs)
+from kfuse.kernels.gemm_core import (DEFAULT_SCHEME, SKINNY_M, SPLIT_SCHEMES, USER_SCHEMES, GemmConfig, _num_sms,
+                                    _tile_ids, cdiv, default_config, ensure_tma_allocator, gemm_tile, padded_k,
+                                    row_scales, sm90_configs, sm90_maxnreg, split_weight, split_x, supports,
+                                    valid_configs)
 from kfuse.kernels.gemm_sm90 import HAVE_GLUON
 from kfuse.kernels.skinny import fp64_partials
 
-# --- emitted below ---
-# The fp32-accurate tensor-core scheme used on a GPU ("fp16x3p": fp16 hi/lo split, three products per K block
-# promoted into an fp32 accumulator; "tf32x3": Triton's three-pass tf32; "ieee": plain fp32 FMA).
-# The CPU interpreter runs "ieee", and "fp64" for skinny GEMMs as a GPU does (gemm_scheme).
+
+# The file's GEMM scheme on a GPU: "fp16x3p" (fp16 hi/lo split, three products per K block promoted into an fp32
+# accumulator), "tf32x3" (Triton's three-pass tf32) or "ieee" (plain fp32 FMA). A generated file defines its own,
+# the one `kfuse optimize` chose (scheme_for).
 GEMM_SCHEME = "fp16x3p"
 
 
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What the environment says, read once when the module loads (Settings.from_env):
+      interpret    TRITON_INTERPRET=1: kernels run in Triton's CPU interpreter (Triton reads it once, at import)
+      autotune     KFUSE_AUTOTUNE: "on" (default), "off" (0, off, false: every GEMM runs its default config) or
+                   "force" (tune again, ignoring the disk cache); the tuner's mode starts here (TUNER.mode)
+      cache_dir    KFUSE_CACHE_DIR (default ~/.cache/kfuse): the autotuner's autotune.json
+      cuda_graphs  KFUSE_CUDA_GRAPHS=0: no CUDA graph replay of repeated inference calls (kernels/graphs.py)"""
+    interpret: bool = False
+    autotune: str = "on"
+    cache_dir: str = ""
+    cuda_graphs: bool = True
+
+    @classmethod
+    def from_env(cls, env=None) -> "Settings":
+        env = os.environ if env is None else env
+        mode = env.get("KFUSE_AUTOTUNE", "1").lower()
+        return cls(interpret=env.get("TRITON_INTERPRET") == "1",
+                   autotune="off" if mode in ("0", "off", "false") else "force" if mode == "force" else "on",
+                   cache_dir=env.get("KFUSE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kfuse"),
+                   cuda_graphs=env.get("KFUSE_CUDA_GRAPHS", "1") != "0")
+
+
+SETTINGS = Settings.from_env()
+
+
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return SETTINGS.interpret
 
 
 def sm90_ok(t: torch.Tensor) -> bool:
     """Can the Hopper twin (kernels/gemm_sm90.py) run for tensors on t's device: Triton with Gluon, a compiled (not
     interpreted) run, and a Hopper GPU (wgmma is sm_90 only: Blackwell has other tensor-core instructions)."""
-    return HAVE_GLUON and t.is_cuda and not interpreting() and torch.cuda.get_device_capability(t.device)[0] == 9
+    return HAVE_GLUON and t.is_cuda and not SETTINGS.interpret and torch.cuda.get_device_capability(t.device)[0] == 9
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the scheme: one decision
+# ----------------------------------------------------------------------------------------------------------------
+def scheme_for(requested: str | None, compiled: bool, M: int | None = None) -> str:
+    """The GEMM scheme, decided in one place for `kfuse optimize` (M None: the file's scheme, GEMM_SCHEME) and for
+    each GEMM at run time (M its rows: gemm_scheme).
+      requested: `--scheme` (fp16x3p, tf32x3 or ieee; None: fp16x3p on a GPU, ieee for a file made on the CPU);
+      compiled: kernels compiled for a CUDA GPU (False: Triton's CPU interpreter, which runs "ieee").
+    Skinny GEMMs (M <= SKINNY_M, e.g. a batch of 1) run "fp64" on a GPU whatever was requested (except "ieee"),
+    and in the interpreter too (an fp32 sum's rounding at a batch of 1 was a coin toss against eager's under
+    rule 3: tests/test_property.py). Long K is no scheme of its own: fp16x3p's split-K configs (long_k_configs)
+    sum their slices in float64, which the region's tile runs as SCHEME "fp64" (tile_scheme)."""
+    if requested is not None and requested not in USER_SCHEMES:
+        raise ValueError(f"GEMM scheme {requested!r}: expected one of {', '.join(USER_SCHEMES)}")
+    if M is None:
+        return requested or (DEFAULT_SCHEME if compiled else "ieee")
+    skinny = M <= SKINNY_M
+    if not compiled:
+        return "fp64" if skinny else "ieee"
+    scheme = requested or DEFAULT_SCHEME
+    return "fp64" if skinny and scheme != "ieee" else scheme
 
 
 def gemm_scheme(x: torch.Tensor) -> str:
-    """The GEMM scheme for x (M, K): GEMM_SCHEME on a GPU, "fp64" for skinny M (gemm_core.SKINNY_M) except under
-    GEMM_SCHEME "ieee"; in the CPU interpreter "ieee", and "fp64" for skinny M as on a GPU (an fp32 sum's
-    rounding at a batch of 1 was a coin toss against eager's under rule 3: tests/test_property.py)."""
-    skinny = x.dim() == 2 and x.shape[0] <= SKINNY_M
-    if not x.is_cuda or interpreting():
-        return "fp64" if skinny else "ieee"
-    if GEMM_SCHEME != "ieee" and skinny:
-        return "fp64"
-    return GEMM_SCHEME
+    """The scheme of the GEMM of x (M, K) in this file (scheme_for, GEMM_SCHEME)."""
+    return scheme_for(GEMM_SCHEME, x.is_cuda and not SETTINGS.interpret, x.shape[0] if x.dim() == 2 else None)
 
 
-def gemm_config(M: int, N: int, K: int, scheme: str, min_block_n: int = 16) -> GemmConfig:
-    """Tile config for one GEMM. `min_block_n`: the epilogue needs whole groups of this many columns."""
-    if scheme == "ieee" and interpreting():
-        # The interpreter runs each program as numpy code: fewer, larger tiles are faster.
-        cfg = GemmConfig(block_m=32, block_n=64, block_k=32, group_m=8, num_warps=4, num_stages=1)
-    else:
-        cfg = default_config(M, N, K, scheme)
-    return widened(cfg, min_block_n)
+def tile_scheme(scheme: str, cfg: GemmConfig) -> str:
+    """The SCHEME a region's own tile runs: "fp64" (add the float64 sum of K-slice partials) for split-K configs."""
+    return "fp64" if cfg.k_slices else scheme
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# the tile config: the default, or the autotuner's choice
+# ----------------------------------------------------------------------------------------------------------------
 def widened(cfg: GemmConfig, min_block_n: int) -> GemmConfig:
     """cfg with column tiles of at least min_block_n (everything else kept)."""
     return cfg if cfg.block_n >= min_block_n else dataclasses.replace(cfg, block_n=min_block_n)
 
 
-# Autotuning (DESIGN.md: config space per region kind, disk cache keyed by shape/dtype/source hash).
-# The first call of a GEMM kernel at a new (kernel, M, N, K, dtype, scheme, min_block_n) on a GPU times the
-# few configs of valid_configs() and keeps the fastest, in memory and in $KFUSE_CACHE_DIR/autotune.json
-# (default ~/.cache/kfuse), keyed also by the GPU's name and a hash of the kernel's source (with the jit
-# functions it calls). KFUSE_AUTOTUNE=0: no tuning, the default config; =force: ignore the disk cache.
-# Under the interpreter (CPU) there is no tuning. TUNE_LOG records each decision (bench reports it).
-TUNED = {}
-TUNED_FAST = {}  # (kernel, M, N, K, dtype, device, scheme, min_block_n) -> config: the per-call lookup
-TUNE_LOG = []
+def gemm_config(M: int, N: int, K: int, scheme: str, min_block_n: int = 16, batch: int = 1,
+                kernel=None) -> GemmConfig:
+    """The untuned tile config of one GEMM (M rows per product): default_config with column tiles of at least
+    min_block_n (the epilogue needs whole groups of that many columns), without split-K for batched products
+    (`batch` > 1), or the config TUNER.force set. `kernel`: the launch's kernel, to record the choice for
+    chosen_configs (a launcher that never tunes passes it)."""
+    cfg = TUNER.forced
+    if cfg is None:
+        cfg = widened(default_config(M, N, K, scheme, SETTINGS.interpret), min_block_n)
+        if batch > 1 and cfg.k_slices:
+            cfg = dataclasses.replace(cfg, k_slices=0)
+    if kernel is not None:
+        key = (kernel, M * batch, N, K, None, None, scheme, min_block_n, batch)
+        TUNER.configs[key] = cfg
+        TUNER.sources[key] = "default" if TUNER.forced is None else "forced"
+    return cfg
 
 
-def _tune_mode() -> str:
-    return os.environ.get("KFUSE_AUTOTUNE", "1").lower()
+def tune_candidates(M: int, N: int, K: int, scheme: str, min_block_n: int, sm90: bool = False,
+                    batch: int = 1) -> list:
+    """The configs the tuner times for one GEMM (M rows per product): the default first, then the Triton tile's
+    and (sm90: sm90_ok) the Hopper twin's, each where the kernel supports it (gemm_core.supports). Split-K configs
+    get their tile kernel widened to min_block_n (it only adds partials: any width is cheap)."""
+    space = [gemm_config(M, N, K, scheme, min_block_n)] + [widened(c, min_block_n) if c.k_slices else c
+                                                           for c in valid_configs(M, N, K, scheme)
+                                                           + sm90_configs(M, N, K, scheme)]
+    out = []
+    for c in space:
+        if c not in out and supports(c, scheme, K, min_block_n, batch, sm90):
+            out.append(c)
+    return out or [gemm_config(M, N, K, scheme, min_block_n, batch)]
 
 
-def autotune_cache_path() -> str:
-    root = os.environ.get("KFUSE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kfuse")
-    return os.path.join(root, "autotune.json")
+def _kernel_name(kernel) -> str:
+    return getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "kernel")
 
 
 def _kernel_hash(kernel) -> str:
@@ -95,49 +154,12 @@ def _kernel_hash(kernel) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _read_tune_cache() -> dict:
-    import json
-    try:
-        with open(autotune_cache_path()) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_tune_cache(key: str, entry: dict) -> None:
-    import json
-    path = autotune_cache_path()
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        data = _read_tune_cache()
-        data[key] = entry
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)  # atomic: a concurrent reader sees the old or the new file, never half
-    except OSError:
-        pass  # a read-only home only costs re-tuning next time
-
-
-def tune_candidates(M: int, N: int, K: int, scheme: str, min_block_n: int, sm90: bool = False) -> list:
-    """The default config first, then the other valid ones this launcher can run (one program per tile: Triton's
-    persistent configs are for benchmarks/gemm), and on a Hopper GPU (sm90: sm90_ok) the Gluon twin's.
-    Split-K configs get their tile kernel widened to min_block_n (it only adds partials: any width is cheap)."""
-    out = [gemm_config(M, N, K, scheme, min_block_n)]
-    for c in valid_configs(M, N, K, scheme) + (sm90_configs(M, N, K, scheme) if sm90 else []):
-        c = widened(c, min_block_n) if c.k_slices else c
-        if c.block_n >= min_block_n and (c.sm90 or not c.persistent) and c not in out:
-            out.append(c)
-    return out
-
-
 def _time_launches(launch, candidates: list, reps: int) -> tuple[dict, list[str]]:
     """({config: median ms of `reps` calls of launch(config)}, [why each config that failed to run failed]).
     One untimed call each first (compilation), then `reps` rounds in which every config runs once, in turn: the
     H100's clock falls within seconds under three fp16 products (1980 -> ~1785 MHz), so configs timed one after the
-    other favoured the first (session 15: 39's persistent twin, timed last, measured 3.19 ms against the one-tile
-    twin's 2.63, the reverse of their interleaved order, benchmarks/gemm/NOTES.md)."""
+    other favoured the first (39's persistent twin, timed last, measured 3.19 ms against the one-tile twin's 2.63,
+    the reverse of their interleaved order: benchmarks/gemm/NOTES.md, the fair tuner)."""
     live, failed = [], []
     for c in candidates:
         try:
@@ -163,55 +185,135 @@ def _time_launches(launch, candidates: list, reps: int) -> tuple[dict, list[str]
     return timings, failed
 
 
-def tuned_gemm(kernel, x2: torch.Tensor, N: int, scheme: str, min_block_n: int, launch, batch: int = 1) -> tuple:
-    """(cfg, launch(cfg)) with the tile config for this GEMM: tuned on a GPU the first time the key is seen.
-    `launch(cfg)` prepares the operands, allocates the outputs and launches `kernel`; it must only write
-    buffers it allocates (tuning calls it several times). `batch` > 1: x2 holds that many products' rows
-    (batched_operands), run by the Triton tile only (the Hopper twin has no batch), split-K never."""
-    import time
-    M, K = x2.shape
-    fast = (kernel, M, N, K, x2.dtype, x2.device, scheme, min_block_n, batch)
-    cfg = TUNED_FAST.get(fast)
-    if cfg is not None:  # the per-call path: one dict lookup (the full key costs ~30 us of host time per call)
-        return cfg, launch(cfg)
-    default = gemm_config(M // batch, N, K, scheme, min_block_n)
-    if batch > 1 and default.k_slices:
-        default = dataclasses.replace(default, k_slices=0)
-    mode = _tune_mode()
-    if not x2.is_cuda or interpreting() or mode in ("0", "off", "false"):
-        return default, launch(default)
-    kname = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "kernel")
-    key = "|".join([torch.cuda.get_device_name(x2.device), kname, _kernel_hash(kernel),
-                    f"{M}x{N}x{K}" + (f"x{batch}" if batch > 1 else ""),
-                    str(x2.dtype).replace("torch.", ""), scheme, f"bn>={min_block_n}"])
-    cfg = TUNED.get(key)
-    if cfg is not None:
-        TUNED_FAST[fast] = cfg
-        return cfg, launch(cfg)
-    t0 = time.perf_counter()
-    candidates = tune_candidates(M // batch, N, K, scheme, min_block_n, sm90_ok(x2) and batch == 1)
-    if batch > 1:
-        candidates = [c for c in candidates if not c.k_slices]
-    entry = None if mode == "force" else _read_tune_cache().get(key)
-    if entry is not None:
+class Tuner:
+    """Every GEMM tile config chosen in this process (DESIGN.md: config space per region kind, disk cache keyed by
+    shape/dtype/source hash). The first call of a GEMM kernel at a new (kernel, M, N, K, dtype, device, scheme,
+    min_block_n, batch) decides its config: on a GPU with `mode` "on", the fastest of tune_candidates, timed here
+    and kept in memory and in `cache_path` (keyed also by the GPU's name and a hash of the kernel's source with the
+    jit functions it calls), or read back from there; "force" times them again whatever the disk says; "off", the
+    interpreter and CPU tensors take the default config (gemm_config). Later calls look it up (configs)."""
+
+    def __init__(self, settings: Settings):
+        self.mode = settings.autotune
+        self.cache_path = os.path.join(settings.cache_dir, "autotune.json")
+        self.configs = {}  # (kernel, M, N, K, dtype, device, scheme, min_block_n, batch) -> config: per-call lookup
+        self.sources = {}  # the same keys -> "default", "tuned", "disk" or "forced"
+        self.tuned = {}  # disk-cache key -> config, for the keys tuned or read back in this process
+        self.log = []  # one entry per tuning decision (kfuse bench reports them)
+        self.forced = None
+
+    def force(self, cfg: GemmConfig | None) -> None:
+        """Every GEMM runs `cfg` from now on, untuned (benchmarks and tests; None: back to choosing)."""
+        self.forced = cfg
+        self.forget()
+
+    def forget(self) -> None:
+        """Choose again at every key (the disk cache stays)."""
+        self.configs.clear()
+        self.sources.clear()
+        self.tuned.clear()
+
+    def choose(self, key: tuple, x2: torch.Tensor, N: int, launch) -> GemmConfig:
+        """The config of a key seen for the first time (see the class docstring); launch(cfg) runs the GEMM."""
+        kernel, M, _, K, _, _, scheme, min_block_n, batch = key
+        if self.forced is not None:
+            cfg, source = self.forced, "forced"
+        elif not x2.is_cuda or SETTINGS.interpret or self.mode == "off":
+            cfg, source = gemm_config(M // batch, N, K, scheme, min_block_n, batch), "default"
+        else:
+            cfg, source = self._tune(kernel, x2, N, scheme, min_block_n, launch, batch)
+        self.configs[key] = cfg
+        self.sources[key] = source
+        return cfg
+
+    def _tune(self, kernel, x2: torch.Tensor, N: int, scheme: str, min_block_n: int, launch, batch: int) -> tuple:
+        M, K = x2.shape
+        key = "|".join([torch.cuda.get_device_name(x2.device), _kernel_name(kernel), _kernel_hash(kernel),
+                        f"{M}x{N}x{K}" + (f"x{batch}" if batch > 1 else ""),
+                        str(x2.dtype).replace("torch.", ""), scheme, f"bn>={min_block_n}"])
+        cfg = self.tuned.get(key)
+        if cfg is not None:
+            return cfg, "tuned"
+        t0 = time.perf_counter()
+        candidates = tune_candidates(M // batch, N, K, scheme, min_block_n, sm90_ok(x2), batch)
+        entry = None if self.mode == "force" else self._read_cache().get(key)
+        if entry is not None:
+            try:
+                cfg = GemmConfig(**entry["config"])
+            except (TypeError, KeyError):
+                cfg = None
+            if cfg in candidates:
+                self.tuned[key] = cfg
+                self.log.append({"key": key, "config": cfg.short(), "seconds": time.perf_counter() - t0,
+                                 "from_disk": True, "timings_ms": entry.get("timings_ms", {})})
+                return cfg, "disk"
+        timings, failed = _time_launches(launch, candidates, reps=10)
+        if not timings:
+            raise RuntimeError(f"kfuse autotune: no config ran for {key} ({'; '.join(failed)[:600]})")
+        cfg = min(timings, key=timings.get)
+        self.tuned[key] = cfg
+        seconds = time.perf_counter() - t0
+        ms = {c.short(): round(t, 4) for c, t in timings.items()}
+        self.log.append({"key": key, "config": cfg.short(), "seconds": seconds, "from_disk": False, "timings_ms": ms})
+        self._write_cache(key, {"config": dataclasses.asdict(cfg), "timings_ms": ms, "seconds": round(seconds, 3)})
+        return cfg, "tuned"
+
+    def _read_cache(self) -> dict:
+        import json
         try:
-            cfg = GemmConfig(**entry["config"])
-        except (TypeError, KeyError):
-            cfg = None
-        if cfg in candidates:
-            TUNED[key] = TUNED_FAST[fast] = cfg
-            TUNE_LOG.append({"key": key, "config": cfg.short(), "seconds": time.perf_counter() - t0,
-                             "from_disk": True, "timings_ms": entry.get("timings_ms", {})})
-            return cfg, launch(cfg)
-    timings, failed = _time_launches(launch, candidates, reps=10)
-    if not timings:
-        raise RuntimeError(f"kfuse autotune: no config ran for {key} ({'; '.join(failed)[:600]})")
-    cfg = min(timings, key=timings.get)
-    TUNED[key] = TUNED_FAST[fast] = cfg
-    seconds = time.perf_counter() - t0
-    ms = {c.short(): round(t, 4) for c, t in timings.items()}
-    TUNE_LOG.append({"key": key, "config": cfg.short(), "seconds": seconds, "from_disk": False, "timings_ms": ms})
-    _write_tune_cache(key, {"config": dataclasses.asdict(cfg), "timings_ms": ms, "seconds": round(seconds, 3)})
+            with open(self.cache_path) as f:
+                data = json.load(f)
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _write_cache(self, key: str, entry: dict) -> None:
+        import json
+        try:
+            os.makedirs(os.path.dirname(self.cache_path), exist_ok=True)
+            data = self._read_cache()
+            data[key] = entry
+            tmp = f"{self.cache_path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.cache_path)  # atomic: a concurrent reader sees the old or the new file, never half
+        except OSError:
+            pass  # a read-only home only costs re-tuning next time
+
+    def chosen_configs(self) -> list[dict]:
+        """Every GEMM config chosen in this process, as JSON rows (the report's gemm_configs): kernel, shape
+        [M, N, K] (M rows per product), batch, dtype, scheme, config (its fields), name (GemmConfig.short) and
+        source ("default", "tuned", "disk" or "forced"), one row per distinct GEMM."""
+        rows = []
+        for key, cfg in self.configs.items():
+            kernel, M, N, K, dtype, _, scheme, _, batch = key
+            row = {"kernel": _kernel_name(kernel) if not isinstance(kernel, str) else kernel,
+                   "shape": [M // batch, N, K], "batch": batch,
+                   "dtype": None if dtype is None else str(dtype).replace("torch.", ""), "scheme": scheme,
+                   "config": dataclasses.asdict(cfg), "name": cfg.short(), "source": self.sources.get(key)}
+            if row not in rows:
+                rows.append(row)
+        return rows
+
+
+TUNER = Tuner(SETTINGS)
+
+
+def chosen_configs() -> list[dict]:
+    """TUNER.chosen_configs(): the GEMM configs this module's launches ran with."""
+    return TUNER.chosen_configs()
+
+
+def tuned_gemm(kernel, x2: torch.Tensor, N: int, scheme: str, min_block_n: int, launch, batch: int = 1) -> tuple:
+    """(cfg, launch(cfg)) with the tile config for this GEMM: TUNER's choice, made the first time the key is seen
+    (tuned on a GPU). `launch(cfg)` prepares the operands, allocates the outputs and launches `kernel`; it must
+    only write buffers it allocates (tuning calls it several times). `batch` > 1: x2 holds that many products'
+    rows (batched_operands), run by the Triton tile only (the Hopper twin has no batch), split-K never."""
+    M, K = x2.shape
+    key = (kernel, M, N, K, x2.dtype, x2.device, scheme, min_block_n, batch)
+    cfg = TUNER.configs.get(key)
+    if cfg is None:  # the per-call path is this one dict lookup (the disk key costs ~30 us of host time)
+        cfg = TUNER.choose(key, x2, N, launch)
     return cfg, launch(cfg)
 
 
@@ -376,11 +478,6 @@ def split_k_partials(x_parts: tuple, w_parts: tuple, K: int, scheme: str, cfg: G
                                   GROUP_M=cfg.group_m, SCHEME=scheme, num_warps=cfg.num_warps,
                                   num_stages=cfg.num_stages)
     return part, (part.stride(1), part.stride(0), part.stride(2), 0)
-
-
-def tile_scheme(scheme: str, cfg: GemmConfig) -> str:
-    """The scheme a region's own tile runs: "fp64" (add the float64 sum of K-slice partials) for split-K configs."""
-    return "fp64" if cfg.k_slices else scheme
 
 
 def batched_operands(x3: torch.Tensor, w3: torch.Tensor, scheme: str, cfg: GemmConfig) -> tuple:

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from kfuse.kernels.gemm_core import SKINNY_M, cdiv
 
-# --- emitted below ---
+
 @triton.jit
 def fp64_split_k_kernel(x_ptr, w_ptr, p_ptr, M, N, K, K_SLICE, stride_xm, stride_xk, stride_wn, stride_wk,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
