@@ -19,7 +19,7 @@ from kfuse.kernels import gemm_core as gc
 from kfuse.kernels import gemm_sm90, runtime
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module
-from kfuse.regions.common import sm90_twin
+from kfuse.regions.common import constexpr, plain, signature, sm90_twin
 from kfuse.verify import check_contract, run_in_process
 
 SM90 = gc.GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, sm90=True, chunk=4)
@@ -33,27 +33,35 @@ def _module(tmp_path, name: str, sizes: dict, device: str = "cpu"):
 
 
 def test_twin_source_is_the_kernel_with_the_gluon_tile():
-    params = "a_ptr, M, N, K,\n        BLOCK_M: tl.constexpr, K_SLICES: tl.constexpr, STORE_Z: tl.constexpr = False"
-    epilogue = ["offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-                "t = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.full((BLOCK_M,), 1.0, tl.float32) + tl.zeros_like(acc)",
-                "tl.store(a_ptr + offs_m, tl.maximum(acc, 0.0))"]
-    twin = sm90_twin("lin_relu", params, "doc", epilogue)
-    names = "a_ptr, M, N, K, BLOCK_M, K_SLICES, STORE_Z"
+    decls = (*plain("a_ptr", "M", "N", "K"), constexpr("BLOCK_M"), constexpr("K_SLICES"), constexpr("STORE_Z", "False"))
+    twin = sm90_twin("lin_relu", decls, "doc")
+    params = signature(decls)
     assert "@sm90_jit\ndef lin_relu_kernel_sm90(a_ptr, M, N, K," in twin
     assert "STORE_Z: tl.constexpr = False, STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4,\n" in twin
-    assert f"def lin_relu_epilogue_sm90(acc, pid_m, pid_n, {params}):" in twin
     assert ("def lin_relu_tiles_sm90(st, STAGES: tl.constexpr, CHUNK: tl.constexpr, TAIL: tl.constexpr, tail_split, "
             f"tail_ws, tail_cnt,\n        {params}):") in twin
-    # every path runs the epilogue: one tile per block, a persistent block's tiles, a tail tile's last slice
-    assert twin.count(f"lin_relu_epilogue_sm90(acc, pid_m, pid_n, {names})") == 3
+    # every path runs the kernel's own epilogue function, with the tile's offsets made by Gluon's arange: one tile
+    # per block, a persistent block's tiles, a tail tile's last slice
+    call = ("lin_relu_epilogue(acc, pid_m, pid_n, pid_m * BLOCK_M + gl.arange(0, BLOCK_M), "
+            "pid_n * BLOCK_N + gl.arange(0, BLOCK_N), a_ptr, M, N, K, BLOCK_M, K_SLICES, STORE_Z)")
+    flat = " ".join(twin.split())  # long calls are wrapped over lines
+    assert flat.count(call) == 3
     assert "EVEN_K, GROUP_M=GROUP_M, STAGES=STAGES, CHUNK=CHUNK)" in twin and "acc = gemm_tile_sm90(" in twin
     assert "acc = sm90_tile_mma(st, i, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK)" in twin
-    assert f"(lin_relu_tiles_sm90, (st, STAGES, CHUNK, TAIL, tail_split, tail_ws, tail_cnt, {names}))" in twin
+    assert "(lin_relu_tiles_sm90, (st, STAGES, CHUNK, TAIL, tail_split, tail_ws, tail_cnt, a_ptr, M, N, K," in flat
     assert "sm90_tail_done(acc, slot, j, tail_ws, tail_cnt, tail_split, BLOCK_M, BLOCK_N)" in twin
-    # tensor-making calls get Gluon's automatic layouts; everything else stays as written
-    assert "gl.arange(0, BLOCK_M)" in twin and "gl.zeros((BLOCK_M,)" in twin and "gl.full((BLOCK_M,)" in twin
-    assert "gl.zeros_like(acc)" in twin and "tl.store(a_ptr + offs_m, tl.maximum(acc, 0.0))" in twin
-    assert "tl.arange" not in twin and "@triton.jit" not in twin
+    assert "tl.arange" not in twin and "@triton.jit" not in twin and "def lin_relu_epilogue" not in twin
+
+
+def test_kernel_and_twin_share_one_epilogue():
+    """The epilogue is written once, a jit function the Triton kernel and its Hopper twin both call."""
+    from kfuse.regions.common import KernelArgs, gemm_kernel
+
+    src = gemm_kernel("lin_relu", "doc", ["out0"], KernelArgs(), ["v = tl.maximum(acc, 0.0)"])
+    assert src.count("def lin_relu_epilogue(") == 1 and src.count("v = tl.maximum(acc, 0.0)") == 1
+    calls = src.count("lin_relu_epilogue(acc, pid_m, pid_n,") - src.count("def lin_relu_epilogue(")
+    assert calls == 4  # the kernel, and the twin's three paths
+    assert "def lin_relu_kernel(" in src and "def lin_relu_kernel_sm90(" in src
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))

@@ -179,7 +179,8 @@ def function_class(region: Region, code: RegionCode, name: str, launcher_name: s
     lines += _method("params", ["self"], [f"return ({', '.join(params)}{',' if len(params) == 1 else ''})"])
     bns = [n.module for n in region.nodes if n.op == "batch_norm" and n.module]
     if bns:
-        lines += _method("state", ["self"], ["return {" + ", ".join(f"{m!r}: batch_norm_state({attr_expr(m)})" for m in bns) + "}"])
+        states = ", ".join(f"{m!r}: batch_norm_state({attr_expr(m)})" for m in bns)
+        lines += _method("state", ["self"], ["return {" + states + "}"])
     lines += _method("reference", ["self", "fwd_state", "cast", *inputs], _body(list(region.nodes), region))
     if gemm:
         a = region.anchor

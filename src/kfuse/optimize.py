@@ -241,15 +241,23 @@ def optimize(problem: Problem, opts: Options, workdir: Path | None = None) -> Re
     candidate = (workdir or Path(tempfile.mkdtemp(prefix="kfuse-"))) / f"{problem.name}_candidate.py"
     compiled = compile_problem(problem, opts)  # capture .. emit
     module, contract = _verify(problem, opts, compiled, candidate)  # verify: the accuracy contract
-    error = raised(contract)
-    if error is not None and compiled.fallback is None:  # kfuse's own failure: the user still gets Model's forward
-        compiled = compiled_original(problem, f"the fused ModelNew failed to run ({error.removeprefix('candidate raised ')})")
-        module, contract = _verify(problem, opts, compiled, candidate)
+    compiled, module, contract = _unless_raised(problem, opts, compiled, module, contract, candidate)  # ... else Model
     compiled = _annotate(compiled, problem, contract, module, candidate)  # annotate: the header's summary
     result = Result(compiled, contract, candidate, gemm_configs=gemm_configs(module) if module else [])
-    if opts.device == "cuda" and contract.correct:
+    if opts.device == "cuda" and contract.correct:  # time: eager against ModelNew, on a GPU
         result.timings_ms = time_models(problem, module.ModelNew, opts.device)
     return result
+
+
+def _unless_raised(problem: Problem, opts: Options, compiled: Compiled, module: Any, contract: ContractReport,
+                   candidate: Path) -> tuple[Compiled, Any, ContractReport]:
+    """A fused ModelNew that raised is kfuse's own failure: the user still gets Model's forward, verified."""
+    error = raised(contract)
+    if error is None or compiled.fallback is not None:
+        return compiled, module, contract
+    why = f"the fused ModelNew failed to run ({error.removeprefix('candidate raised ')})"
+    compiled = compiled_original(problem, why)
+    return (compiled, *_verify(problem, opts, compiled, candidate))
 
 
 def forward_json(v: Variant) -> dict[str, Any]:

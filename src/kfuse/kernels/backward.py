@@ -37,6 +37,7 @@ from kfuse.kernels.gemm_core import SPLIT_SCHEMES, _tile_ids, cdiv, default_conf
 from kfuse.kernels.runtime import cached_split, gemm_scheme, tensor_key, tuned_gemm
 from kfuse.kernels.skinny import fp64_partials
 
+
 # --- emitted below ---
 @triton.jit
 def gemm_nt_kernel(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, out_ptr, M, N, K,

@@ -10,8 +10,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kfuse.ir import Graph, Region
-from kfuse.regions import (gemm_batchnorm, gemm_epilogue, gemm_groupnorm, gemm_groupnorm_wide, gemm_pool,
-                           gemm_rowreduce, gemm_rowsum, no_kernel, torch_call)
+from kfuse.regions import (
+    gemm_batchnorm,
+    gemm_epilogue,
+    gemm_groupnorm,
+    gemm_groupnorm_wide,
+    gemm_pool,
+    gemm_rowreduce,
+    gemm_rowsum,
+    no_kernel,
+    torch_call,
+)
 from kfuse.regions.common import RegionCode
 from kfuse.regions.kind import RegionKind
 

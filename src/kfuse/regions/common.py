@@ -96,7 +96,8 @@ class KernelArgs:
                 if is_single(a):
                     self.loads.append(f"{name} = tl.load({name}_ptr).to(tl.float32)")
                 else:
-                    self.loads.append(f"{name} = tl.load({name}_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]")
+                    self.loads.append(f"{name} = tl.load({name}_ptr + offs_n, mask=mask_n, other=0.0)"
+                                      ".to(tl.float32)[None, :]")
             return name
         raise ValueError(f"operand {a!r} cannot be used in a fused epilogue")
 
@@ -367,7 +368,8 @@ def batched_region_code(region: Region, name: str, args: KernelArgs, body: list[
     kernel = gemm_kernel(name, doc, outs, args, body, z_var=var(anchor.name), batched=True, cost=cost)
     tail = ["K_SLICES=0" if kw == "K_SLICES=cfg.k_slices" else kw for kw in LAUNCH_TAIL]
     launch_body = [*[f"{o} = torch.empty((B * M, N), device=x.device, dtype=x.dtype)" for o in outs],
-                   f"z = torch.empty((B * M, N), device=x.device, dtype=x.dtype) if save_z else {outs[0]}  # unused if not",
+                   f"z = torch.empty((B * M, N), device=x.device, dtype=x.dtype) if save_z else {outs[0]}"
+                   "  # unused if not",
                    "ops, k_run, strides, steps = batched_operands(x3, w3, scheme, cfg)",
                    "grid = (gemm_grid(M, N, cfg, x.device)[0], B)",
                    call(f"{name}_kernel[grid]", ["*ops", *outs, "z", *args.params, "M", "N", "k_run", "*strides",
@@ -381,7 +383,8 @@ def batched_region_code(region: Region, name: str, args: KernelArgs, body: list[
              "x2 = x3.reshape(B * M, K)",
              "scheme = gemm_scheme(x2)",
              "def launch(cfg):", *[f"    {ln}" for ln in launch_body],
-             f"cfg, ({', '.join([*outs, 'z'])},) = tuned_gemm({name}_kernel, x2, N, scheme, min_block_n, launch, batch=B)"]
+             f"cfg, ({', '.join([*outs, 'z'])},) = "
+             + call("tuned_gemm", [f"{name}_kernel", "x2", "N", "scheme", "min_block_n", "launch", "batch=B"])]
     shaped = ", ".join(f"{o}.reshape(*lead, N)" for o in outs)
     lines += ["if save_z:", f"    return {shaped}, (z.reshape(*lead, N),)", f"return {shaped}"]
     launch = launcher(f"fused_{name}", ["x", "weight", *args.params, "save_z=False"], lines, doc + f" {SAVE_Z_DOC}")

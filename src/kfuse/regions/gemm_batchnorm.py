@@ -56,9 +56,30 @@ from dataclasses import dataclass
 from functools import partial
 
 from kfuse.ir import Graph, Node, Param, Region, Scalar, attr_expr
-from kfuse.regions.common import (call, forward_calls, gemm_cost, constexpr, plain, KEPT, SAVE_Z_DOC, KernelArgs, RegionCode, gemm_head, gemm_kernel, gemm_launch,
-                                  is_column_vector, is_single, launcher, linear_bias, operand_code, pointwise_kernel,
-                                  pointwise_lines, store_line, tuned_launch_lines, var)
+from kfuse.regions.common import (
+    KEPT,
+    SAVE_Z_DOC,
+    KernelArgs,
+    RegionCode,
+    call,
+    constexpr,
+    forward_calls,
+    gemm_cost,
+    gemm_head,
+    gemm_kernel,
+    gemm_launch,
+    is_column_vector,
+    is_single,
+    launcher,
+    linear_bias,
+    operand_code,
+    plain,
+    pointwise_kernel,
+    pointwise_lines,
+    store_line,
+    tuned_launch_lines,
+    var,
+)
 from kfuse.regions.kind import EpilogueKind, Walk, norm_of_tile
 from kfuse.regions.pointwise_dz import NodeRule, Operands, accumulate, dz_kernel, pointwise_ok
 
@@ -140,7 +161,8 @@ def _stores(values: list[str], env: dict[str, str]) -> list[str]:
 
 
 def _eval_kernel(region: Region, name: str, cost: str, bn: Node, before: list[Node], after: list[Node],
-                 pre_outs: list[str], post_outs: list[str], registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+                 pre_outs: list[str], post_outs: list[str],
+                 registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
     """Eval mode as one GEMM kernel: (y - running_mean) / sqrt(running_var + eps) * weight + bias."""
     path, n_cols, y = bn.module, region.anchor.shape[-1], bn.args[0]
     w, b, eps = bn_params(bn, n_cols)
@@ -253,9 +275,11 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     if plan is not None:
         eval_outs = [f"buf_{v}" for v in post_outs]  # fold_plan: nothing before the norm is read outside
         eval_body = [alloc.format(o) for o in eval_outs] + [launch(name + "_folded", post_outs, a2, ("fold_b",))]
-        eval_lines = [f"if not (bn.training or bn.running_mean is None):  # eval: the norm folded into W and b ({FOLD_RULE})",
+        eval_lines = [f"if not (bn.training or bn.running_mean is None):  # eval: the norm folded into W and b "
+                      f"({FOLD_RULE})",
                       f"    {_fold_call(plan, registry)}",
-                      *[f"    {ln}" for ln in tuned_launch_lines(region.anchor, name + "_folded", eval_body, eval_outs)],
+                      *[f"    {ln}"
+                        for ln in tuned_launch_lines(region.anchor, name + "_folded", eval_body, eval_outs)],
                       f"    {ret}"]
     elif evalk:
         eval_outs = [f"buf_{v}" for v in pre_outs + post_outs]
@@ -277,7 +301,8 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     stats_results = [f"buf_{v}" for v in stats_outs] + ["mean_part", "m2_part", "z", "ops"]
     lines = ["min_block_n = 16", *gemm_head(region.anchor), *eval_lines,
              "if M < 2:",
-             "    raise ValueError(f'Expected more than 1 value per channel when training, got input size {tuple(x.shape)}')",
+             "    raise ValueError(f'Expected more than 1 value per channel when training, got input size '"
+             "\n                     f'{tuple(x.shape)}')",
              "factor = batch_norm_momentum(bn)  # counts the batch, as torch does",
              ("from_z = save_z and x.dtype == torch.float32  # apply recomputes y from z (kept at fp32)" if from_z_ok
               else "from_z = False  # y is read outside the region: the stats kernel stores it"),
@@ -296,10 +321,12 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
                           f"{SAVE_Z_DOC} Nothing in eval.")
     weight = region.anchor.args[1]
     call_args = [region.anchor.args[0], operand_code(weight), attr_expr(bn.module), *registry]
-    return forward_calls(region, f"fused_{name}", call_args, launch_src, (stats, apply) + ((evalk[0],) if evalk else ()))
+    kernels = (stats, apply) + ((evalk[0],) if evalk else ())
+    return forward_calls(region, f"fused_{name}", call_args, launch_src, kernels)
 
 
-# part_ptr: (2, T, N) float64 row-block partials of PHASE 0 and 1 ((4, T, N) merged); stat_ptr: (4, N) float64 mean, rstd, m1, m2
+# part_ptr: (2, T, N) float64 row-block partials of PHASE 0 and 1 ((4, T, N) merged);
+# stat_ptr: (4, N) float64 mean, rstd, m1, m2
 PHASE_ARGS = (*plain("part_ptr", "stat_ptr"), constexpr("PHASE"))
 # kernel variables of the norm (one per region): no value (v_<name>), parameter (p<i>), scalar (s<i>) or
 # gradient (d_...) variable starts with bn_

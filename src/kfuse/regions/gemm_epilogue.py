@@ -15,8 +15,16 @@ Backward: dZ by one generated kernel (regions/pointwise_dz.py) when every op has
 from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Param, Region
-from kfuse.regions.common import (KernelArgs, RegionCode, batched_region_code, gemm_cost, gemm_region_code, linear_bias,
-                                  pointwise_lines, store_lines)
+from kfuse.regions.common import (
+    KernelArgs,
+    RegionCode,
+    batched_region_code,
+    gemm_cost,
+    gemm_region_code,
+    linear_bias,
+    pointwise_lines,
+    store_lines,
+)
 from kfuse.regions.kind import EpilogueKind
 from kfuse.regions.pointwise_dz import dz_kernel, pointwise_ok
 

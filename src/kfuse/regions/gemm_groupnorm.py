@@ -32,10 +32,21 @@ gets no kernel: its Function keeps the float64 torch backward.
 from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Param, Region, Scalar
-from kfuse.regions.common import (constexpr, gemm_cost, plain, KernelArgs, RegionCode, affine_lines, gemm_region_code, linear_bias,
-                                  pointwise_lines, store_lines, var)
+from kfuse.regions.common import (
+    KernelArgs,
+    RegionCode,
+    affine_lines,
+    constexpr,
+    gemm_cost,
+    gemm_region_code,
+    linear_bias,
+    pointwise_lines,
+    store_lines,
+    var,
+)
 from kfuse.regions.kind import EpilogueKind, Walk, group_size, norm_of_tile, whole_groups_in_tile
 from kfuse.regions.pointwise_dz import NodeRule, Operands, accumulate, dz_kernel, pointwise_ok
+
 
 def group_norm_lines(n: Node, env: dict[str, str], args: KernelArgs) -> list[str]:
     """Kernel lines normalizing `n`'s input over groups of GROUP columns (a constexpr power of two)."""
@@ -169,12 +180,14 @@ class GemmGroupNorm(EpilogueKind):
         body += group_norm_lines(norm, env, args)
         body += pointwise_lines(list(region.nodes[at + 1:]), env, args)
         body += store_lines(region, env)
-        doc = "Fused: " + ", ".join(n.origin for n in region.nodes) + ". Column tiles hold whole groups of GROUP channels."
+        doc = ("Fused: " + ", ".join(n.origin for n in region.nodes)
+               + ". Column tiles hold whole groups of GROUP channels.")
         # The group size is read from the module at run time, so a ModelNew built with other sizes stays right.
         pre = (f"n_out = weight.shape[{1 if region.anchor.op == 'matmul' else 0}]",
                "group = tile_group(n_out, groups)",
                "min_block_n = group")
-        return gemm_region_code(region, stem, args, body, doc, extra_sig=(constexpr("GROUP"),), cost=gemm_cost(region, g),
+        return gemm_region_code(region, stem, args, body, doc, extra_sig=(constexpr("GROUP"),),
+                                cost=gemm_cost(region, g),
                                 extra_kwargs=("GROUP=group",), pre=pre, extra_params=("groups",),
                                 extra_values=(f"int({norm.args[1].expr()})",))
 

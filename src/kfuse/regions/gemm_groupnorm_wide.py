@@ -24,10 +24,31 @@ partials (T = N / BLOCK_N) and 2 * 4 * M * num_groups of statistics: tiny next t
 
 from __future__ import annotations
 
-from kfuse.ir import Graph, Node, Param, Region
-from kfuse.regions.common import (call, gemm_cost, names, forward_calls, constexpr, plain, KEPT, SAVE_Z_DOC, KernelArgs, RegionCode, affine_lines, gemm_head, gemm_kernel,
-                                  gemm_launch, launcher, linear_bias, operand_code, pointwise_kernel, pointwise_lines,
-                                  store_line, tuned_launch_lines, var)
+from kfuse.ir import Graph, Node, Region
+from kfuse.regions.common import (
+    KEPT,
+    SAVE_Z_DOC,
+    KernelArgs,
+    RegionCode,
+    affine_lines,
+    call,
+    constexpr,
+    forward_calls,
+    gemm_cost,
+    gemm_head,
+    gemm_kernel,
+    gemm_launch,
+    launcher,
+    linear_bias,
+    names,
+    operand_code,
+    plain,
+    pointwise_kernel,
+    pointwise_lines,
+    store_line,
+    tuned_launch_lines,
+    var,
+)
 from kfuse.regions.kind import EpilogueKind, Walk, group_size, norm_of_tile, whole_groups_in_tile
 from kfuse.regions.rowstats import as_pointwise
 
@@ -136,9 +157,8 @@ def finalize_kernel(name: str, norm: Node, args: KernelArgs) -> str:
             "tl.store(g_rstd_ptr + out, rstd, mask=mask_m)"]
     return "\n".join([
         "@triton.jit",
-        "def " + call(f"{name}_finalize_kernel", names(plain("pa_ptr", "pb_ptr", "y_ptr", "g_mean_ptr", "g_rstd_ptr")
-                                                        + args.decls() + plain("M", "N", "T", "TILE_N", "SLOTS", "GROUP",
-                                                                               "NUM_GROUPS")),
+        "def " + call(f"{name}_finalize_kernel", ["pa_ptr", "pb_ptr", "y_ptr", "g_mean_ptr", "g_rstd_ptr"],
+                      names(args.decls()), ["M", "N", "T", "TILE_N", "SLOTS", "GROUP", "NUM_GROUPS"],
                       ["BLOCK_M: tl.constexpr", "FROM_Y: tl.constexpr", "GP: tl.constexpr"]) + ":",
         f'    """Phase 2 of {name}: the moments of each (row, group) from the column tiles\' partials, or from '
         f'y for groups narrower than a tile ({norm.origin})."""',

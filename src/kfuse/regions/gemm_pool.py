@@ -13,10 +13,25 @@ partials of the pooled tile, then `<name>_finalize_kernel` merges them per row a
 
 from __future__ import annotations
 
-from kfuse.ir import Graph, Node, Param, Region, Scalar
+from kfuse.ir import Graph, Node, Region, Scalar
 from kfuse.ops import POOL_OPS, REDUCE_OPS, VIEW_OPS
-from kfuse.regions.common import (call, gemm_cost, constexpr, plain, LAUNCH_TAIL, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, launcher,
-                                  linear_bias, operand_code, pointwise_lines, store_line, var)
+from kfuse.regions.common import (
+    LAUNCH_TAIL,
+    KernelArgs,
+    RegionCode,
+    call,
+    constexpr,
+    gemm_cost,
+    gemm_kernel,
+    gemm_prologue,
+    launcher,
+    linear_bias,
+    operand_code,
+    plain,
+    pointwise_lines,
+    store_line,
+    var,
+)
 from kfuse.regions.kind import RegionKind, Walk, per_row_operand, pointwise_with, squeezed
 from kfuse.regions.rowstats import PARTIAL_DTYPE, PARTIAL_LINES, STAT, TWO_PARTIALS, finalize_kernel, shape_expr
 
@@ -118,10 +133,11 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     lines.append(call(f"{name}_kernel[grid]", ["*ops", *outs, *args.params, "M", "N", "k_run", "*strides", "N_OUT",
                                                "POOL=pool"], LAUNCH_TAIL))
     if red is not None:  # the partials cover N_OUT pooled features
-        lines += [f"{p} = torch.empty((M,), device=x.device, dtype={'x.dtype' if p.startswith('o_') else 'torch.float32'})"
+        lines += [f"{p} = torch.empty((M,), device=x.device, "
+                  f"dtype={'x.dtype' if p.startswith('o_') else 'torch.float32'})"
                   for p in row_stores]
-        lines.append(call(f"{name}_finalize_kernel[(cdiv(M, 64),)]", ["pa", "pb", *row_stores, *a2.params, "M",
-                                                                        "N_OUT", "T", "cfg.block_n // pool", "BLOCK_M=64"]))
+        lines.append(call(f"{name}_finalize_kernel[(cdiv(M, 64),)]", ["pa", "pb", *row_stores, *a2.params],
+                          ["M", "N_OUT", "T", "cfg.block_n // pool", "BLOCK_M=64"]))
     rets = [f"o_{v}.reshape({shape_expr(by_name[v], True)})" for v in pre_outs]
     rets += [f"o_{v}.reshape({post_shape(v)})" if v in post_outs else f"o_{v}.reshape({shape_expr(by_name[v], False)})"
              for v in outputs if v not in pre_outs]

@@ -26,11 +26,35 @@ from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Param, Region
 from kfuse.ops import REDUCE_OPS, ROW_NORM_OPS, VIEW_OPS
-from kfuse.regions.common import (LAUNCH_TAIL, call, gemm_cost, plain, KernelArgs, RegionCode, gemm_kernel, gemm_prologue, launcher,
-                                  linear_bias, operand_code, pointwise_kernel, pointwise_lines, store_line, var)
+from kfuse.regions.common import (
+    LAUNCH_TAIL,
+    KernelArgs,
+    RegionCode,
+    call,
+    gemm_cost,
+    gemm_kernel,
+    gemm_prologue,
+    launcher,
+    linear_bias,
+    operand_code,
+    plain,
+    pointwise_kernel,
+    pointwise_lines,
+    store_line,
+    var,
+)
 from kfuse.regions.kind import RegionKind, Walk, column_operand, numel, per_row_operand, pointwise_with, squeezed
-from kfuse.regions.rowstats import (PARTIAL_DTYPE, PARTIAL_LINES, STAT, TWO_PARTIALS, as_pointwise, finalize_kernel,
-                                    merge_lines, row_store_names, shape_expr)
+from kfuse.regions.rowstats import (
+    PARTIAL_DTYPE,
+    PARTIAL_LINES,
+    STAT,
+    TWO_PARTIALS,
+    as_pointwise,
+    finalize_kernel,
+    merge_lines,
+    row_store_names,
+    shape_expr,
+)
 
 
 def over_features(n: Node, g: Graph, anchor: Node) -> bool:
@@ -144,7 +168,8 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
         body.append("tl.store(pb_ptr + offs_m.to(tl.int64) * T + pid_n, part_b, mask=mask_m)")
     k1_outs = [buf(v) for v in pre_outs + keeps] + ["pa", "pb"]
     gemm = gemm_kernel(name, f"Fused: {replaced}. Phase 1: GEMM, ops before {red.origin}, per-tile partials.",
-                       k1_outs, a1, body, sm90=False, cost=gemm_cost(region, g))  # untuned (gemm_prologue): the Triton tile
+                       k1_outs, a1, body, sm90=False,  # untuned (gemm_prologue): the Triton tile
+                       cost=gemm_cost(region, g))
 
     # 2. finalize: merge partials per row, the per-row ops, per-row stores. When the model returns no per-row
     # value, each apply program merges its rows' partials itself (T loads per row, L2-resident) instead: one

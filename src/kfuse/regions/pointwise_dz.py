@@ -41,7 +41,8 @@ DERIVATIVES: dict[str, tuple[str | None, ...]] = {
     "neg": ("-1.0",),
     "relu": ("tl.where({y} > 0.0, 1.0, 0.0)",),
     "leaky_relu": ("tl.where({0} > 0.0, 1.0, {1})", None),
-    "gelu": ("0.5 * (1.0 + tl.math.erf({0} * 0.7071067811865476)) + {0} * 0.3989422804014327 * tl.exp(-0.5 * {0} * {0})",),
+    "gelu": ("0.5 * (1.0 + tl.math.erf({0} * 0.7071067811865476))"
+             " + {0} * 0.3989422804014327 * tl.exp(-0.5 * {0} * {0})",),
     "sigmoid": ("{y} * (1.0 - {y})",),
     "silu": ("tl.sigmoid({0}) * (1.0 + {0} * (1.0 - tl.sigmoid({0})))",),
     "tanh": ("1.0 - {y} * {y}",),
@@ -196,7 +197,8 @@ def dz_kernel(region: Region, name: str, rules: Mapping[str, NodeRule] | None = 
         body = [f"if {store_if}:", *[f"    {ln}" for ln in body]]
         tail = [f"if {store_if}:", *[f"    {ln}" for ln in tail]]
     decls = plain("z_ptr", *[f"g{i}_ptr" for i in range(len(region.outputs))], "dz_ptr", "cols_ptr", "amax_ptr",
-                  *[f"{p}_ptr" for p in pnames], *[f"{s}_{part}" for s in ops.scalars.values() for part in ("hi", "lo")],
+                  *[f"{p}_ptr" for p in pnames],
+                  *[f"{s}_{part}" for s in ops.scalars.values() for part in ("hi", "lo")],
                   "M", "N", "T") + tuple(constexprs) + tuple(constexpr(c) for c in ("BLOCK_M", "BLOCK_N", "ROW_TILES"))
     replaced = " -> ".join(n.origin for n in region.nodes[1:])
     lines = [

@@ -32,9 +32,7 @@ OFFSETS = ("pid_m * BLOCK_M + gl.arange(0, BLOCK_M)", "pid_n * BLOCK_N + gl.aran
 
 def sm90_twin(name: str, decls: tuple[Decl, ...], doc: str) -> str:
     """The twin's source: `decls` are the kernel's parameters; the epilogue is `<name>_epilogue`."""
-    from kfuse.regions.common import signature
-
-    from kfuse.regions.common import call, docstring
+    from kfuse.regions.common import call, docstring, signature
 
     params = signature(decls)
     names = [n for n, _ in decls]
@@ -71,7 +69,8 @@ def sm90_twin(name: str, decls: tuple[Decl, ...], doc: str) -> str:
         "# the same kernel with its GEMM tile in Gluon, for Hopper GPUs (sm90 configs: regions/sm90_twin.py)",
         "@sm90_jit",
         f"def {name}_kernel_sm90({params}, STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4,",
-        "        PERSISTENT: tl.constexpr = False, TAIL: tl.constexpr = False, tail_split=1, tail_ws=None, tail_cnt=None):",
+        "        PERSISTENT: tl.constexpr = False, TAIL: tl.constexpr = False, tail_split=1, tail_ws=None,",
+        "        tail_cnt=None):",
         docstring(doc),
         '    tl.static_assert(SCHEME == "fp16x3p" and not SPLIT_A and EVEN_K, "the sm_90 tile: pre-split operands")',
         "    if PERSISTENT:  # one block per SM walks the tiles; its producer warp loads across tile boundaries",
