@@ -397,7 +397,9 @@ class _Converter:
             return self.params[a].expr() if a in self.params else self.names[a]
         if isinstance(a, (tuple, list)):
             inner = ", ".join(self.code_arg(x) for x in a)
-            return f"({inner},)" if isinstance(a, tuple) and len(a) == 1 else (f"({inner})" if isinstance(a, tuple) else f"[{inner}]")
+            if isinstance(a, tuple):
+                return f"({inner},)" if len(a) == 1 else f"({inner})"
+            return f"[{inner}]"
         if isinstance(a, slice):
             return f"slice({self.code_arg(a.start)}, {self.code_arg(a.stop)}, {self.code_arg(a.step)})"
         if a is Ellipsis:
@@ -445,11 +447,13 @@ class _Converter:
                 op, args, attrs = rule(node.target, mod, node.args[0])
             except Reject:
                 raise Reject(origin) from None  # reported by what the user wrote: "nn.AvgPool1d pool"
-            return op, tuple(a if isinstance(a, (Param, Scalar)) or a is None else self.arg(a) for a in args), attrs, node.target, origin
+            return (op, tuple(a if isinstance(a, (Param, Scalar)) or a is None else self.arg(a) for a in args), attrs,
+                    node.target, origin)
         if node.op == "call_function" and node.target is getattr and node.args[1] in ("T", "mT"):
             return "alias", (self.arg(node.args[0]),), {}, None, f"Tensor.{node.args[1]}"
         if node.op == "call_function":
-            spec, origin = FUNCTIONS.get(node.target), _get_qualified_name(node.target).replace("_operator.", "operator.")
+            spec = FUNCTIONS.get(node.target)
+            origin = _get_qualified_name(node.target).replace("_operator.", "operator.")
         else:
             spec, origin = METHODS.get(node.target), f"Tensor.{node.target}"
         if spec is None:
@@ -485,7 +489,8 @@ def _param_transpose(node: fx.Node, conv: "_Converter") -> bool:
         node.op == "call_method" and node.target == "t" and len(node.args) == 1)
     if not is_t or src not in conv.params or len(conv.params[src].shape) != 2:
         return False
-    return all(u.op in ("call_function", "call_method") and u.target in (torch.matmul, operator.matmul, torch.mm, "matmul", "mm")
+    return all(u.op in ("call_function", "call_method")
+               and u.target in (torch.matmul, operator.matmul, torch.mm, "matmul", "mm")
                and len(u.args) == 2 and u.args[1] is node for u in node.users)
 
 
@@ -582,7 +587,8 @@ def capture(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Graph:
                     code = conv.names[node.args[0]]
                 else:
                     op, args, attrs, module, origin = conv.canonical(node)
-                if op == "view" and node.target != "detach" and isinstance(args[0], str) and shape == _shape(node.args[0]):
+                if (op == "view" and node.target != "detach" and isinstance(args[0], str)
+                        and shape == _shape(node.args[0])):
                     op = "identity"  # a view to the same shape (detach stays a view: it stops gradients)
                 if attrs.get("tuple"):  # torch.max(x, dim): (values, indices); fused only when just values are read
                     if not all(_values_of(u) for u in node.users):
@@ -592,7 +598,8 @@ def capture(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Graph:
                     shape = tuple(node.meta["tensor_meta"][0].shape)
                     code = f"torch.{op}({args[0]}, dim={attrs['dim']}, keepdim={attrs['keepdim']})"
             except Reject as rej:
-                op, args, attrs, module = "unknown", tuple(conv.names[a] for a in node.all_input_nodes if a in conv.names), {}, None
+                op, args, attrs, module = "unknown", tuple(
+                    conv.names[a] for a in node.all_input_nodes if a in conv.names), {}, None
                 origin = rej.args[0] if rej.args else code
             nodes.append(Node(node.name, op, args, shape, attrs, module, origin, code))
     return Graph(tuple(placeholders), tuple(shapes), tuple(nodes), outputs, structure)
@@ -612,7 +619,8 @@ def capture_with_modes(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Grap
     nodes = []
     for n in g:
         twin = other.get(n.name)
-        if n in functional and twin is not None and twin.op == "dropout" and twin.attrs.get("training") != n.attrs["training"]:
+        if (n in functional and twin is not None and twin.op == "dropout"
+                and twin.attrs.get("training") != n.attrs["training"]):
             n = n.with_(attrs={"p": n.attrs["p"], "training": "self.training", "captured_training": model.training},
                         fx_code=f"torch.nn.functional.dropout({n.args[0]}, p={n.attrs['p']!r}, training=self.training)")
         nodes.append(n)

@@ -194,9 +194,11 @@ def print_report(rep: dict, result: Result) -> None:
     console.print(table)
     if rep["rewrites"]:
         console.print(f"rewrites: {', '.join(rep['rewrites'])}")
-    rules = ", ".join(f"{k} {'ok' if v else ('not checked' if v is None else 'FAILED')}" for k, v in rep["rules"].items())
+    rules = ", ".join(f"{k} {'ok' if v else ('not checked' if v is None else 'FAILED')}"
+                      for k, v in rep["rules"].items())
     console.print(f"contract ({rep['trials']} draws, extra shape {rep['extra_shape']}): {rules}")
-    console.print(f"max abs err vs float64 {rep['max_abs_err']:.3g} (eager {rep['precision']}: {rep['ref_max_abs_err']:.3g})")
+    console.print(f"max abs err vs float64 {rep['max_abs_err']:.3g} "
+                  f"(eager {rep['precision']}: {rep['ref_max_abs_err']:.3g})")
     for line in rep["failures"][:10]:
         console.print(f"  [red]{line}[/red]")
     if "timings_ms" in rep:
@@ -333,7 +335,8 @@ def optimize_cmd(
                                           "out/<name>_new.py); with several problems, a folder (default: out/)."),
     set_: list[str] = typer.Option([], "--set", help="Override a module-level constant, NAME=VALUE; VALUE a number "
                                    "or a list/tuple of numbers (repeatable)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu (default: cuda when available; cpu runs the kernels in Triton's interpreter)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu (default: cuda when available; cpu runs "
+                                         "the kernels in Triton's interpreter)."),
     precision: str = typer.Option("fp32", "--precision", help="fp32 (the contract) or bf16."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here (with several "
                                              "problems, a list of rows)."),

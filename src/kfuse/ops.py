@@ -47,25 +47,37 @@ POINTWISE: dict[str, Pointwise] = {p.name: p for p in [
     _p("div", 2, "{0} / {1}", torch.div, '({0} / {1})'),
     _p("neg", 1, "-{0}", torch.neg, '(-{0})'),
     _p("relu", 1, "tl.maximum({0}, 0.0)", torch.relu, 'torch.relu({0})'),
-    _p("leaky_relu", 2, "tl.where({0} >= 0.0, {0}, {0} * {1})", lambda x, a: F.leaky_relu(x, float(a)), 'torch.nn.functional.leaky_relu({0}, {1})'),
-    _p("gelu", 1, "0.5 * {0} * (1.0 + tl.math.erf({0} * 0.7071067811865476))", F.gelu, 'torch.nn.functional.gelu({0})'),
+    _p("leaky_relu", 2, "tl.where({0} >= 0.0, {0}, {0} * {1})", lambda x, a: F.leaky_relu(x, float(a)),
+       'torch.nn.functional.leaky_relu({0}, {1})'),
+    _p("gelu", 1, "0.5 * {0} * (1.0 + tl.math.erf({0} * 0.7071067811865476))", F.gelu,
+       'torch.nn.functional.gelu({0})'),
     _p("gelu_tanh", 1, "0.5 * {0} * (1.0 + _tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0})))",
        lambda x: F.gelu(x, approximate="tanh"), "torch.nn.functional.gelu({0}, approximate='tanh')"),
     _p("sigmoid", 1, "tl.sigmoid({0})", torch.sigmoid, 'torch.sigmoid({0})'),
     _p("silu", 1, "{0} * tl.sigmoid({0})", F.silu, 'torch.nn.functional.silu({0})'),
     _p("tanh", 1, TANH, torch.tanh, 'torch.tanh({0})'),
-    _p("hardtanh", 3, "tl.minimum(tl.maximum({0}, {1}), {2})", lambda x, lo, hi: torch.clamp(x, float(lo), float(hi)), 'torch.clamp({0}, {1}, {2})'),
-    _p("clamp_min", 2, "tl.maximum({0}, {1})", lambda x, lo: torch.clamp(x, min=float(lo)), 'torch.clamp({0}, min={1})'),
-    _p("clamp_max", 2, "tl.minimum({0}, {1})", lambda x, hi: torch.clamp(x, max=float(hi)), 'torch.clamp({0}, max={1})'),
+    _p("hardtanh", 3, "tl.minimum(tl.maximum({0}, {1}), {2})", lambda x, lo, hi: torch.clamp(x, float(lo), float(hi)),
+       'torch.clamp({0}, {1}, {2})'),
+    _p("clamp_min", 2, "tl.maximum({0}, {1})", lambda x, lo: torch.clamp(x, min=float(lo)),
+       'torch.clamp({0}, min={1})'),
+    _p("clamp_max", 2, "tl.minimum({0}, {1})", lambda x, hi: torch.clamp(x, max=float(hi)),
+       'torch.clamp({0}, max={1})'),
     # softplus = log1p(e^(beta x)) / beta, x past the threshold; log1p(u) as log(1 + u) * u / ((1 + u) - 1)
     # (Goldberg): exact to a few ulps where log(1 + u) alone loses u's low bits (x very negative)
-    _p("softplus", 3, "tl.where({0} * {1} > {2}, {0}, tl.where(1.0 + tl.exp(tl.minimum({0} * {1}, {2})) == 1.0, tl.exp(tl.minimum({0} * {1}, {2})), tl.log(1.0 + tl.exp(tl.minimum({0} * {1}, {2}))) * tl.exp(tl.minimum({0} * {1}, {2})) / (1.0 + tl.exp(tl.minimum({0} * {1}, {2})) - 1.0)) / {1})", lambda x, b, t: F.softplus(x, float(b), float(t)), 'torch.nn.functional.softplus({0}, {1}, {2})'),
+    _p("softplus", 3,
+       "tl.where({0} * {1} > {2}, {0}, tl.where(1.0 + tl.exp(tl.minimum({0} * {1}, {2})) == 1.0, "
+       "tl.exp(tl.minimum({0} * {1}, {2})), "
+       "tl.log(1.0 + tl.exp(tl.minimum({0} * {1}, {2}))) * tl.exp(tl.minimum({0} * {1}, {2})) "
+       "/ (1.0 + tl.exp(tl.minimum({0} * {1}, {2})) - 1.0)) / {1})",
+       lambda x, b, t: F.softplus(x, float(b), float(t)), 'torch.nn.functional.softplus({0}, {1}, {2})'),
     # mish = x * tanh(log(1 + e^x)) = x * n / (n + 2), n = e^x (e^x + 2): no log(1 + tiny) or 2 sigmoid - 1
     # cancellation for negative x; x past softplus's threshold (20) is x, as torch
     _p("mish", 1, "tl.where({0} > 20.0, {0}, {0} * _mish_n({0}) / (_mish_n({0}) + 2.0))", F.mish,
        'torch.nn.functional.mish({0})'),  # _mish_n: kernels/pointwise.py
-    _p("hardswish", 1, "{0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0", F.hardswish, 'torch.nn.functional.hardswish({0})'),
-    _p("hardsigmoid", 1, "tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0", F.hardsigmoid, 'torch.nn.functional.hardsigmoid({0})'),
+    _p("hardswish", 1, "{0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0", F.hardswish,
+       'torch.nn.functional.hardswish({0})'),
+    _p("hardsigmoid", 1, "tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0", F.hardsigmoid,
+       'torch.nn.functional.hardsigmoid({0})'),
     _p("exp", 1, "tl.exp({0})", torch.exp, 'torch.exp({0})'),
     _p("abs", 1, "tl.abs({0})", torch.abs, 'torch.abs({0})'),
     _p("identity", 1, "{0}", lambda x: x, '{0}'),

@@ -96,7 +96,8 @@ def _sum_then_scale(n: Node, g: Graph) -> list[Node]:
     v, c = inner.args
     dim, keep = n.attrs["dim"], n.attrs.get("keepdim", False)
     total = n.with_(name=f"{n.name}_unscaled", args=(v,), fx_code=f"torch.{n.op}({v}, dim={dim}, keepdim={keep})")
-    scale = n.with_(op=inner.op, args=(total.name, c), attrs={}, module=None, origin=f"{n.origin} ({inner.origin} after it)",
+    scale = n.with_(op=inner.op, args=(total.name, c), attrs={}, module=None,
+                    origin=f"{n.origin} ({inner.origin} after it)",
                     fx_code=POINTWISE[inner.op].torch_code(total.name, c.expr()))
     return [total, scale]
 
@@ -172,7 +173,8 @@ def _vector_matrix(n: Node, g: Graph) -> list[Node]:
     row, out = f"{n.name}_row", f"{n.name}_t"
     return [Node(row, "alias", (v,), (1, g.shape_of(v)[0]), origin=n.origin, fx_code=f"{v}.reshape(1, -1)"),
             Node(out, "linear", (row, a, None), (1, m), origin=n.origin),
-            n.with_(op="alias", args=(out,), attrs={}, fx_code=f"{out}.reshape({'-1' if len(n.shape) == 1 else '-1, 1'})")]
+            n.with_(op="alias", args=(out,), attrs={},
+                    fx_code=f"{out}.reshape({'-1' if len(n.shape) == 1 else '-1, 1'})")]
 
 
 RULES: list[Rule] = [

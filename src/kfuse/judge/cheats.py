@@ -456,7 +456,8 @@ DETECTORS: tuple[Detector, ...] = (
     Detector("background_thread", False, "left threads running after forward returned", lambda e: _lines(e.threads)),
     Detector("state_dict_mismatch", False, "Model's state_dict does not load into ModelNew (built from the same seed)",
              lambda e: e.state or None),
-    Detector("poison_check_failed", False, "the poisoned-allocation pass could not run", lambda e: e.poison_error or None),
+    Detector("poison_check_failed", False, "the poisoned-allocation pass could not run",
+             lambda e: e.poison_error or None),
 )
 FAILING = frozenset(d.name for d in DETECTORS if d.fails)
 

@@ -61,8 +61,8 @@ def epilogue_dz(kernel, z: torch.Tensor, grads: tuple, params: tuple, scalars: t
                 groups: int | None = None, bn_eps: float | None = None, bn_merged: bool = False) -> tuple:
     """Run a generated `<name>_dz_kernel` on z (M, N) and the upstream gradients (one per region output, any
     shape of M*N elements; None is zero). Returns (dZ (M, N) in z's dtype, db float64 (N,), [(parameter, its
-    gradient in float64 and the parameter's shape)], max_rows |dZ| (N,) fp32). The column sums are float64 partials per row block, added
-    here in float64 (T x N values: T = M / rows per program).
+    gradient in float64 and the parameter's shape)], max_rows |dZ| (N,) fp32). The column sums are float64
+    partials per row block, added here in float64 (T x N values: T = M / rows per program).
     groups: a GroupNorm's number of groups (the one-tile GroupNorm kind's kernels, constexpr GROUP);
     bn_eps: a training-mode BatchNorm's eps (the BatchNorm kind's kernels: two passes first, or one
     where bn_merged: the norm is the region's last op)."""

@@ -3,8 +3,8 @@
 The GEMM epilogue of a GEMM + BatchNorm1d region writes, for each (row tile, column), the tile's count-free
 mean and M2 = sum((y - tile_mean)^2): centred within the tile, so no E[y^2] - E[y]^2 cancellation.
 `batch_norm_finalize_kernel` merges the tiles of each column in closed form (Chan et al.'s parallel
-combination: the overall mean, then each tile's M2 plus n_t (tile mean - mean)^2), in float64. Bytes: 2 * num_row_tiles * N * 4 read (4 MB for
-16384 x 4096 with 128-row tiles), negligible next to the GEMM.
+combination: the overall mean, then each tile's M2 plus n_t (tile mean - mean)^2), in float64.
+Bytes: 2 * num_row_tiles * N * 4 read (4 MB for 16384 x 4096 with 128-row tiles), negligible next to the GEMM.
 Torch's semantics: normalize with the biased variance M2 / M; the running variance gets the unbiased
 M2 / (M - 1); running = (1 - momentum) * running + momentum * batch.
 Eval mode (`bn-eval-fold`, the BatchNorm region kind): `bn_eval_fold` folds the running statistics, the affine
