@@ -12,11 +12,21 @@ import time
 import pytest
 import torch
 
-from kfuse_testing import ROOT, SEEDS, SMALL, requires_cuda
-from kfuse.bench import (MODELS, NO_GPU, BenchResult, bench_problem, command_line, load_kfuse, report_json,
-                         result_json, table_rows, write_plot)
+from kfuse.bench import (
+    MODELS,
+    NO_GPU,
+    BenchResult,
+    bench_problem,
+    command_line,
+    load_kfuse,
+    report_json,
+    result_json,
+    table_rows,
+    write_plot,
+)
 from kfuse.load import load_problem
 from kfuse.timing import Timing, summarize
+from kfuse_testing import ROOT, SEEDS, SMALL, requires_cuda
 
 REQUIRED = {"problem", "eager_ms", "compile_default_ms", "compile_max_autotune_ms", "kfuse_ms", "correct",
             "max_abs_err"}

@@ -13,6 +13,7 @@ import torch  # noqa: E402
 KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src", "kfuse", "kernels")
 sys.path.insert(0, KERNELS)
 import gemm_core as gc  # noqa: E402
+
 from kfuse.kernels import skinny as sk  # noqa: E402
 
 C = gc.GemmConfig

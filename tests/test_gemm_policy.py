@@ -12,11 +12,11 @@ import json
 import pytest
 import torch
 
-from kfuse_testing import SEEDS, SMALL, requires_cuda
 from kfuse.kernels import gemm_core as gc
 from kfuse.kernels import runtime as rt
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module
+from kfuse_testing import SEEDS, SMALL, requires_cuda
 
 C = gc.GemmConfig
 SHAPES = [(1, 8192, 8192), (3, 129, 70), (16, 300, 37), (17, 300, 37), (37, 129, 70), (1000, 999, 1000),

@@ -14,13 +14,13 @@ import dataclasses
 import pytest
 import torch
 
-from kfuse_testing import SEEDS, SMALL, requires_cuda, write_problem
 from kfuse.kernels import gemm_core as gc
 from kfuse.kernels import gemm_sm90, runtime
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module
 from kfuse.regions.common import constexpr, plain, signature, sm90_twin
 from kfuse.verify import check_contract, run_in_process
+from kfuse_testing import SEEDS, SMALL, requires_cuda, write_problem
 
 SM90 = gc.GemmConfig(128, 128, 64, 8, 8, 3, split_a=False, sm90=True, chunk=4)
 

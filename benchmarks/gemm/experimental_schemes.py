@@ -35,10 +35,28 @@ import triton.language as tl
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src"))
 
 from kfuse.kernels import gemm_core as core  # noqa: E402
-from kfuse.kernels.gemm_core import (HALVES_ABOVE, LONG_K, PAD_K, SKINNY_M, _load_k_block, _num_sms,  # noqa: E402,F401
-                                     _pow2_inv, _tile_ids, _tile_row_scales, cdiv, default_config,
-                                     ensure_tma_allocator, gemm_bias_mul_leakyrelu_ref, gemm_tile, padded_k,
-                                     row_scales, skinny_configs, split_weight, split_x, valid_configs)
+from kfuse.kernels.gemm_core import (  # noqa: E402,F401
+    HALVES_ABOVE,
+    LONG_K,
+    PAD_K,
+    SKINNY_M,
+    _load_k_block,
+    _num_sms,
+    _pow2_inv,
+    _tile_ids,
+    _tile_row_scales,
+    cdiv,
+    default_config,
+    ensure_tma_allocator,
+    gemm_bias_mul_leakyrelu_ref,
+    gemm_tile,
+    padded_k,
+    row_scales,
+    skinny_configs,
+    split_weight,
+    split_x,
+    valid_configs,
+)
 
 EXPERIMENTAL_SCHEMES = ("fp16x3", "fp16x3c", "fp16x3d")
 SPLIT_SCHEMES = EXPERIMENTAL_SCHEMES + core.SPLIT_SCHEMES

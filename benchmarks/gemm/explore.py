@@ -23,7 +23,8 @@ ap.add_argument("--cpu", action="store_true")
 ap.add_argument("--quick", action="store_true")
 ap.add_argument("--only", default="")
 ap.add_argument("--reps", type=int, default=30)
-ap.add_argument("--round", type=int, default=4, help="1: first sweep; 2: accurate-scheme sweep; 3: fp16x3p halves; 4: TMA; 5: 16 warps")
+ap.add_argument("--round", type=int, default=4,
+                help="1: first sweep; 2: accurate-scheme sweep; 3: fp16x3p halves; 4: TMA; 5: 16 warps")
 ap.add_argument("--variants", default="", help="comma list of variant names to run (default: all)")
 args = ap.parse_args()
 if args.cpu:
@@ -41,7 +42,8 @@ def cpu_main():
     torch.manual_seed(0)
     M, K, N = 37, 70, 129
     rows = []
-    for name, x in [("rand", torch.rand(M, K)), ("randn*1e6", torch.randn(M, K) * 1e6), ("rand*1e-6", torch.rand(M, K) * 1e-6)]:
+    for name, x in [("rand", torch.rand(M, K)), ("randn*1e6", torch.randn(M, K) * 1e6),
+                    ("rand*1e-6", torch.rand(M, K) * 1e-6)]:
         bound = 1 / K ** 0.5
         w = torch.empty(N, K).uniform_(-bound, bound)
         b = torch.empty(N).uniform_(-bound, bound)
@@ -79,9 +81,11 @@ def variants_p12():
     for cfg in [C(128, 256, 32, 8, 8, 3), C(128, 256, 64, 8, 8, 3), C(128, 128, 64, 8, 8, 4), C(128, 128, 32, 8, 8, 4)]:
         v.append(("fp16x3", cfg))
     # three dots per K block (the facts file's structure), one accumulator / promoted
-    for cfg in [C(128, 256, 32, 8, 8, 4, split_a=False), C(128, 256, 32, 8, 8, 3), C(128, 128, 64, 8, 8, 3, split_a=False)]:
+    for cfg in [C(128, 256, 32, 8, 8, 4, split_a=False), C(128, 256, 32, 8, 8, 3),
+                C(128, 128, 64, 8, 8, 3, split_a=False)]:
         v.append(("fp16x3d", cfg))
-    for cfg in [C(128, 128, 32, 8, 8, 4), C(128, 128, 32, 8, 8, 4, split_a=False), C(128, 128, 64, 8, 8, 3, split_a=False)]:
+    for cfg in [C(128, 128, 32, 8, 8, 4), C(128, 128, 32, 8, 8, 4, split_a=False),
+                C(128, 128, 64, 8, 8, 3, split_a=False)]:
         v.append(("fp16x3p", cfg))
     v.append(("tf32x3", C(128, 128, 32, 8, 8, 3)))
     v.append(("tf32x3", C(128, 256, 32, 8, 8, 3)))
@@ -246,11 +250,11 @@ def gpu_main():
 
     problems = []
     if args.only in ("", "p12"):
-        problems.append(("p12", 1024, 8192, 8192, 2.0, 0.1, {1: variants_p12, 2: variants_p12_r2,
-                                                               3: variants_p12_r3, 4: variants_p12_r4, 5: variants_p12_r5}[args.round]()))
+        rounds = {1: variants_p12, 2: variants_p12_r2, 3: variants_p12_r3, 4: variants_p12_r4, 5: variants_p12_r5}
+        problems.append(("p12", 1024, 8192, 8192, 2.0, 0.1, rounds[args.round]()))
     if args.only in ("", "p39"):
-        problems.append(("p39", 16384, 4096, 4096, 1.0, 1.0, {1: variants_p39, 2: variants_p39_r2,
-                                                               3: variants_p39_r3, 4: variants_p39_r4, 5: variants_p39_r5}[args.round]()))
+        rounds = {1: variants_p39, 2: variants_p39_r2, 3: variants_p39_r3, 4: variants_p39_r4, 5: variants_p39_r5}
+        problems.append(("p39", 16384, 4096, 4096, 1.0, 1.0, rounds[args.round]()))
     want = set(args.variants.split(",")) if args.variants else None
     for pname, M, K, N, mult, slope, variants in problems:
         flop3 = 3 * 2 * M * N * K
@@ -314,7 +318,7 @@ def gpu_main():
                               if k not in ("cfg",)}), flush=True)
             with open(os.path.join(out_dir, "gemm_explore.json"), "w") as f:
                 json.dump(results, f, indent=1)
-        del x, w, b, ref, eager, w_parts, inputs_extra
+        x = w = b = ref = eager = w_parts = inputs_extra = None  # free the GPU memory before the next problem
         torch.cuda.empty_cache()
 
     print("\n%-4s %-8s %-34s %8s %8s %9s %9s %5s %6s" % ("prob", "scheme", "config", "ms", "gemm_ms", "max err",

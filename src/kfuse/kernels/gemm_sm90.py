@@ -45,7 +45,6 @@ import triton.language as tl
 
 from kfuse.kernels.gemm_core import _pow2_inv, _tile_ids
 
-
 try:  # Gluon ships with Triton >= 3.5; without it every GEMM runs the Triton kernels
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl

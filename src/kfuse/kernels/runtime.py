@@ -17,13 +17,29 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.gemm_core import (DEFAULT_SCHEME, SKINNY_M, SPLIT_SCHEMES, USER_SCHEMES, GemmConfig, _num_sms,
-                                    _tile_ids, cdiv, default_config, ensure_tma_allocator, gemm_tile, padded_k,
-                                    row_scales, sm90_configs, sm90_maxnreg, split_weight, split_x, supports,
-                                    valid_configs)
+from kfuse.kernels.gemm_core import (
+    DEFAULT_SCHEME,
+    SKINNY_M,
+    SPLIT_SCHEMES,
+    USER_SCHEMES,
+    GemmConfig,
+    _num_sms,
+    _tile_ids,
+    cdiv,
+    default_config,
+    ensure_tma_allocator,
+    gemm_tile,
+    padded_k,
+    row_scales,
+    sm90_configs,
+    sm90_maxnreg,
+    split_weight,
+    split_x,
+    supports,
+    valid_configs,
+)
 from kfuse.kernels.gemm_sm90 import HAVE_GLUON
 from kfuse.kernels.skinny import fp64_partials
-
 
 # The file's GEMM scheme on a GPU: "fp16x3p" (fp16 hi/lo split, three products per K block promoted into an fp32
 # accumulator), "tf32x3" (Triton's three-pass tf32) or "ieee" (plain fp32 FMA). A generated file defines its own,
