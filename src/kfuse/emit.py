@@ -37,6 +37,9 @@ SCHEME_NOTES = {
 # Definitions the generated regions use when they are defined (a decorator), not when they run: they go with the
 # imports, ahead of the regions, rather than in the library after them.
 EARLY = ("sm90_jit",)
+# Library names kfuse reads from the generated module itself: the tile configs verification ran (the report's
+# gemm_configs, the header's summary).
+REPORTED = ("chosen_configs",)
 LIBRARY_BANNER = ("# " + "=" * 118 + "\n"
                   "# kfuse's library: the definitions of kfuse/kernels/ that the code above calls, copied unchanged.\n"
                   "# " + "=" * 118)
@@ -222,7 +225,8 @@ def emit(problem_source: str, problem_name: str, variants: Sequence[Variant], sc
     regions = _regions_part(forwards)
     lib = None
     if fused:
-        lib = library(free_names("\n\n".join([*regions, model_new])), exclude=("GEMM_SCHEME",), early=EARLY)
+        roots = free_names("\n\n".join([*regions, model_new])) | set(REPORTED)
+        lib = library(roots, exclude=("GEMM_SCHEME",), early=EARLY)
     parts = [
         "\n".join([*future, *_header(problem_name, variants, fused, scheme, verified)]),
         _imports([ln for _, codes in forwards for c in codes for ln in c.forward], strict, lib),

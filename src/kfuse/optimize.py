@@ -208,8 +208,9 @@ def verification_lines(contract: ContractReport, configs: list[dict[str, Any]]) 
     lines = [f"Verified by kfuse: {verdict} the accuracy contract over {contract.trials} draws"
              f"{' and the extra shape ' + contract.extra_shape if contract.extra_shape else ''}: max abs error vs "
              f"float64 {contract.max_abs_err:.2e} (eager fp32: {contract.ref_max_abs_err:.2e})."]
-    for c in configs:
-        lines.append(f"  GEMM {c.get('kernel', '?')} at {c.get('shape')}: {c.get('config')}")
+    for c in configs:  # the tuner's rows (kernels/runtime.py, Tuner.chosen_configs)
+        how = f"{c.get('name', c.get('config'))} ({c.get('source', '?')}, scheme {c.get('scheme', '?')})"
+        lines.append(f"  GEMM tile of {c.get('kernel', '?')} at M, N, K = {c.get('shape')}: {how}")
     return tuple(lines)
 
 
