@@ -32,13 +32,13 @@ from kfuse.capture import capture_with_modes
 from kfuse.emit import emit, emit_original
 from kfuse.errors import ProblemError, UnsupportedError
 from kfuse.ir import Graph, Node, Region
+from kfuse.kernels.runtime import scheme_for
 from kfuse.load import Problem
 from kfuse.modes import Variant, primary, variants
 from kfuse.regions import torch_call
 from kfuse.trace import Untraceable, one_line
 from kfuse.verify import ContractReport, check_contract, run_in_process
 
-SCHEME_BY_DEVICE = {"cuda": "fp16x3p", "cpu": "ieee"}
 _counter = itertools.count()
 
 
@@ -137,7 +137,7 @@ def compile_problem(problem: Problem, opts: Options) -> Compiled:
         return _strict(compiled_original(problem, str(why)), problem, opts)
     forwards = variants(graph)  # modes: rewrite + partition, once per forward mode
     compiled = _strict(Compiled("", forwards), problem, opts)  # strict: --strict refuses an op left as a torch call
-    return _emit(compiled, problem, opts.scheme or SCHEME_BY_DEVICE.get(opts.device, "ieee"))  # emit: the file
+    return _emit(compiled, problem, scheme_for(opts.scheme, opts.device == "cuda"))  # emit: the file
 
 
 def _emit(compiled: Compiled, problem: Problem, scheme: str, verified: tuple[str, ...] = ()) -> Compiled:

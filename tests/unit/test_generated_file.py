@@ -10,6 +10,7 @@ import functools
 
 import pytest
 
+from kfuse.emit import REPORTED
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem
 from kfuse.regions import kind_of
@@ -64,7 +65,7 @@ def unreachable_library_names(source: str) -> list[str]:
         else:  # the problem, the regions, ModelNew, and any statement that runs at import
             roots |= reads
     reached: set[str] = set()
-    todo = list(roots)
+    todo = [*roots, *REPORTED]  # and what kfuse itself reads from the module (the tuner's chosen configs)
     while todo:
         name = todo.pop()
         if name not in reached:

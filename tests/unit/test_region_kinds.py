@@ -24,10 +24,7 @@ REGIONS = SRC / "regions"
 LIBRARY_WORDS = {"torch"}
 
 # Kinds whose name is written in a third file today; strict, so the entry goes when the file stops naming it.
-KNOWN = {
-    "gemm_groupnorm": "kernels/runtime.py's group-width docstring names regions/gemm_groupnorm.py",
-    "gemm_groupnorm_wide": "kernels/runtime.py's partial-slots docstring names regions/gemm_groupnorm_wide.py",
-}
+KNOWN: dict[str, str] = {}
 
 
 def _kind_literals(tree: ast.AST, name: str) -> list[int]:

@@ -33,7 +33,16 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels.backward_ops import split_dzt_blocks, split_rows_any
-from kfuse.kernels.gemm_core import SPLIT_SCHEMES, _tile_ids, cdiv, default_config, gemm_tile, row_scales, split_weight
+from kfuse.kernels.gemm_core import (
+    SPLIT_SCHEMES,
+    _tile_ids,
+    cdiv,
+    default_config,
+    gemm_tile,
+    row_scales,
+    split_weight,
+    supports,
+)
 from kfuse.kernels.runtime import cached_split, gemm_scheme, tensor_key, tuned_gemm
 from kfuse.kernels.skinny import fp64_partials
 
@@ -149,7 +158,7 @@ def gemm_dw_presplit(dz: torch.Tensor, x_split: tuple, kn: bool = False) -> torc
     a_hi, a_lo, a_inv = split_dzt_blocks(dz.float(), x_scale)
 
     def launch(cfg):
-        if cfg.block_m * cfg.block_n > 16384 or cfg.tma:  # A_BLOCKS runs the plain 128x128 K loop only
+        if not supports(cfg, "fp16x3p", M, a_blocks=True):  # A_BLOCKS runs the plain 128x128 K loop only
             cfg = default_config(N, K, M, "fp16x3p")
         out = torch.empty(shape, device=dz.device, dtype=torch.float32)
         grid = (cdiv(N, cfg.block_m) * cdiv(K, cfg.block_n),)

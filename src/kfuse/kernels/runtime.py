@@ -355,7 +355,7 @@ def cached_split(weight: torch.Tensor, kn_layout: bool) -> tuple:
 
 
 def gemv_sums(weight: torch.Tensor, bias: torch.Tensor | None, kn_layout: bool) -> tuple:
-    """The GEMV region's operands (regions/gemv.py): W's rows summed in float64, (K,) contiguous (W's columns when
+    """The GEMV region's operands (the GEMM row-sum kind): W's rows summed in float64, (K,) contiguous (W's columns when
     kn_layout: W is (K, N)), and sum(b) as a 1-element float64 tensor (a Python float would reach the kernel as
     fp32; zero without a bias). Reads all of W: 4 * N * K bytes."""
     with torch.no_grad():
@@ -531,8 +531,8 @@ def saved_for_backward(z: torch.Tensor, ops: tuple, scheme: str, cfg: GemmConfig
 
 
 def tile_group(n_cols: int, groups: int) -> int:
-    """Channels per group for the one-kernel GroupNorm (regions/gemm_groupnorm.py) and its fused backward: whole
-    groups inside a column tile need a power of two of at most 128 that divides the width."""
+    """Channels per group for the one-kernel GroupNorm (the kind whose column tiles hold whole groups) and its fused
+    backward: whole groups inside a column tile need a power of two of at most 128 that divides the width."""
     group = n_cols // groups if groups > 0 else 0
     if group < 1 or group * groups != n_cols or group & (group - 1) or group > 128:
         raise ValueError(f"this fused GroupNorm kernel needs power-of-two groups of at most 128 channels, not "
@@ -542,7 +542,7 @@ def tile_group(n_cols: int, groups: int) -> int:
 
 def group_slots(block_n: int, group: int) -> int:
     """How many GroupNorm groups of `group` channels one column tile [t * block_n, (t + 1) * block_n) can
-    touch, over all t: the partial slots per tile of the two-phase GroupNorm (regions/gemm_groupnorm_wide.py).
+    touch, over all t: the partial slots per tile of the two-phase GroupNorm (the two-phase GroupNorm kind).
     Groups a multiple of the tile: 1; tiles a multiple of the group: block_n / group; otherwise a tile may
     start inside one group and end inside another: at most (block_n - 1) // group + 2."""
     if group % block_n == 0:

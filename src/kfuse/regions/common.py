@@ -343,10 +343,12 @@ def gemm_operand_lines(anchor: Node) -> list[str]:
             "grid = gemm_grid(M, N, cfg, x.device)"]
 
 
-def gemm_prologue(anchor: Node) -> list[str]:
-    """Launcher lines: x as (M, K), the scheme and the default tile config (no tuning), the GEMM operands,
-    the tile grid. Expects `x`, `weight` and `min_block_n` (the epilogue's smallest column tile) to be defined."""
-    return [*gemm_head(anchor), "cfg = gemm_config(M, N, K, scheme, min_block_n)", *gemm_operand_lines(anchor)]
+def gemm_prologue(anchor: Node, kernel: str) -> list[str]:
+    """Launcher lines: x as (M, K), the scheme and the default tile config (no tuning; recorded for `kernel`'s
+    launch, the tuner's chosen_configs), the GEMM operands, the tile grid. Expects `x`, `weight` and `min_block_n`
+    (the epilogue's smallest column tile) to be defined."""
+    return [*gemm_head(anchor), f"cfg = gemm_config(M, N, K, scheme, min_block_n, kernel={kernel})",
+            *gemm_operand_lines(anchor)]
 
 
 def tuned_launch_lines(anchor: Node, kernel: str, body: list[str], results: list[str]) -> list[str]:

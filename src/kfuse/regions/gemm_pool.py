@@ -122,7 +122,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
              "if pool <= 0 or pool & (pool - 1) or pool > 64:",
              "    raise ValueError(f'fused pooling needs a power-of-two window <= 64, got {pool}')",
              "min_block_n = max(16, pool)",
-             *gemm_prologue(anchor),
+             *gemm_prologue(anchor, f"{name}_kernel"),
              "N_OUT = N // pool"]
     lines += [f"o_{v} = torch.empty((M, N), device=x.device, dtype=x.dtype)" for v in pre_outs]
     lines += [f"o_{v} = torch.empty((M, N_OUT), device=x.device, dtype=x.dtype)" for v in post_outs]

@@ -226,7 +226,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     values = list(registry)
     alloc_full = "{} = torch.empty((M, N), device=x.device, dtype={})"
     alloc_row = "{} = torch.empty((M,), device=x.device, dtype={})"
-    lines = ["min_block_n = 16", *gemm_prologue(anchor),
+    lines = ["min_block_n = 16", *gemm_prologue(anchor, f"{name}_kernel"),
              "T = cdiv(N, cfg.block_n)",
              f"pa = torch.empty((M, T), device=x.device, dtype={PARTIAL_DTYPE[stat]})",
              "pb = torch.empty_like(pa)" if stat in TWO_PARTIALS else "pb = pa"]
