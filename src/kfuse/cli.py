@@ -14,7 +14,6 @@ from typing import Any
 import typer
 
 
-
 def _wants_interpreter(argv: list[str]) -> bool:
     """True for `--device cpu`, or where no GPU is present: Triton reads TRITON_INTERPRET once, when imported."""
     if "--device=cpu" in argv or any(a == "--device" and b == "cpu" for a, b in zip(argv, argv[1:])):
@@ -56,9 +55,9 @@ def main() -> None:
 
 
 # --- commands from other modules register below (one import + one app.command line each) ---
+from kfuse.bench import bench_cmd  # noqa: E402
 from kfuse.commands import optimize_cmd  # noqa: E402
 from kfuse.judge.commands import eval_cmd, eval_suite_cmd, report_cmd  # noqa: E402
-from kfuse.bench import bench_cmd  # noqa: E402
 
 register("optimize", optimize_cmd)
 register("bench", bench_cmd)

@@ -32,15 +32,28 @@ from typing import Any
 import torch
 
 from kfuse.errors import KfuseError, ProblemError
-from kfuse.judge import cheats
-from kfuse.judge import cache, sandbox
+from kfuse.judge import cache, cheats, sandbox
 from kfuse.judge.clock import GATE, ClockConfig, time_outside
-from kfuse.judge.worker import INLINE_GO
 from kfuse.judge.ipc import ANSWER_FLOOR_BYTES, WorkerFailure, WorkerHandle, clean_text, tensor_bytes
+from kfuse.judge.worker import INLINE_GO
 from kfuse.load import Problem, load_problem
 from kfuse.timing import timing_unavailable
-from kfuse.verify import (DTYPES, RULES, TOLERANCES, Reference, Results, Verdict, cast_inputs, combine_references,
-                          compare, flatten, kernelbench_allclose, reference_run, seeded_build, seeded_inputs)
+from kfuse.verify import (
+    DTYPES,
+    RULES,
+    TOLERANCES,
+    Reference,
+    Results,
+    Verdict,
+    cast_inputs,
+    combine_references,
+    compare,
+    flatten,
+    kernelbench_allclose,
+    reference_run,
+    seeded_build,
+    seeded_inputs,
+)
 
 FEATURE_NAME = re.compile(r"(features|channels|hidden\w*|_dim|^dim|embed\w*|d_model)$")
 # The references seed torch's global RNG: evaluations that run side by side (threads) take turns.

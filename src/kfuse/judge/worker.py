@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 import torch._dynamo  # noqa: F401 - entering any TorchDispatchMode imports it, and the import rebinds a few
-# torch functions: import it now, before the Baseline is taken, not during the poisoned call
 
+# torch functions: import it now, before the Baseline is taken, not during the poisoned call
 from kfuse import timing  # noqa: F401 - imported for its captured references, before any candidate
 from kfuse.judge import cheats
 from kfuse.verify import DTYPES, cast_inputs, flatten
