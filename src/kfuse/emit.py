@@ -119,13 +119,17 @@ def fully_fused(v: Variant) -> bool:
     return any(r.fused for r in v.regions) and not v.unfused
 
 
+# The words a region adds to its stem for the names it defines (`<stem>_kernel`, `<stem>_apply_kernel`, ...).
+DERIVED = ("kernel", "epilogue", "tiles", "apply", "finalize", "stats", "eval", "folded", "dz")
+
+
 def claim_stem(stem: str, claimed: set[str]) -> str:
     """A region's name stem, unique in the file: two regions with the same ops (two Linear -> ReLU layers, or one
-    region in both forwards) get `<stem>`, `<stem>_2`, ... Every name a region defines starts with its stem and
-    a suffix of its own (`_kernel`, `_apply_kernel`, ...: a word), so no stem may extend another with `_` and a
-    word; the numbers claim_stem adds cannot be mistaken for one."""
+    region in both forwards) get `<stem>`, `<stem>_2`, ... Every name a region defines is its stem and one of the
+    DERIVED words, so a stem also clashes with one that extends it by such a word (`linear` and `linear_apply`);
+    the numbers claim_stem adds are no such word, so the search ends."""
     def extends(longer: str, shorter: str) -> bool:
-        return longer.startswith(shorter + "_") and longer[len(shorter) + 1:][:1].isalpha()
+        return longer.startswith(shorter + "_") and longer[len(shorter) + 1:].split("_")[0] in DERIVED
 
     def clashes(s: str) -> bool:
         return any(s == c or extends(s, c) or extends(c, s) for c in claimed)

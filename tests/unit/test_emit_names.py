@@ -11,7 +11,7 @@ def test_repeated_stems_get_numbers():
     assert got == ["linear_relu", "linear_relu_2", "linear_relu_3"]
 
 
-def test_a_stem_extending_another_by_a_word_is_renamed():
+def test_a_stem_extending_another_by_a_derived_word_is_renamed():
     """`linear`'s derived names (`linear_apply_kernel`, ...) could meet `linear_apply`'s: one of them moves."""
     claimed: set[str] = set()
     first = claim_stem("linear_apply", claimed)
@@ -24,3 +24,11 @@ def test_many_layers_terminate_and_stay_unique():
     claimed: set[str] = set()
     got = [claim_stem(s, claimed) for s in ["linear_relu"] * 40 + ["linear"] * 5]
     assert len(set(got)) == len(got)
+
+
+def test_a_stem_extending_another_by_an_op_is_kept():
+    """The two forwards of a model with a Dropout: `linear` (train) and `linear_mean_softmax` (eval) define
+    different names; the search must not loop (it did, once, on such a pair)."""
+    claimed: set[str] = set()
+    got = [claim_stem(s, claimed) for s in ["linear", "linear_mean_softmax", "linear_mean_softmax", "linear"]]
+    assert got == ["linear", "linear_mean_softmax", "linear_mean_softmax_2", "linear_2"]
