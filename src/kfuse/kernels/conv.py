@@ -1,0 +1,337 @@
+"""fp32-accurate convolutions on tensor cores as implicit GEMMs (plain Triton + torch; pasted into generated files).
+
+Conv1d/2d/3d forward, NC(D)HW contiguous fp32 input, any stride, padding (ints, tuples, 'same', 'valid'),
+dilation and groups (depthwise too), with or without bias. 1-d and 2-d convolutions run as 3-d ones with unit
+leading spatial dims (conv_geometry), so one kernel serves all three.
+
+The GEMM view (one program per output tile, one group per program_id(1)):
+  rows    M = N * OD * OH * OW output pixels (n, od, oh, ow), row-major as the output's spatial dims;
+  cols    the C_out / groups output channels of group g;
+  K       C_in / groups * KD * KH * KW, ordered (ci, kd, kh, kw): the weight (C_out, C_in/g, KD, KH, KW) is
+          then exactly a row-major (C_out, K) GEMM operand, and the activation tile is gathered from x on the
+          fly (implicit im2col: input index = output index * stride - pad + kernel index * dilation, masked to
+          zero outside the input, which is the zero padding; no im2col buffer is ever written).
+The accumulator is the (pixels, channels) tile of the output; conv_tile returns it and the caller's epilogue
+stores it to the NC(D)HW layout (conv_out_offsets): along a column the pixels are contiguous, so the stores are
+coalesced.
+
+Precision: the scheme comes from the same switch as the GEMM's (conv_scheme -> runtime.scheme_for):
+  "fp16x3p" on a GPU: the fp16 hi/lo split of kernels/gemm_core.py. The weight is split once per version
+            (cached_conv_split: split_weight on the (C_out, K) view, one power of two per output channel); the
+            activation is split in registers, scaled by one power of two per SAMPLE (conv_x_scales: its max |x|
+            lands in [2^14, 2^15), so fp16 neither overflows nor loses lo below its normal range for any value
+            within 2^-17 of the sample's largest; the bits lost below that are under 2^-38 of it, far below the
+            fp32 sum's own rounding). Three fp16 products per K block (lo*hi + hi*lo + hi*hi) go into a fresh
+            tensor-core partial that is added to the fp32 register accumulator (gemm_core's "promotion").
+            A per-pixel scale, as the GEMM's per-row one, would need the max over each pixel's patch: one more
+            pass over the gathered tile.
+  "tf32x3"  Triton's three-pass TF32 dot.
+  "ieee"    fp32 FMA dots: what Triton's interpreter runs on the CPU (it ignores input_precision; its fp16 dots are
+            numpy's fp32 sums of exact fp16 products, so tests exercise "fp16x3p" there too).
+
+Cost of one call: 2 * M * C_out/g * K flops per group (three fp16 products on "fp16x3p"); bytes: x read once
+from HBM (the KD*KH*KW-fold reuse of each value across a tile's rows and its K loop is served by L1/L2), the
+weight's hi + lo (4 bytes per element) once per row tile, the output written once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from kfuse.kernels.gemm_core import _pow2_inv, _pow2_scale_torch, cdiv, split_weight
+from kfuse.kernels.runtime import GEMM_SCHEME, SETTINGS, scheme_for, tensor_key
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# geometry: every convolution as a 3-d one
+# ----------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ConvGeometry:
+    """One convolution's sizes, as a 3-d one (1-d and 2-d: unit leading spatial dims). The fields from M to DW are
+    the kernels' size arguments, in order (args())."""
+
+    M: int  # output pixels: N * OD * OH * OW
+    C_in: int
+    D: int
+    H: int
+    W: int
+    OD: int
+    OH: int
+    OW: int
+    C_out: int
+    CIN_G: int  # input channels per group
+    COUT_G: int  # output channels per group
+    KD: int
+    KH: int
+    KW: int
+    SD: int
+    SH: int
+    SW: int
+    PD: int  # leading (left) padding; the trailing one is implied by the output size (masking)
+    PH: int
+    PW: int
+    DD: int
+    DH: int
+    DW: int
+    groups: int
+    out_shape: tuple[int, ...]  # the output's shape at the input's rank
+
+    def args(self) -> tuple[int, ...]:
+        return tuple(dataclasses.astuple(self)[:23])
+
+    @property
+    def K(self) -> int:
+        return self.CIN_G * self.KD * self.KH * self.KW
+
+
+def _triple(v, dims: int, fill: int, what: str) -> tuple[int, int, int]:
+    """An int or a tuple of `dims` ints, padded in front with `fill` to three."""
+    vals = (int(v),) * dims if isinstance(v, int) else tuple(int(x) for x in v)
+    if len(vals) == 1 and dims > 1:
+        vals = vals * dims
+    if len(vals) != dims:
+        raise ValueError(f"conv: {what} {v!r} for a {dims}-d convolution")
+    return (fill,) * (3 - dims) + vals
+
+
+def conv_pads(padding, kernel: tuple[int, ...], dilation: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(leading, trailing) zero padding per spatial dim. 'same': total dilation * (k - 1), the odd one out trailing,
+    as torch pads; 'valid': none; ints or tuples: the same on both sides."""
+    dims = len(kernel)
+    if padding == "valid":
+        return (0,) * dims, (0,) * dims
+    if padding == "same":
+        total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        return tuple(t // 2 for t in total), tuple(t - t // 2 for t in total)
+    lead = _triple(padding, dims, 0, "padding")[3 - dims:]
+    return lead, lead
+
+
+def conv_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride, padding, dilation,
+                  groups: int) -> ConvGeometry:
+    """The geometry of conv{1,2,3}d(x, w, stride, padding, dilation, groups) with torch's argument forms."""
+    dims = len(x_shape) - 2
+    if dims not in (1, 2, 3) or len(w_shape) != dims + 2:
+        raise ValueError(f"conv: input {tuple(x_shape)} and weight {tuple(w_shape)}")
+    n, c_in, *spatial = x_shape
+    c_out, cin_g, *kernel = w_shape
+    if c_in != cin_g * groups or c_out % groups:
+        raise ValueError(f"conv: {c_in} input and {c_out} output channels in {groups} groups, weight {tuple(w_shape)}")
+    st = _triple(stride, dims, 1, "stride")
+    dl = _triple(dilation, dims, 1, "dilation")
+    lead, trail = conv_pads(padding, tuple(kernel), dl[3 - dims:])
+    out = [(i + a + b - d * (k - 1) - 1) // s + 1
+           for i, a, b, d, k, s in zip(spatial, lead, trail, dl[3 - dims:], kernel, st[3 - dims:])]
+    if any(o <= 0 for o in out):
+        raise ValueError(f"conv: input {tuple(x_shape)} is smaller than the kernel {tuple(kernel)}")
+    sp3 = (1,) * (3 - dims) + tuple(spatial)
+    out3 = (1,) * (3 - dims) + tuple(out)
+    k3 = (1,) * (3 - dims) + tuple(kernel)
+    pad3 = (0,) * (3 - dims) + tuple(lead)
+    return ConvGeometry(n * out3[0] * out3[1] * out3[2], c_in, *sp3, *out3, c_out, cin_g, c_out // groups, *k3,
+                        *st, *pad3, *dl, groups, (n, c_out, *out))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the scheme and the operands
+# ----------------------------------------------------------------------------------------------------------------
+def conv_scheme(x: torch.Tensor) -> str:
+    """The scheme of a convolution of x in this file: the GEMM's (runtime.scheme_for on GEMM_SCHEME) on a GPU, "ieee"
+    in the interpreter. A convolution's M (output pixels) is no skinny GEMM's: the "fp64" rows scheme never applies."""
+    compiled = x.is_cuda and not SETTINGS.interpret
+    return scheme_for(GEMM_SCHEME, compiled) if compiled else "ieee"
+
+
+def cached_conv_split(weight: torch.Tensor) -> tuple:
+    """The weight's fp16 hi/lo parts as a (C_out, K) GEMM operand and its per-channel powers of two (split_weight),
+    made once and reused while the weight is the same tensor with the same storage and version counter (an
+    optimizer step, load_state_dict or an in-place write under no_grad invalidate it, as runtime.cached_split's)."""
+    key = tensor_key(weight)
+    hit = getattr(weight, "_kfuse_conv_split", None)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    with torch.no_grad():
+        parts = split_weight(weight.detach().reshape(weight.shape[0], -1))
+    weight._kfuse_conv_split = (key, parts)
+    return parts
+
+
+def conv_x_scales(x: torch.Tensor) -> torch.Tensor:
+    """One power of two per sample of x (N, ...): max |x[n]| * s[n] in [2^14, 2^15) (gemm_core's _pow2_scale)."""
+    return _pow2_scale_torch(x.detach().reshape(x.shape[0], -1).abs().amax(1).float())
+
+
+def conv_operands(x: torch.Tensor, weight: torch.Tensor, scheme: str, cached: bool = True) -> tuple:
+    """(x, w, w_lo, w_scale, x_scale, stride_wn): what conv_tile reads under `scheme`. fp32 operands for "ieee" and
+    "tf32x3" (the unused pointers repeat x); "fp16x3p": the weight's split (cached for a parameter) and x's
+    per-sample scales."""
+    w2 = weight.reshape(weight.shape[0], -1)
+    if scheme != "fp16x3p":
+        w2 = w2.float().contiguous()
+        return x, w2, w2, x, x, w2.stride(0)
+    w_hi, w_lo, w_scale = cached_conv_split(weight) if cached else split_weight(w2.float().contiguous())
+    return x, w_hi, w_lo, w_scale, conv_x_scales(x), w_hi.stride(0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# configs
+# ----------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ConvConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# Triton's CPU interpreter runs each program as numpy code: few, mid-sized tiles.
+CONV_INTERPRETER_CONFIG = ConvConfig(32, 16, 16, 4, 1)
+
+
+def conv_config(geo: ConvGeometry, scheme: str, interpret: bool) -> ConvConfig:
+    """The tile config of a convolution (untuned: a first guess per shape class, not yet measured on a GPU).
+    Column tiles cover the group's channels up to 128 (depthwise: 16, the narrowest tl.dot takes); fp16x3p keeps
+    two fp32 accumulators (partial + sum), so its tiles stay at 128 x 128 or less."""
+    if interpret:
+        return CONV_INTERPRETER_CONFIG
+    block_n = min(max(triton.next_power_of_2(geo.COUT_G), 16), 128)
+    block_m = 128 if geo.M >= 128 * 64 else 64
+    block_k = 32 if geo.K >= 32 else 16
+    warps = 8 if block_m * block_n >= 128 * 128 else 4
+    return ConvConfig(block_m, block_n, block_k, warps, 3 if scheme == "fp16x3p" else 2)
+
+
+def conv_grid(geo: ConvGeometry, cfg: ConvConfig) -> tuple[int, int]:
+    """(row tiles x column tiles of a group, groups)."""
+    return cdiv(geo.M, cfg.block_m) * cdiv(geo.COUT_G, cfg.block_n), geo.groups
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the tile
+# ----------------------------------------------------------------------------------------------------------------
+@triton.jit
+def conv_tile_ids(COUT_G, BLOCK_N: tl.constexpr):
+    """(row tile, column tile, group) of this program: consecutive programs share a row tile (its gathered
+    activations are then served from L1/L2) and walk the group's channel tiles."""
+    n_tiles = tl.cdiv(COUT_G, BLOCK_N)
+    pid = tl.program_id(0)
+    return pid // n_tiles, pid % n_tiles, tl.program_id(1)
+
+
+@triton.jit
+def conv_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m, pid_n, g,
+              M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
+    """The fp32 (BLOCK_M, BLOCK_N) accumulator of output pixels pid_m * BLOCK_M + i and channels
+    g * COUT_G + pid_n * BLOCK_N + j of group g (no bias). Rows past M and channels past the group are computed from
+    zeros or clamped reads: the caller masks its store. Operands by SCHEME: conv_operands."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    # output pixel -> its sample and the input corner its window starts at (before the kernel offsets)
+    S_out = OD * OH * OW
+    n_idx = offs_m // S_out
+    sp = offs_m % S_out
+    id0 = (sp // (OH * OW)) * SD - PD
+    ih0 = ((sp // OW) % OH) * SH - PH
+    iw0 = (sp % OW) * SW - PW
+    plane = D * H * W
+    x_rows = x_ptr + n_idx.to(tl.int64) * C_in * plane + (g * CIN_G).to(tl.int64) * plane
+    offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_rows = (g * COUT_G + tl.minimum(offs_c, COUT_G - 1)).to(tl.int64) * stride_wn  # clamped: in bounds
+    KV = KD * KH * KW
+    K = CIN_G * KV
+    if SCHEME == "fp16x3p":
+        a_s = tl.load(x_scale_ptr + n_idx, mask=mask_m, other=1.0)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        ci = offs_k // KV
+        r = offs_k % KV
+        di = id0[:, None] + ((r // (KH * KW)) * DD)[None, :]
+        hh = ih0[:, None] + (((r // KW) % KH) * DH)[None, :]
+        wi = iw0[:, None] + ((r % KW) * DW)[None, :]
+        inside = (di >= 0) & (di < D) & (hh >= 0) & (hh < H) & (wi >= 0) & (wi < W)
+        a_mask = inside & mask_m[:, None] & mask_k[None, :]  # outside the input: the zero padding
+        a = tl.load(x_rows[:, None] + (ci[None, :] * plane + di * (H * W) + hh * W + wi), mask=a_mask, other=0.0)
+        a = a.to(tl.float32)
+        b_off = w_rows[None, :] + offs_k[:, None]
+        if SCHEME == "fp16x3p":
+            b = tl.load(w_ptr + b_off, mask=mask_k[:, None], other=0.0)
+            b_lo = tl.load(w_lo_ptr + b_off, mask=mask_k[:, None], other=0.0)
+            av = a * a_s[:, None]  # exact (power of two)
+            a_hi = av.to(tl.float16)
+            a_lo = (av - a_hi.to(tl.float32)).to(tl.float16)
+            part = tl.dot(a_lo, b)
+            part = tl.dot(a_hi, b_lo, part)
+            part = tl.dot(a_hi, b, part)
+            acc = acc + part  # a fresh partial per K block, added with a round-to-nearest FADD (gemm_core)
+        else:
+            b = tl.load(w_ptr + b_off, mask=mask_k[:, None], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=SCHEME)
+    if SCHEME == "fp16x3p":  # undo the per-sample and per-channel powers of two (exact)
+        b_s = tl.load(w_scale_ptr + g * COUT_G + tl.minimum(offs_c, COUT_G - 1))
+        acc = acc * _pow2_inv(a_s)[:, None] * _pow2_inv(b_s)[None, :]
+    return acc
+
+
+@triton.jit
+def conv_out_offsets(offs_m, offs_n, OD, OH, OW, C_out):
+    """Element offsets in the NC(D)HW output of pixels offs_m (rows) and global channels offs_n (columns)."""
+    S_out = OD * OH * OW
+    n_idx = offs_m // S_out
+    sp = offs_m % S_out
+    return (n_idx.to(tl.int64) * C_out * S_out + sp)[:, None] + (offs_n.to(tl.int64) * S_out)[None, :]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the plain convolution (+ bias): the tile with the smallest epilogue, for tests and direct use
+# ----------------------------------------------------------------------------------------------------------------
+@triton.jit
+def conv_bias_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias_ptr, out_ptr, stride_wn,
+                     M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW,
+                     DD, DH, DW, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
+    """out = conv(x, w) + bias, NC(D)HW. Bytes: x read once, w once per row tile, out written once."""
+    pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)
+    acc = conv_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m, pid_n, g,
+                    M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                    BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = g * COUT_G + offs_c
+    mask = (offs_m < M)[:, None] & (offs_c < COUT_G)[None, :]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + offs_n, mask=offs_c < COUT_G, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + conv_out_offsets(offs_m, offs_n, OD, OH, OW, C_out), acc, mask=mask)
+
+
+def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1, padding=0,
+                 dilation=1, groups: int = 1, scheme: str | None = None, cfg: ConvConfig | None = None) -> torch.Tensor:
+    """conv{1,2,3}d(x, weight, bias, stride, padding, dilation, groups) by conv_bias_kernel; no autograd.
+    `scheme`: None for this file's (conv_scheme); `cfg`: None for conv_config's."""
+    x = x.contiguous()
+    geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
+    scheme = scheme or conv_scheme(x)
+    cfg = cfg or conv_config(geo, scheme, SETTINGS.interpret)
+    out = torch.empty(geo.out_shape, device=x.device, dtype=x.dtype)
+    if out.numel() == 0:
+        return out
+    xo, w, w_lo, w_s, x_s, stride_wn = conv_operands(x, weight, scheme, cached=isinstance(weight, torch.nn.Parameter))
+    conv_bias_kernel[conv_grid(geo, cfg)](xo, w, w_lo, w_s, x_s, out if bias is None else bias, out, stride_wn,
+                                          *geo.args(), HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
+                                          BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme,
+                                          num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+def conv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1, padding=0,
+             dilation=1, groups: int = 1) -> torch.Tensor:
+    """Plain torch reference (computes in x's dtype: pass float64 tensors for the accuracy reference)."""
+    fn = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}[x.dim()]
+    return fn(x, weight, bias, stride, padding, dilation, groups)

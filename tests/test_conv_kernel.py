@@ -1,0 +1,104 @@
+"""kernels/conv.py under the Triton CPU interpreter at odd sizes, against torch's conv{1,2,3}d in float64.
+
+The interpreter runs fp16 dots through numpy (exact fp16 products, fp32 sums), so the "fp16x3p" split's arithmetic
+(per-sample and per-channel powers of two, hi/lo parts, three products) is exercised here as well as "ieee"."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kfuse.kernels import conv as cv  # noqa: E402
+
+# (input shape, weight shape, stride, padding, dilation, groups): each straddles the 32 x 16 interpreter tile
+CASES = {
+    "2d_strided_dilated": ((3, 5, 13, 11), (7, 5, 3, 2), 2, 1, 2, 1),
+    "2d_depthwise": ((2, 4, 9, 7), (4, 1, 3, 3), 1, 1, 1, 4),
+    "2d_grouped_tuples": ((3, 6, 11, 9), (9, 2, 3, 3), (2, 1), (2, 0), (1, 2), 3),
+    "2d_batch1_valid": ((1, 3, 10, 9), (5, 3, 4, 2), 1, "valid", 1, 1),
+    "1d_same_even_kernel": ((3, 5, 17), (7, 5, 4), 1, "same", 3, 1),
+    "1d_strided": ((2, 3, 23), (6, 3, 5), 3, 2, 1, 1),
+    "3d": ((2, 3, 5, 6, 7), (4, 3, 2, 3, 2), (1, 2, 1), (1, 0, 1), 1, 1),
+    "3d_same_grouped": ((1, 4, 4, 5, 6), (6, 2, 3, 2, 3), 1, "same", (1, 2, 1), 2),
+}
+
+
+def _inputs(xs, ws, seed: int, scale: float = 1.0, bias: bool = True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*xs, generator=g) * scale
+    fan_in = ws[1] * int(torch.tensor(ws[2:]).prod())
+    w = (torch.rand(*ws, generator=g) * 2 - 1) / fan_in ** 0.5
+    b = (torch.rand(ws[0], generator=g) * 2 - 1) / fan_in ** 0.5 if bias else None
+    return x, w, b
+
+
+def _check(scheme: str, xs, ws, stride, padding, dilation, groups, seed: int = 0, scale: float = 1.0,
+           bias: bool = True) -> None:
+    x, w, b = _inputs(xs, ws, seed, scale, bias)
+    geo = (stride, padding, dilation, groups)
+    ref = cv.conv_ref(x.double(), w.double(), None if b is None else b.double(), *geo)
+    eager = cv.conv_ref(x, w, b, *geo)
+    out = cv.conv_forward(x, w, b, *geo, scheme=scheme)
+    assert out.shape == ref.shape and out.dtype == x.dtype
+    assert torch.isfinite(out).all(), "unwritten or non-finite outputs"
+    err = (out.double() - ref).abs().max().item()
+    e_err = (eager.double() - ref).abs().max().item()
+    scale_out = max(1.0, ref.abs().max().item())
+    # the numpy interpreter sums in another order than torch: 2x eager's error plus a few fp32 ulps (as gemm_core's)
+    assert err <= 2 * e_err + 4 * 2.0 ** -24 * scale_out, (err, e_err)
+    assert torch.allclose(out, eager, atol=1e-4 * scale_out, rtol=1e-4)
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+@pytest.mark.parametrize("scheme", ["ieee", "fp16x3p"])
+def test_conv_matches_float64(case, scheme):
+    _check(scheme, *CASES[case])
+
+
+def test_conv_without_bias():
+    _check("fp16x3p", *CASES["2d_strided_dilated"], bias=False)
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e6, 1e-30])
+def test_split_range(scale):
+    """The per-sample powers of two keep the fp16 parts in range whatever the input's magnitude."""
+    _check("fp16x3p", *CASES["1d_strided"], seed=3, scale=scale)
+
+
+def test_samples_of_very_different_magnitude():
+    """Each sample has its own power of two: a sample 1e8 times smaller than its neighbour keeps its accuracy."""
+    x, w, b = _inputs((2, 3, 23), (6, 3, 5), 5)
+    x[1] *= 1e-8
+    out = cv.conv_forward(x, w, None, 3, 2, scheme="fp16x3p")
+    ref = cv.conv_ref(x.double(), w.double(), None, 3, 2)
+    rel = ((out[1].double() - ref[1]).abs().max() / ref[1].abs().max()).item()
+    assert rel < 1e-6, rel
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_geometry_gives_torch_output_shape(case):
+    xs, ws, stride, padding, dilation, groups = CASES[case]
+    geo = cv.conv_geometry(xs, ws, stride, padding, dilation, groups)
+    expected = cv.conv_ref(torch.zeros(xs), torch.zeros(ws), None, stride, padding, dilation, groups).shape
+    assert geo.out_shape == tuple(expected)
+    assert geo.M * geo.C_out == int(torch.tensor(expected).prod())
+    assert len(geo.args()) == 23
+
+
+def test_geometry_rejects_mismatched_groups():
+    with pytest.raises(ValueError):
+        cv.conv_geometry((1, 6, 8, 8), (4, 4, 3, 3), 1, 0, 1, 2)
+
+
+def test_weight_split_is_cached_until_the_weight_changes():
+    x, w, b = _inputs(*CASES["1d_strided"][:2], 1)
+    w = torch.nn.Parameter(w)
+    first = cv.cached_conv_split(w)
+    assert cv.cached_conv_split(w) is first
+    before = cv.conv_forward(x, w, None, 3, 2, scheme="fp16x3p")
+    with torch.no_grad():
+        w.mul_(2.0)
+    assert cv.cached_conv_split(w) is not first
+    after = cv.conv_forward(x, w, None, 3, 2, scheme="fp16x3p")
+    torch.testing.assert_close(after, 2 * before, rtol=1e-6, atol=1e-6)
