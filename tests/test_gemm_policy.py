@@ -144,7 +144,8 @@ def test_tuner_records_every_choice_as_json_rows(monkeypatch):
                        "scheme": "ieee", "config": dataclasses.asdict(cfg), "name": cfg.short(), "source": "default"}
     assert rows[1]["shape"] == [5, 33, 1000] and rows[1]["batch"] == 2 and rows[1]["config"]["k_slices"] == 0
     # a launcher that never tunes records its default through gemm_config
-    assert rt.gemm_config(8, 64, 32, "fp64", kernel="untuned") == gc.default_config(8, 64, 32, "fp64")
+    assert rt.gemm_config(8, 64, 32, "fp64", kernel="untuned") == gc.default_config(8, 64, 32, "fp64",
+                                                                                   rt.SETTINGS.interpret)
     assert tuner.chosen_configs()[-1]["kernel"] == "untuned" and len(tuner.chosen_configs()) == 3
 
 

@@ -726,17 +726,33 @@ def launch_bound(M: int, N: int, K: int) -> bool:
     return M * N * K <= LAUNCH_BOUND_MNK
 
 
-# Triton's CPU interpreter runs each program as numpy code: fewer, larger tiles are faster.
+# Triton's CPU interpreter runs each program's every K step as a few numpy calls, so a GEMM's time there is about
+# its number of (program, K step) pairs: fewer, larger tiles are faster. Small GEMMs take INTERPRETER_CONFIG; wide
+# or deep ones wider tiles (interpreter_config): VGG16's classifier Linear (1 x 25088 -> 4096) took ~60 s a call
+# in 32x64x32 tiles (50,176 steps), ~1,600 steps in 32x256x256.
 INTERPRETER_CONFIG = GemmConfig(32, 64, 32, 8, 4, 1)
+INTERPRETER_WIDE_N = 1024  # wider outputs take 256-column tiles
+INTERPRETER_DEEP_K = 256  # deeper products take 256-deep K steps
+
+
+def interpreter_config(M: int, N: int, K: int, scheme: str) -> GemmConfig:
+    """The interpreter's tile for one GEMM: INTERPRETER_CONFIG, widened where N or K is large. The "fp64" scheme
+    (a batch of at most SKINNY_M rows) runs its split-K pass as one K slice of 256-column, 256-deep steps: the
+    GPU's many slices keep bytes in flight, which the interpreter, one program at a time, does not need."""
+    wide, deep = N > INTERPRETER_WIDE_N, K > INTERPRETER_DEEP_K
+    if scheme == "fp64":
+        return dataclasses.replace(skinny_configs(M)[0], block_k=256 if deep else 32, k_slices=1,
+                                   split_block_n=256 if wide else 16)
+    return dataclasses.replace(INTERPRETER_CONFIG, block_n=256 if wide else 64, block_k=256 if deep else 32)
 
 
 def default_config(M: int, N: int, K: int, scheme: str, interpret: bool = False) -> GemmConfig:
     """Best measured config per shape class on the H100 (benchmarks/gemm/NOTES.md).  Large shapes measured:
     1024x8192->8192 and 16384x4096->4096.  Small-M entries are untimed guesses (they only need to be correct).
-    `interpret`: kernels run in Triton's CPU interpreter (its "ieee" GEMMs take INTERPRETER_CONFIG)."""
+    `interpret`: kernels run in Triton's CPU interpreter (its "ieee" and "fp64" GEMMs take interpreter_config)."""
     small = M < 128 or N < 128
-    if scheme == "ieee" and interpret:
-        return INTERPRETER_CONFIG
+    if scheme in ("ieee", "fp64") and interpret:
+        return interpreter_config(M, N, K, scheme)
     if scheme == "fp64":
         return skinny_configs(M)[0]
     if scheme == "fp16x3p" and K >= LONG_K:
