@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from kfuse import ops
 from kfuse.cli import app
 from kfuse.load import load_problem
-from kfuse.verify import check_contract, run_in_process
+from kfuse.verify import TOLERANCES, Reference, Results, check_contract, compare, run_in_process
 from kfuse_testing import SEEDS, SMALL
 
 P12 = load_problem(SEEDS / "12_gemm_multiply_leakyrelu.py", SMALL["12_gemm_multiply_leakyrelu"])
@@ -90,3 +90,20 @@ def test_optimize_will_not_overwrite_a_users_file(tmp_path):
     res = CliRunner().invoke(app, ["optimize", str(SEEDS / "12_gemm_multiply_leakyrelu.py"), "--device", "cpu",
                                    "-o", str(out), "--set", "batch_size=4"])
     assert res.exit_code == 2 and out.read_text() == "precious = True\n"
+
+
+def test_a_buffer_equal_to_eagers_passes_where_eager_is_not_close_to_float64():
+    """Rule 2 for buffers: eager's running variance 0.05 from float64 (a deep net's fp32 rounding) makes float64 the
+    reference; a candidate that leaves eager's state passes, one as far off the other way fails."""
+    f64 = torch.linspace(1.0, 2.0, 7, dtype=torch.float64)
+    eager = (f64 + 0.05).float()
+    ref = Reference(0, [], Results([torch.ones(3)], {"bn.running_var": eager}),
+                    Results([torch.ones(3, dtype=torch.float64)], {"bn.running_var": f64}))
+    tol = TOLERANCES["fp32"]
+    same = compare(Results([torch.ones(3)], {"bn.running_var": eager.clone()}), ref, tol)
+    assert same.rules["buffers"] and not same.failures
+    other = compare(Results([torch.ones(3)], {"bn.running_var": (f64 - 0.05).float()}), ref, tol)
+    assert other.rules["buffers"] is False and "not allclose to float64" in other.failures[0]
+    # outputs keep the contract's rule 2 as written: float64 is the reference, eager's bits do not pass
+    out_ref = Reference(0, [], Results([eager], {}), Results([f64], {}))
+    assert compare(Results([eager.clone()], {}), out_ref, tol).rules["allclose"] is False

@@ -8,7 +8,8 @@ A candidate is correct when, on `trials` fresh random draws and at one extra sha
   rule 3 `float64_bound`: max|out - f64| <= 2 * max|eager - f64| + 1e-7, f64 = the model run in float64.
 "Eager fp32" is strict: TF32 off for matmul and cuDNN. `kernelbench_allclose` records allclose against eager
 under torch's default flags (cuDNN TF32 allowed), as KernelBench checks; it informs, it never decides.
-Float buffers the forward updates (BatchNorm running statistics) are compared like outputs, integer
+Float buffers the forward updates (BatchNorm running statistics) are compared like outputs (a buffer equal to
+eager's within the tolerance also passes rule 2 where eager's is not allclose to float64), integer
 buffers (num_batches_tracked) exactly: a drop-in model must leave the same state behind.
 
 The pieces are separate so that `kfuse eval` can run the candidate in another process:
@@ -456,7 +457,9 @@ def compare(cand: Results, ref: Reference, tol: Tolerance, shape: str = "") -> V
         if reference == "eager" and not s.close_eager:
             fail(rule_close, f"{name} not allclose to eager (max abs diff {s.diff_eager:.3g}, "
                              f"atol={tol.atol}, rtol={tol.rtol})")
-        elif reference == "float64" and not s.close_f64:
+        elif reference == "float64" and not s.close_f64 and (is_output or not s.close_eager):
+            # a buffer may also match eager's: the state eager leaves behind is a drop-in's by definition (a deep
+            # net's BatchNorm running variance carries fp32 rounding that no fp32 model avoids; ResNet101: 0.065)
             fail(rule_close, f"{name} not allclose to float64, the reference where eager is not (max abs err "
                              f"{s.err:.3g}, eager's {s.ref_err:.3g}, atol={tol.atol}, rtol={tol.rtol})")
         bound = tol.factor * s.ref_err + tol.slack
