@@ -11,7 +11,9 @@ import torch  # noqa: E402
 
 from kfuse.kernels import conv as cv  # noqa: E402
 
-# (input shape, weight shape, stride, padding, dilation, groups): each straddles the 32 x 16 interpreter tile
+# (input shape, weight shape, stride, padding, dilation, groups): each straddles the tiles of TILES (several row and
+# K blocks, a column tile wider than a group's channels), not the interpreter's default (few, large tiles)
+TILES = cv.ConvConfig(32, 16, 16, 4, 1)
 CASES = {
     "2d_strided_dilated": ((3, 5, 13, 11), (7, 5, 3, 2), 2, 1, 2, 1),
     "2d_depthwise": ((2, 4, 9, 7), (4, 1, 3, 3), 1, 1, 1, 4),
@@ -39,7 +41,7 @@ def _check(scheme: str, xs, ws, stride, padding, dilation, groups, seed: int = 0
     geo = (stride, padding, dilation, groups)
     ref = cv.conv_ref(x.double(), w.double(), None if b is None else b.double(), *geo)
     eager = cv.conv_ref(x, w, b, *geo)
-    out = cv.conv_forward(x, w, b, *geo, scheme=scheme)
+    out = cv.conv_forward(x, w, b, *geo, scheme=scheme, cfg=TILES)
     assert out.shape == ref.shape and out.dtype == x.dtype
     assert torch.isfinite(out).all(), "unwritten or non-finite outputs"
     err = (out.double() - ref).abs().max().item()
@@ -102,3 +104,14 @@ def test_weight_split_is_cached_until_the_weight_changes():
     assert cv.cached_conv_split(w) is not first
     after = cv.conv_forward(x, w, None, 3, 2, scheme="fp16x3p")
     torch.testing.assert_close(after, 2 * before, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["2d_grouped_tuples", "3d_same_grouped"])
+def test_default_interpreter_tiles(case):
+    """The interpreter's own config (few, large tiles: conv_config) gives the same answers as TILES."""
+    x, w, b = _inputs(*CASES[case][:2], 2)
+    geo = CASES[case][2:]
+    default = cv.conv_forward(x, w, b, *geo, scheme="fp16x3p")
+    tiled = cv.conv_forward(x, w, b, *geo, scheme="fp16x3p", cfg=TILES)
+    torch.testing.assert_close(default, tiled, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(default, cv.conv_ref(x, w, b, *geo), rtol=1e-4, atol=1e-5)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 
 from kfuse.ir import Arg, Graph, Node, Param, Region, Scalar, attr_expr
-from kfuse.ops import POINTWISE
+from kfuse.ops import CONV_OPS, POINTWISE, conv_geometry_code
 from kfuse.regions import kind_of
 from kfuse.regions.common import RegionCode, docstring
 from kfuse.regions.pointwise_dz import dz_method
@@ -62,6 +62,10 @@ def op_spelling(n: Node) -> str | None:
         return f"torch.nn.functional.linear({x}, {w}, {b[0] if b else 'None'})"
     if n.op == "matmul":
         return f"torch.matmul({args[0]}, {args[1]})"
+    if n.op in CONV_OPS:  # in float64 where backward works in it: no TF32, whatever cuDNN's flags say
+        stride, padding, dilation, groups = conv_geometry_code(n.attrs, n.module)
+        return (f"torch.nn.functional.conv{n.attrs['dims']}d({args[0]}, {args[1]}, {args[2]}, {stride}, {padding}, "
+                f"{dilation}, {groups})")
     if n.op == "group_norm":
         x, groups, w, b, eps = args
         return f"torch.nn.functional.group_norm({x}, int({groups}), {w}, {b}, {eps})"

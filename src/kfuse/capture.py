@@ -330,6 +330,39 @@ def _f_avg_pool(input: Any, kernel_size: Any, stride: Any = None, padding: Any =
     return op, (input, *args), attrs
 
 
+def _conv_attrs(dims: int, stride: Any, padding: Any, dilation: Any, groups: Any) -> dict[str, Any]:
+    """A convolution's geometry as literals (ints, int tuples, 'same' / 'valid'); anything computed is kept as
+    written (Reject)."""
+    def literal(v: Any) -> bool:
+        return (isinstance(v, int) and not isinstance(v, bool)) or (
+            isinstance(v, (tuple, list)) and all(isinstance(e, int) and not isinstance(e, bool) for e in v))
+    if not (literal(stride) and literal(dilation) and (literal(padding) or padding in ("same", "valid"))
+            and isinstance(groups, int) and not isinstance(groups, bool)):
+        raise Reject
+    return {"dims": dims, "stride": _as_tuple(stride), "padding": _as_tuple(padding),
+            "dilation": _as_tuple(dilation), "groups": groups}
+
+
+def _as_tuple(v: Any) -> Any:
+    return tuple(v) if isinstance(v, (tuple, list)) else v
+
+
+def _module_conv(path: str, m: nn.Conv2d, x: Any) -> tuple:
+    """nn.Conv1d/2d/3d with zero padding; the launcher reads stride, padding, dilation and groups from the module."""
+    if m.padding_mode != "zeros":
+        raise Reject
+    bias = Param(f"{path}.bias", tuple(m.bias.shape)) if m.bias is not None else None
+    attrs = _conv_attrs(len(m.kernel_size), m.stride, m.padding, m.dilation, m.groups)
+    return "conv", (x, Param(f"{path}.weight", tuple(m.weight.shape)), bias), attrs
+
+
+def _f_conv(dims: int) -> Spec:
+    def spec(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+             groups: Any = 1) -> tuple:
+        return "conv", (input, weight, bias), _conv_attrs(dims, stride, padding, dilation, groups)
+    return spec
+
+
 def _module_flatten(path: str, m: nn.Flatten, x: Any) -> tuple:
     return "view", (x,), {}
 
@@ -352,6 +385,8 @@ MODULES: dict[type, Callable[..., tuple]] = {
     nn.MaxPool1d: _module_max_pool, nn.AvgPool1d: _module_avg_pool,
     nn.LayerNorm: _module_layer_norm, nn.InstanceNorm1d: _module_instance_norm, nn.Flatten: _module_flatten,
 }
+FUNCTIONS.update({F.conv1d: _f_conv(1), F.conv2d: _f_conv(2), F.conv3d: _f_conv(3)})
+MODULES.update({nn.Conv1d: _module_conv, nn.Conv2d: _module_conv, nn.Conv3d: _module_conv})
 FUNCTIONS[F.max_pool1d] = _f_max_pool
 FUNCTIONS[F.avg_pool1d] = _f_avg_pool
 # ReLU6 is a Hardtanh subclass with fixed bounds; exact-type lookup keeps it apart from Hardtanh.

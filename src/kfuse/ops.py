@@ -8,11 +8,14 @@ and the torch reference the tests compare against. Capture maps every spelling a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from kfuse.ir import attr_expr
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,17 @@ REDUCE_OPS = ("sum", "mean", "amax", "amin", "logsumexp")
 ROW_NORM_OPS = ("softmax", "log_softmax", "layer_norm", "instance_norm")
 POOL_OPS = ("max_pool1d", "avg_pool1d")  # windows of k features of an (M, 1, N) view (the pooling region kind)
 VIEW_OPS = ("view",)  # unsqueeze / squeeze / flatten / view / reshape: the shape is the node's
+# conv{1,2,3}d: args (x, weight, bias or None); attrs dims, stride, padding, dilation, groups (capture's literals)
+CONV_OPS = ("conv",)
+CONV_GEOMETRY = ("stride", "padding", "dilation", "groups")
+
+
+def conv_geometry_code(attrs: Mapping[str, Any], module: str | None) -> list[str]:
+    """A convolution's stride, padding, dilation and groups as generated code: read from its module when ModelNew
+    runs (a ModelNew built with other constructor arguments stays right), else the functional call's literals."""
+    if module:
+        return [f"{attr_expr(module)}.{a}" for a in CONV_GEOMETRY]
+    return [repr(attrs[a]) for a in CONV_GEOMETRY]
 
 
 def is_pointwise(op: str) -> bool:

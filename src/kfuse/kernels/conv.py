@@ -177,6 +177,18 @@ def conv_operands(x: torch.Tensor, weight: torch.Tensor, scheme: str, cached: bo
     return x, w_hi, w_lo, w_scale, conv_x_scales(x), w_hi.stride(0)
 
 
+def conv_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int,
+              scheme: str | None = None) -> tuple:
+    """(geo, scheme, cfg, ops, sizes) for one launch of a conv_tile kernel on contiguous x: its geometry, scheme
+    (conv_scheme unless given), tile config (conv_config), operand tensors and size arguments (conv_tile's order).
+    A parameter's weight split is cached (cached_conv_split); any other weight is split on every call."""
+    geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
+    scheme = scheme or conv_scheme(x)
+    cfg = conv_config(geo, scheme, SETTINGS.interpret)
+    *ops, stride_wn = conv_operands(x, weight, scheme, cached=isinstance(weight, torch.nn.Parameter))
+    return geo, scheme, cfg, tuple(ops), (stride_wn, *geo.args())
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # configs
 # ----------------------------------------------------------------------------------------------------------------
@@ -189,21 +201,24 @@ class ConvConfig:
     num_stages: int
 
 
-# Triton's CPU interpreter runs each program as numpy code: few, mid-sized tiles.
-CONV_INTERPRETER_CONFIG = ConvConfig(32, 16, 16, 4, 1)
+# Triton's CPU interpreter runs each program as numpy code at a high fixed cost per program (0.1-0.2 s on the CI's
+# cores whether it holds 32 rows or 2048): few, large tiles. A 3 -> 16 channel 3x3 conv of 146k output pixels took
+# 15.7 s in 2048-row tiles, 4.2 s in 8192-row ones, 4.7 s in 32768-row ones (where numpy's own work takes over).
+INTERPRETER_ROWS = 8192
 
 
 def conv_config(geo: ConvGeometry, scheme: str, interpret: bool) -> ConvConfig:
     """The tile config of a convolution (untuned: a first guess per shape class, not yet measured on a GPU).
     Column tiles cover the group's channels up to 128 (depthwise: 16, the narrowest tl.dot takes); fp16x3p keeps
     two fp32 accumulators (partial + sum), so its tiles stay at 128 x 128 or less."""
-    if interpret:
-        return CONV_INTERPRETER_CONFIG
     block_n = min(max(triton.next_power_of_2(geo.COUT_G), 16), 128)
-    block_m = 128 if geo.M >= 128 * 64 else 64
+    if interpret:
+        return ConvConfig(min(max(triton.next_power_of_2(geo.M), 16), INTERPRETER_ROWS), min(block_n, 64), 32, 4, 1)
+    # 4 warps: a flattened (kh, kw, c) K loop miscompiled at 8 warps in Inductor's Triton conv (pytorch#173068,
+    # facts/judging-sandboxes-conv.md); 8-warp configs wait for a GPU test against eager. 64 rows keep the two
+    # fp32 accumulators of a 64 x 128 tile at 64 registers each per thread.
     block_k = 32 if geo.K >= 32 else 16
-    warps = 8 if block_m * block_n >= 128 * 128 else 4
-    return ConvConfig(block_m, block_n, block_k, warps, 3 if scheme == "fp16x3p" else 2)
+    return ConvConfig(64, block_n, block_k, 4, 3 if scheme == "fp16x3p" else 2)
 
 
 def conv_grid(geo: ConvGeometry, cfg: ConvConfig) -> tuple[int, int]:
@@ -316,17 +331,14 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """conv{1,2,3}d(x, weight, bias, stride, padding, dilation, groups) by conv_bias_kernel; no autograd.
     `scheme`: None for this file's (conv_scheme); `cfg`: None for conv_config's."""
     x = x.contiguous()
-    geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
-    scheme = scheme or conv_scheme(x)
-    cfg = cfg or conv_config(geo, scheme, SETTINGS.interpret)
+    geo, scheme, default_cfg, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups, scheme)
+    cfg = cfg or default_cfg
     out = torch.empty(geo.out_shape, device=x.device, dtype=x.dtype)
-    if out.numel() == 0:
-        return out
-    xo, w, w_lo, w_s, x_s, stride_wn = conv_operands(x, weight, scheme, cached=isinstance(weight, torch.nn.Parameter))
-    conv_bias_kernel[conv_grid(geo, cfg)](xo, w, w_lo, w_s, x_s, out if bias is None else bias, out, stride_wn,
-                                          *geo.args(), HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
-                                          BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme,
-                                          num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if geo.M:
+        conv_bias_kernel[conv_grid(geo, cfg)](*ops, out if bias is None else bias, out, *sizes,
+                                              HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                                              BLOCK_K=cfg.block_k, SCHEME=scheme, num_warps=cfg.num_warps,
+                                              num_stages=cfg.num_stages)
     return out
 
 

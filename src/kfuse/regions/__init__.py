@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from kfuse.ir import Graph, Region
 from kfuse.regions import (
+    conv_epilogue,
     gemm_batchnorm,
     gemm_epilogue,
     gemm_groupnorm,
@@ -32,6 +33,7 @@ KINDS: tuple[RegionKind, ...] = (
     gemm_groupnorm.KIND,  # ... at a GroupNorm whose groups a column tile holds whole
     gemm_groupnorm_wide.KIND,  # ... at any other GroupNorm
     gemm_batchnorm.KIND,  # ... at a BatchNorm1d
+    conv_epilogue.KIND,  # a convolution and pointwise ops
     no_kernel.KIND,  # host values and views: nothing to launch
     torch_call.KIND,  # anything else: the torch call as written
 )

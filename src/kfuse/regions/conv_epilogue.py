@@ -1,0 +1,153 @@
+"""Region kind `conv_epilogue`: one kernel, a convolution's implicit-GEMM tile (kernels/conv.py) and then a chain of
+pointwise ops on its fp32 accumulator while it is still in registers, stored to the output's NC(D)HW layout.
+
+Anchors: nn.Conv1d/2d/3d and F.conv1d/2d/3d (capture's `conv` op) with a parameter weight and a parameter bias or
+none, at any stride, padding, dilation and groups. The tile is (output pixels, output channels of one group), so
+the ops after it join while every value they read is the region's own, a number, or a per-channel parameter (a
+(C, 1, 1) bias, a (1, C, 1, 1) scale, ... anything that broadcasts along the channel dim alone) or a one-element one.
+
+Bytes: x read once from memory (each value's reuse across the kernel window comes from L1/L2), the weight's fp16 hi
+and lo once per row tile, each stored value written once; without fusion each pointwise op would read and write the
+whole output again. Flops: 2 * N * OD*OH*OW * C_out * C_in/groups * KD*KH*KW, three fp16 products of it on a GPU.
+Backward: the region recomputed in torch in float64 (the conv by torch.nn.functional.conv{1,2,3}d) and
+differentiated (kfuse/backward.py's generic route): correct, not fast.
+"""
+
+from __future__ import annotations
+
+from kfuse.ir import Arg, Graph, Node, Param, Region, Scalar
+from kfuse.ops import CONV_OPS, conv_geometry_code
+from kfuse.regions.common import (
+    Decl,
+    KernelArgs,
+    RegionCode,
+    call,
+    constexpr,
+    docstring,
+    launcher,
+    operand_code,
+    plain,
+    pointwise_lines,
+    signature,
+    var,
+)
+from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with, same_tile
+
+# conv_tile's operands and sizes (kernels/conv.py: conv_operands, ConvGeometry.args), in its order
+CONV_PARAMS = plain("x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr")
+CONV_SIZES = plain("stride_wn", "M", "C_in", "D", "H", "W", "OD", "OH", "OW", "C_out", "CIN_G", "COUT_G", "KD", "KH",
+                   "KW", "SD", "SH", "SW", "PD", "PH", "PW", "DD", "DH", "DW")
+CONV_CONSTEXPRS = tuple(constexpr(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"))
+
+
+def is_conv_anchor(n: Node) -> bool:
+    """A convolution the tile runs: a parameter weight, a parameter bias or none, a batched input (N, C, ...)."""
+    if n.op not in CONV_OPS or len(n.args) != 3 or not isinstance(n.args[0], str):
+        return False
+    weight, bias = n.args[1], n.args[2]
+    return (isinstance(weight, Param) and (bias is None or isinstance(bias, Param))
+            and len(n.shape) == n.attrs.get("dims", 0) + 2 and numel(n.shape) > 0)
+
+
+def channel_operand(a: Arg, shape: tuple[int, ...], values: set[str]) -> bool:
+    """Can a fused op on the (pixels, channels) tile read this operand? Region values, numbers, and parameters that
+    broadcast along the channel dim (1) of `shape` alone, or have one element."""
+    if isinstance(a, str):
+        return a in values
+    if isinstance(a, Scalar):
+        return True
+    if isinstance(a, Param) and len(a.shape) <= len(shape):
+        aligned = (1,) * (len(shape) - len(a.shape)) + tuple(a.shape)
+        return aligned[1] in (1, shape[1]) and all(d == 1 for i, d in enumerate(aligned) if i != 1)
+    return False
+
+
+def conv_cost(anchor: Node, g: Graph, outs: int) -> str:
+    """What the region's kernel moves and computes at the problem's shape (fp32 x and outputs, fp16 hi + lo W)."""
+    x_numel = numel(g.shape_of(anchor.args[0]))
+    w_numel = numel(anchor.args[1].shape)
+    out_numel = numel(anchor.shape)
+    flops = 2 * out_numel * w_numel // anchor.shape[1]  # each output: C_in/groups * kernel volume products
+    moved = 4 * (x_numel + w_numel + outs * out_numel)
+    plural = "s" if outs > 1 else ""
+    return (f"At the problem's shape: {flops / 1e9:.3g} GFLOP (three fp16 products of each on a GPU), "
+            f"{moved / 2 ** 20:.3g} MiB moved (x and W read once, {outs} output{plural} written once).")
+
+
+def tile_lines() -> list[str]:
+    """Kernel lines: the tile's accumulator, its pixel and channel offsets and masks (the names KernelArgs' vector
+    loads read: offs_n, mask_n), and the output offsets."""
+    return ["pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)",
+            call("acc = conv_tile", [n for n, _ in CONV_PARAMS], ["stride_wn", "pid_m", "pid_n", "g"],
+                 [n for n, _ in CONV_SIZES[1:]], ["BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"], width=112, indent=8),
+            "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+            "offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # channels within group g",
+            "offs_n = g * COUT_G + offs_c  # the output channels",
+            "mask_m = offs_m < M",
+            "mask_n = offs_c < COUT_G",
+            "mask = mask_m[:, None] & mask_n[None, :]",
+            "out_offs = conv_out_offsets(offs_m, offs_n, OD, OH, OW, C_out)"]
+
+
+def conv_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str]) -> str:
+    decls: tuple[Decl, ...] = (*CONV_PARAMS, *plain(*[f"{o}_ptr" for o in outs]), *args.decls(), *CONV_SIZES,
+                               *CONV_CONSTEXPRS)
+    lines = ["@triton.jit", f"def {name}_kernel({signature(decls)}):", docstring(doc),
+             *[f"    {ln}" for ln in (*tile_lines(), *args.loads, *body)]]
+    return "\n".join(lines) + "\n"
+
+
+def conv_launcher(name: str, outs: list[str], args: KernelArgs, doc: str) -> str:
+    """fused_<name>(x, weight, <epilogue operands>, stride, padding, dilation, groups): geometry, scheme, tile config
+    and operands from kernels/conv.py (conv_plan), one launch, the outputs in x's layout and dtype."""
+    launch = call(f"{name}_kernel[conv_grid(geo, cfg)]", ["*ops", *outs, *args.params, "*sizes"],
+                  ["BLOCK_M=cfg.block_m", "BLOCK_N=cfg.block_n", "BLOCK_K=cfg.block_k", "SCHEME=scheme",
+                   "num_warps=cfg.num_warps", "num_stages=cfg.num_stages"])
+    body = ["x = x.contiguous()",
+            "geo, scheme, cfg, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups)",
+            *[f"{o} = torch.empty(geo.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
+            "if geo.M:", *[f"    {ln}" for ln in launch.splitlines()],
+            f"return {', '.join(outs)}"]
+    return launcher(f"fused_{name}", ["x", "weight", *args.params, "stride", "padding", "dilation", "groups"], body,
+                    doc)
+
+
+class ConvEpilogue(RegionKind):
+    name = "conv_epilogue"
+    kernel_modules = ("conv",)
+
+    def starts(self, n: Node, g: Graph) -> bool:
+        return is_conv_anchor(n)
+
+    def joins(self, walk: Walk, n: Node) -> bool:
+        """Pointwise ops of the table on the output's shape, reading region values, numbers, per-channel params."""
+        shape = walk.anchor.shape
+        if n.shape != shape or not n.value_args():
+            return False
+        return pointwise_with(n, lambda a: channel_operand(a, shape, walk.values))
+
+    def finish(self, walk: Walk) -> list[Node]:
+        return same_tile(walk)
+
+    def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
+        anchor = region.anchor
+        env: dict[str, str] = {}
+        args = KernelArgs()
+        bias = anchor.args[2]
+        if bias is None:
+            body = [f"{var(anchor.name)} = acc"]
+        else:
+            body = [f"{var(anchor.name)} = acc + {args.operand(bias, env)}  # bias of {anchor.origin}"]
+        env[anchor.name] = var(anchor.name)
+        body += pointwise_lines(list(region.nodes[1:]), env, args)
+        outs = [f"out{i}" for i in range(len(region.outputs))]
+        body += [f"tl.store({o}_ptr + out_offs, {env[v]}, mask=mask)" for o, v in zip(outs, region.outputs)]
+        doc = "Fused: " + ", ".join(n.origin for n in region.nodes) + "."
+        kernel = conv_kernel(stem, f"{doc} {conv_cost(anchor, g, len(outs))}", outs, args, body)
+        launch = conv_launcher(stem, outs, args, doc)
+        line = call(f"fused_{stem}", [anchor.args[0], operand_code(anchor.args[1]), *args.values,
+                                      *conv_geometry_code(anchor.attrs, anchor.module)])
+        return RegionCode((kernel,), launch, (f"{', '.join(region.outputs)} = {line}",))
+
+
+KIND = ConvEpilogue()

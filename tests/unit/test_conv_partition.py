@@ -1,0 +1,109 @@
+"""Convolutions in capture and partition, device-free: what the `conv` op records, and what joins its region."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kfuse.capture import capture
+from kfuse.ir import Param
+from kfuse.partition import partition
+from kfuse.rewrite import rewrite
+
+
+class Chain(nn.Module):
+    """A convolution (module or functional) followed by `then(self, y)`."""
+
+    def __init__(self, conv: nn.Module | None, then, **params: torch.Tensor):
+        super().__init__()
+        self.conv = conv
+        self.then = then
+        for name, t in params.items():
+            setattr(self, name, nn.Parameter(t))
+
+    def forward(self, x):
+        return self.then(self, self.conv(x) if self.conv is not None else x)
+
+
+def regions(model: nn.Module, x: torch.Tensor) -> list[tuple[str, list[str]]]:
+    g, _ = rewrite(capture(model, [x]))
+    return [(r.kind, r.ops()) for r in partition(g)]
+
+
+X2 = torch.randn(2, 4, 9, 7)
+
+
+def test_module_conv_records_geometry_and_parameters():
+    m = Chain(nn.Conv2d(4, 6, (3, 2), stride=2, padding=(1, 0), dilation=(1, 2), groups=2), lambda s, y: y)
+    (node,) = capture(m, [X2]).nodes
+    assert node.op == "conv" and node.module == "conv"
+    assert node.args[1:] == (Param("conv.weight", (6, 2, 3, 2)), Param("conv.bias", (6,)))
+    assert node.attrs == {"dims": 2, "stride": (2, 2), "padding": (1, 0), "dilation": (1, 2), "groups": 2}
+
+
+def test_pointwise_chain_with_channel_parameters_joins():
+    m = Chain(nn.Conv2d(4, 6, 3), lambda s, y: torch.relu(y + s.b) * s.scale * 2.0,
+              b=torch.randn(6, 1, 1), scale=torch.randn(1, 6, 1, 1))
+    assert regions(m, X2) == [("conv_epilogue", ["conv", "add", "relu", "mul", "mul"])]
+
+
+def test_parameter_along_width_does_not_join():
+    """A (W,) parameter broadcasts along the last dim, not the channels: not a column of the tile."""
+    m = Chain(nn.Conv2d(4, 6, 3, padding=1), lambda s, y: y + s.b, b=torch.randn(7))
+    assert regions(m, X2) == [("conv_epilogue", ["conv"]), ("torch", ["add"])]
+
+
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x) + x)  # x: a same-shape value from outside the region
+
+
+def test_value_from_outside_the_region_does_not_join():
+    assert regions(Residual(), X2) == [("conv_epilogue", ["conv"]), ("torch", ["add"]), ("torch", ["relu"])]
+
+
+def test_functional_conv_with_parameter_weight():
+    w = torch.randn(5, 4, 4, 4)
+    m = Chain(None, lambda s, y: F.silu(F.conv2d(y, s.w, None, 1, "same")), w=w)
+    assert regions(m, X2) == [("conv_epilogue", ["conv", "silu"])]
+    node = capture(m, [X2]).nodes[0]
+    assert node.attrs["padding"] == "same" and node.args[2] is None and node.module is None
+
+
+def test_conv1d_and_conv3d_are_captured():
+    c1 = Chain(nn.Conv1d(3, 5, 4, padding="same", dilation=3), lambda s, y: F.gelu(y))
+    assert regions(c1, torch.randn(2, 3, 17)) == [("conv_epilogue", ["conv", "gelu"])]
+    c3 = Chain(nn.Conv3d(3, 5, 2, bias=False), lambda s, y: torch.tanh(y))
+    assert regions(c3, torch.randn(2, 3, 4, 5, 6)) == [("conv_epilogue", ["conv", "tanh"])]
+
+
+def test_unsupported_forms_stay_torch_calls():
+    """Reflect padding, a weight that is an input, and a transposed convolution are kept as written."""
+    reflect = Chain(nn.Conv2d(4, 6, 3, padding=1, padding_mode="reflect"), lambda s, y: torch.relu(y))
+    assert regions(reflect, X2) == [("torch", ["unknown"]), ("torch", ["relu"])]
+
+    class TwoInputs(nn.Module):
+        def forward(self, x, w):
+            return F.conv2d(x, w)
+    g, _ = rewrite(capture(TwoInputs(), [X2, torch.randn(6, 4, 3, 3)]))
+    assert [(r.kind, r.ops()) for r in partition(g)] == [("torch", ["conv"])]
+    transposed = Chain(nn.ConvTranspose2d(4, 6, 3), lambda s, y: y)
+    assert regions(transposed, X2) == [("torch", ["unknown"])]
+
+
+def test_gemm_regions_are_unchanged_beside_a_conv():
+    class ConvThenLinear(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 6, 3)
+            self.fc = nn.Linear(5, 8)
+
+        def forward(self, x):
+            return torch.relu(self.fc(torch.sigmoid(self.conv(x))))
+    assert regions(ConvThenLinear(), X2) == [("conv_epilogue", ["conv", "sigmoid"]),
+                                            ("gemm_epilogue", ["linear", "relu"])]
