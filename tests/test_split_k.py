@@ -59,3 +59,23 @@ def test_long_rows_split_in_chunks_give_the_same_bits(rows, cols, monkeypatch):
     monkeypatch.setattr(gemm_core, "LONG_ROW", 10 ** 9)
     whole = (*gemm_core.split_x(x), gemm_core.row_scales(x))
     assert all(torch.equal(a, b) for a, b in zip(chunked, whole))
+
+
+@pytest.mark.parametrize("slices", [1, 4])
+def test_inputs_split_in_the_tile_give_the_partials_of_the_pre_split_operands(slices):
+    """split_k_inputs (fp32 operands as they lie, split inside the tile) against split_k_partials on split_x /
+    split_weight's parts: the same bits, at odd sizes, for B (K, N) read through its transpose and a strided A with
+    rows of very different magnitudes (each row and column its own power of two)."""
+    from kfuse.kernels.gemm_core import split_weight, split_x
+    from kfuse.kernels.long_k import split_k_inputs, split_k_partials
+
+    torch.manual_seed(3)
+    M, N, K = 37, 70, 1000
+    a = (torch.randn(M, 2 * K) * torch.logspace(-4, 4, M)[:, None])[:, ::2]  # stride 2 along K
+    b = torch.randn(K, N) * torch.logspace(3, -3, N)[None, :]
+    cfg = GemmConfig(32, 64, 64, 8, 4, 3, split_a=False, k_slices=slices)
+    inside, strides = split_k_inputs(a, b.t(), cfg)
+    pre, pre_strides = split_k_partials(split_x(a.contiguous()), split_weight(b.t()), K, "fp16x3p", cfg)
+    assert strides == pre_strides and torch.equal(inside, pre)
+    ref = a.double() @ b.double()
+    assert (inside.double().sum(0) - ref).abs().max() <= 2 * ((a @ b).double() - ref).abs().max() + 1e-6

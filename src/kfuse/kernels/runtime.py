@@ -24,11 +24,9 @@ from kfuse.kernels.gemm_core import (
     USER_SCHEMES,
     GemmConfig,
     _num_sms,
-    _tile_ids,
     cdiv,
     default_config,
     ensure_tma_allocator,
-    gemm_tile,
     padded_k,
     row_scales,
     sm90_configs,
@@ -39,6 +37,7 @@ from kfuse.kernels.gemm_core import (
     valid_configs,
 )
 from kfuse.kernels.gemm_sm90 import HAVE_GLUON
+from kfuse.kernels.long_k import split_k_inputs, split_k_partials, split_k_partials_kernel  # noqa: F401 (tests)
 from kfuse.kernels.skinny import fp64_partials
 
 # The file's GEMM scheme on a GPU: "fp16x3p" (fp16 hi/lo split, three products per K block promoted into an fp32
@@ -441,9 +440,11 @@ def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, schem
         return (part,) * 6, K, strides
     if scheme not in SPLIT_SCHEMES:
         return (x2, x2, x2, b, b, b), K, (x2.stride(0), x2.stride(1), b.stride(0), b.stride(1))
-    if cfg.k_slices:  # long K: the slices' partial products first, in the same scheme (split_k_partials)
-        w_parts = cached_split(weight, kn_layout) if cached else split_weight(b)
-        part, strides = split_k_partials(split_x(x2.float()), w_parts, K, scheme, cfg)
+    if cfg.k_slices:  # long K: the slices' partial products first, in the same scheme (kernels/long_k.py)
+        if cached:
+            part, strides = split_k_partials(split_x(x2.float()), cached_split(weight, kn_layout), K, scheme, cfg)
+        else:  # two activations: split inside the tile, B read as it lies (no transposed copy of a (K, N) B)
+            part, strides = split_k_inputs(x2.float(), b.float(), cfg)
         return (part,) * 6, K, strides
     if cached:
         w_hi, w_lo, w_scale = cached_split(weight, kn_layout)
@@ -458,42 +459,6 @@ def gemm_operands(x2: torch.Tensor, weight: torch.Tensor, kn_layout: bool, schem
     x_hi, x_lo, x_scale = split_x(x2)
     return ((x_hi, x_lo, x_scale, w_hi, w_lo, w_scale), padded_k(K),
             (x_hi.stride(0), x_hi.stride(1), w_hi.stride(0), w_hi.stride(1)))
-
-
-@triton.jit
-def split_k_partials_kernel(a_ptr, a_lo_ptr, a_scale_ptr, b_ptr, b_lo_ptr, b_scale_ptr, p_ptr, M, N, K, K_SLICE,
-                            stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SCHEME: tl.constexpr):
-    """P[s] = the (M, N) product over K slice s = program_id(1) (pre-split operands, zero-padded K): one fp32
-    accumulator per slice of K_SLICE (a multiple of BLOCK_K), so no tile sums more than K_SLICE of K itself."""
-    s = tl.program_id(1).to(tl.int64)
-    k0 = s * K_SLICE
-    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc = gemm_tile(a_ptr + k0 * stride_ak, a_lo_ptr + k0 * stride_ak, a_scale_ptr, b_ptr + k0 * stride_bk,
-                    b_lo_ptr + k0 * stride_bk, b_scale_ptr, pid_m, pid_n, M, N, tl.minimum(K_SLICE, K - k0),
-                    stride_am, stride_ak, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, False, True)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    tl.store(p_ptr + s * M * N + offs_m[:, None].to(tl.int64) * N + offs_n[None, :], acc, mask=mask)
-
-
-def split_k_partials(x_parts: tuple, w_parts: tuple, K: int, scheme: str, cfg: GemmConfig) -> tuple:
-    """(P, strides) for a long-K GEMM: P (S, M, N) fp32, slice s the product over its stretch of the zero-padded
-    K; the strides let gemm_tile read P as its A operand with K_SLICES = S (as skinny.fp64_partials' P)."""
-    x_hi, x_lo, x_scale = x_parts
-    w_hi, w_lo, w_scale = w_parts
-    M, N, kp = x_hi.shape[0], w_hi.shape[0], padded_k(K)
-    k_slice = cdiv(cdiv(kp, cfg.k_slices), cfg.block_k) * cfg.block_k
-    slices = cdiv(kp, k_slice)
-    part = torch.empty((slices, M, N), device=x_hi.device, dtype=torch.float32)
-    grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n), slices)
-    split_k_partials_kernel[grid](x_hi, x_lo, x_scale, w_hi, w_lo, w_scale, part, M, N, kp, k_slice,
-                                  x_hi.stride(0), x_hi.stride(1), w_hi.stride(0), w_hi.stride(1),
-                                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                  GROUP_M=cfg.group_m, SCHEME=scheme, num_warps=cfg.num_warps,
-                                  num_stages=cfg.num_stages)
-    return part, (part.stride(1), part.stride(0), part.stride(2), 0)
 
 
 def batched_operands(x3: torch.Tensor, w3: torch.Tensor, scheme: str, cfg: GemmConfig) -> tuple:
