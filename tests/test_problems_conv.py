@@ -1,0 +1,65 @@
+"""problems/conv/: the convolution-anchored family in KernelBench format. A few are optimized at small odd sizes in
+the interpreter and checked with the accuracy contract (the convolution inside a fused region, nothing left as a
+torch call), and their ModelNew trained against eager (the gradient contract)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from kfuse.gradients import gradient_contract
+from kfuse.load import load_problem
+from kfuse.optimize import Options, compile_problem, load_module, optimize
+from kfuse_testing import ROOT
+
+CONV = ROOT / "problems" / "conv"
+PROBLEMS = sorted(CONV.glob("*.py"))
+CPU = Options(device="cpu", trials=2)
+# A few that between them cover a per-channel parameter and a scalar (02), no bias at odd sizes with a 3x2 kernel
+# and stride (08), a depthwise Conv1d with an even kernel under padding='same' and a value read twice (11), the
+# functional form (09), Conv3d with a (C, 1, 1, 1) scale (04)
+RUN = ["02_conv2d_bias_scale", "08_conv2d_odd_nobias_clamp", "11_conv1d_depthwise_same_silu_residual",
+       "09_functional_conv2d_same_mish", "04_conv3d_swish_scale"]
+
+
+def small(path: Path) -> dict[str, int]:
+    """Batch 3 (1 where the problem is about a batch of one), spatial sizes of 5 to 19, 6 channels
+    where one number sets them all (depthwise: a group per channel, a launch column each)."""
+    consts = load_problem(path).constants()
+    sizes = {"batch_size": 1 if "batch1" in path.stem else 3, "height": 11, "width": 9, "depth": 5, "length": 19,
+             "channels": 6}
+    return {k: v for k, v in sizes.items() if k in consts}
+
+
+def test_enough_problems_in_kernelbench_format():
+    assert len(PROBLEMS) >= 8
+    for path in PROBLEMS:
+        tree = ast.parse(path.read_text())
+        names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        consts = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        assert {"Model", "get_inputs", "get_init_inputs"} <= names, path.name
+        assert "batch_size" in consts, path.name
+
+
+@pytest.mark.parametrize("stem", RUN[:3])
+def test_problem_small(tmp_path, stem):
+    path = CONV / f"{stem}.py"
+    result = optimize(load_problem(path, small(path)), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert [r.kind for r in result.compiled.regions] == ["conv_epilogue"]
+    assert result.compiled.unfused == []
+
+
+@pytest.mark.parametrize("stem", RUN[2:])
+def test_problem_trains(tmp_path, stem):
+    """ModelNew's gradients (input and every parameter) meet rules 2 and 3 against eager and float64."""
+    path = CONV / f"{stem}.py"
+    prob = load_problem(path, small(path))
+    compiled = compile_problem(prob, CPU)
+    assert [r.kind for r in compiled.regions] == ["conv_epilogue"]
+    out = tmp_path / f"{stem}_new.py"
+    out.write_text(compiled.source)
+    verdict = gradient_contract(prob, load_module(out).ModelNew, draws=1)
+    assert verdict.correct, verdict.failures
