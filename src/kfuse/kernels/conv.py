@@ -255,7 +255,10 @@ def conv_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m
     ih0 = ((sp // OW) % OH) * SH - PH
     iw0 = (sp % OW) * SW - PW
     plane = D * H * W
-    x_rows = x_ptr + n_idx.to(tl.int64) * C_in * plane + (g * CIN_G).to(tl.int64) * plane
+    # each row's pointer at its window's corner (may lie outside the input: such reads are masked); a K block then
+    # adds one (BLOCK_K,) offset vector, and only the bounds checks are (BLOCK_M, BLOCK_K) integer work
+    x_rows = (x_ptr + n_idx.to(tl.int64) * C_in * plane + (g * CIN_G).to(tl.int64) * plane
+              + (id0 * (H * W) + ih0 * W + iw0))
     offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     w_rows = (g * COUT_G + tl.minimum(offs_c, COUT_G - 1)).to(tl.int64) * stride_wn  # clamped: in bounds
     KV = KD * KH * KW
@@ -266,14 +269,17 @@ def conv_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
-        ci = offs_k // KV
         r = offs_k % KV
-        di = id0[:, None] + ((r // (KH * KW)) * DD)[None, :]
-        hh = ih0[:, None] + (((r // KW) % KH) * DH)[None, :]
-        wi = iw0[:, None] + ((r % KW) * DW)[None, :]
+        dd = (r // (KH * KW)) * DD  # the kernel offset's input displacement per dim
+        dh = ((r // KW) % KH) * DH
+        dw = (r % KW) * DW
+        col = (offs_k // KV) * plane + dd * (H * W) + dh * W + dw
+        di = id0[:, None] + dd[None, :]
+        hh = ih0[:, None] + dh[None, :]
+        wi = iw0[:, None] + dw[None, :]
         inside = (di >= 0) & (di < D) & (hh >= 0) & (hh < H) & (wi >= 0) & (wi < W)
         a_mask = inside & mask_m[:, None] & mask_k[None, :]  # outside the input: the zero padding
-        a = tl.load(x_rows[:, None] + (ci[None, :] * plane + di * (H * W) + hh * W + wi), mask=a_mask, other=0.0)
+        a = tl.load(x_rows[:, None] + col[None, :], mask=a_mask, other=0.0)
         a = a.to(tl.float32)
         b_off = w_rows[None, :] + offs_k[:, None]
         if SCHEME == "fp16x3p":
