@@ -194,3 +194,36 @@ def test_experimental_schemes_still_run(xs, scheme, cfg):
     out = xs.gemm_bias_mul_leakyrelu(x, w if scheme == "ieee" else xs.split_weight(w), b, 2.0, 0.1, scheme,
                                      xs.GemmConfig(16, 32, 16, 2, 4, 2, **cfg))
     assert torch.isfinite(out).all() and (out.double() - ref).abs().max().item() <= 2 * e_err + 4 * 2.0 ** -24
+
+
+def _whole_parts(hi: torch.Tensor) -> torch.Tensor:
+    """The (R, 2 KP) fp16 buffer hi and lo are views of, padding columns included."""
+    return hi.as_strided((hi.shape[0], hi.stride(0)), (hi.stride(0), 1))
+
+
+@pytest.mark.parametrize("K, N", [(70, 37), (1000, 129), (33, 5)])
+def test_a_transposed_weight_is_split_without_a_copy_to_the_same_bits(K, N):
+    """split_weight of W^T (W (K, N) row-major: unit row stride) runs the tiled transposed split: the same parts,
+    zero padding and scales as splitting W^T.contiguous(), at odd sizes and columns of very different magnitude."""
+    torch.manual_seed(K)
+    w = torch.randn(K, N) * torch.logspace(-3, 3, N)[None, :]
+    assert gc.unit_row_stride(w.t()) and not gc.unit_row_stride(w)
+    got, want = gc.split_weight(w.t()), gc.split_weight(w.t().contiguous())
+    assert torch.equal(_whole_parts(got[0]), _whole_parts(want[0])) and torch.equal(got[2], want[2])
+    assert got[0].stride() == want[0].stride() and torch.equal(got[1], want[1])
+
+
+def test_batched_transposed_split_matches_each_products_rows():
+    torch.manual_seed(4)
+    w3 = torch.randn(3, 70, 37) * torch.logspace(-2, 2, 37)
+    b3 = w3.transpose(1, 2)  # (B, N, K) view of a row-major (B, K, N)
+    got, want = gc.split_transposed(b3), gc.split_weight(b3.reshape(3 * 37, 70))
+    assert all(torch.equal(_whole_parts(g), _whole_parts(w)) for g, w in zip(got[:1], want[:1]))
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+
+
+def test_a_transposed_activation_is_split_to_the_same_bits():
+    torch.manual_seed(5)
+    a = torch.randn(70, 37) * torch.logspace(-3, 3, 70)[:, None]  # A (K, M): x = A.T, as `A.T @ B` reads it
+    got, want = gc.split_x(a.t()), gc.split_x(a.t().contiguous())
+    assert torch.equal(_whole_parts(got[0]), _whole_parts(want[0])) and torch.equal(got[2], want[2])

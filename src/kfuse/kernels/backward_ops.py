@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.gemm_core import SCALE_BLOCK_K, _pow2_inv, _pow2_scale, cdiv, padded_k, split_x
+from kfuse.kernels.gemm_core import SCALE_BLOCK_K, _pow2_inv, _pow2_scale, cdiv, padded_k, split_transposed, split_x
 from kfuse.kernels.runtime import as_vector, interpreting, tile_group
 
 # --- emitted below ---
@@ -116,56 +116,15 @@ def batch_norm_passes(launch, z: torch.Tensor, rows: int, eps: float, merged: bo
     return {"part_ptr": part, "stat_ptr": stat, "PHASE": 2}
 
 
-@triton.jit
-def col_amax_kernel(t_ptr, amax_ptr, R, C, stride_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """amax[r] = max_c |t[r, c]| for t (R, C) stored with unit row stride (t = u^T, u (C, R) row-major):
-    tiles read along r (coalesced), one atomic max per row and tile. Bytes: t read once."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = (offs_r < R)[:, None] & (offs_c < C)[None, :]
-    v = tl.load(t_ptr + offs_r[:, None] + offs_c[None, :].to(tl.int64) * stride_c, mask=mask, other=0.0)
-    tl.atomic_max(amax_ptr + offs_r, tl.max(tl.abs(v), axis=1), mask=offs_r < R)
-
-
-@triton.jit
-def split_t_kernel(t_ptr, amax_ptr, parts_ptr, scale_ptr, R, C, stride_c,
-                   BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """split_rows_kernel's output (parts (R, 2C) fp16 = [hi | lo] of t * s, s per row) for a t stored with unit
-    row stride: tiles read along r, written along c (Triton moves the tile between layouts in shared memory).
-    Bytes: t read once more (4 B/elem), 4 B/elem written."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask_r = offs_r < R
-    mask = mask_r[:, None] & (offs_c < C)[None, :]
-    v = tl.load(t_ptr + offs_r[:, None] + offs_c[None, :].to(tl.int64) * stride_c, mask=mask, other=0.0)
-    s = _pow2_scale(tl.load(amax_ptr + offs_r, mask=mask_r, other=1.0))
-    if tl.program_id(1) == 0:
-        tl.store(scale_ptr + offs_r, s, mask=mask_r)
-    vs = v * s[:, None]
-    hi = vs.to(tl.float16)
-    lo = (vs - hi.to(tl.float32)).to(tl.float16)
-    out = offs_r[:, None].to(tl.int64) * 2 * C + offs_c[None, :]
-    tl.store(parts_ptr + out, hi, mask=mask)
-    tl.store(parts_ptr + out + C, lo, mask=mask)
-
-
 def split_rows_any(t: torch.Tensor, amax: torch.Tensor | None = None) -> tuple:
     """(hi, lo, scale) of t's rows as split_x / split_weight give them (bit for bit), for any 2-d fp32 t:
     row-major t through split_x; a transposed view (unit row stride: dZ^T, X^T for dW) through two tiled
-    passes reading along its columns, never a torch transpose copy. `amax`: max |t[r, :]| per row where the
-    caller has it (a generated dZ kernel's column maxima of dZ): the first pass is skipped."""
+    passes reading along its columns (gemm_core.split_transposed), never a torch transpose copy. `amax`: max
+    |t[r, :]| per row where the caller has it (a generated dZ kernel's column maxima of dZ): the first pass is
+    skipped."""
     if t.stride(1) == 1 or t.stride(0) != 1:
         return split_x(t if t.stride(1) == 1 else t.contiguous())
-    R, C = t.shape
-    parts = torch.empty((R, 2 * C), device=t.device, dtype=torch.float16)
-    scale = torch.empty(R, device=t.device, dtype=torch.float32)
-    br, bc = 64, 64
-    grid = (cdiv(R, br), cdiv(C, bc))
-    if amax is None:
-        amax = torch.zeros(R, device=t.device, dtype=torch.float32)
-        col_amax_kernel[grid](t, amax, R, C, t.stride(1), BLOCK_R=br, BLOCK_C=bc, num_warps=4)
-    split_t_kernel[grid](t, amax, parts, scale, R, C, t.stride(1), BLOCK_R=br, BLOCK_C=bc, num_warps=4)
-    return parts[:, :C], parts[:, C:], scale
+    return split_transposed(t, amax, pad=False)
 
 
 @triton.jit

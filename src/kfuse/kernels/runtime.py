@@ -31,9 +31,11 @@ from kfuse.kernels.gemm_core import (
     row_scales,
     sm90_configs,
     sm90_maxnreg,
+    split_transposed,
     split_weight,
     split_x,
     supports,
+    unit_row_stride,
     valid_configs,
 )
 from kfuse.kernels.gemm_sm90 import HAVE_GLUON
@@ -475,7 +477,9 @@ def batched_operands(x3: torch.Tensor, w3: torch.Tensor, scheme: str, cfg: GemmC
         return ((x3, x3, x3, b3, b3, b3), K, (x3.stride(1), x3.stride(2), b3.stride(1), b3.stride(2)),
                 (x3.stride(0), 0, b3.stride(0), 0))
     x2 = x3.reshape(B * M, K).float()
-    w_hi, w_lo, w_scale = split_weight(b3.reshape(B * N, K))  # every product's rows scaled on their own
+    # every product's rows scaled on their own; w3 (B, K, N) row-major is split through its transpose, not copied
+    w_hi, w_lo, w_scale = (split_transposed(b3) if b3.dtype == torch.float32 and unit_row_stride(b3)
+                           else split_weight(b3.reshape(B * N, K)))
     w_steps = (N * w_hi.stride(0), N)
     if cfg.split_a:
         x_scale = x2 if cfg.split_a == 2 else row_scales(x2)
