@@ -201,3 +201,11 @@ def test_tuning_is_cached_on_disk(tmp_path, monkeypatch):
 def _gemm_on(tuner, monkeypatch, kernel, x, launch):
     monkeypatch.setattr(rt, "TUNER", tuner)
     return rt.tuned_gemm(kernel, x, 520, "fp16x3p", 16, launch)[0]
+
+
+def test_cuda_graph_replay_follows_the_settings(monkeypatch):
+    from kfuse.kernels import graphs
+
+    for graphs_on, interpret, want in ((True, False, True), (False, False, False), (True, True, False)):
+        monkeypatch.setattr(rt, "SETTINGS", rt.Settings(interpret=interpret, cuda_graphs=graphs_on))
+        assert graphs.graphs_enabled() is want

@@ -223,7 +223,7 @@ def test_twin_far_from_the_unit_range(tmp_path, inputs):
 @pytest.mark.gpu
 def test_twin_agrees_with_the_triton_tile(tmp_path, monkeypatch):
     prob, _, module = _module(tmp_path, "12_gemm_multiply_leakyrelu", ODD["12_gemm_multiply_leakyrelu"], "cuda")
-    monkeypatch.setenv("KFUSE_CUDA_GRAPHS", "0")
+    monkeypatch.setattr(module, "SETTINGS", dataclasses.replace(module.SETTINGS, cuda_graphs=False))
     torch.manual_seed(0)
     model = module.ModelNew(*prob.init_inputs()).cuda()
     x = torch.rand(300, 700, device="cuda")

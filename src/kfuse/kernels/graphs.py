@@ -27,14 +27,13 @@ KFUSE_CUDA_GRAPHS=0 turns graphs off.
 
 from __future__ import annotations
 
-import os
 import time
 import weakref
 from collections import OrderedDict
 
 import torch
 
-from kfuse.kernels.runtime import interpreting, tensor_key
+from kfuse.kernels.runtime import cuda_graphs_on, tensor_key
 
 # --- emitted below ---
 MAX_GRAPHS = 2  # per model, the most recently used keys: each graph holds its own copy of the intermediates
@@ -159,7 +158,7 @@ def replay_pays(entry: tuple, forward, inputs: tuple, calls: int = 5, rounds: in
 
 
 def graphs_enabled() -> bool:
-    return os.environ.get("KFUSE_CUDA_GRAPHS", "1") != "0" and not interpreting()
+    return cuda_graphs_on()  # KFUSE_CUDA_GRAPHS, read once into runtime.SETTINGS
 
 
 def replay_forward(model: torch.nn.Module, forward, *inputs):

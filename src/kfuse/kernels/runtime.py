@@ -78,6 +78,11 @@ def interpreting() -> bool:
     return SETTINGS.interpret
 
 
+def cuda_graphs_on() -> bool:
+    """May repeated inference calls replay a CUDA graph (kernels/graphs.py)? Not in the interpreter."""
+    return SETTINGS.cuda_graphs and not SETTINGS.interpret
+
+
 def sm90_ok(t: torch.Tensor) -> bool:
     """Can the Hopper twin (kernels/gemm_sm90.py) run for tensors on t's device: Triton with Gluon, a compiled (not
     interpreted) run, and a Hopper GPU (wgmma is sm_90 only: Blackwell has other tensor-core instructions)."""
