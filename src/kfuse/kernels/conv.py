@@ -161,8 +161,10 @@ def cached_conv_split(weight: torch.Tensor) -> tuple:
 
 
 def conv_x_scales(x: torch.Tensor) -> torch.Tensor:
-    """One power of two per sample of x (N, ...): max |x[n]| * s[n] in [2^14, 2^15) (gemm_core's _pow2_scale)."""
-    return _pow2_scale_torch(x.detach().reshape(x.shape[0], -1).abs().amax(1).float())
+    """One power of two per sample of x (N, ...): max |x[n]| * s[n] in [2^14, 2^15) (gemm_core's _pow2_scale).
+    One read of x: the infinity norm is max |x| without an |x| copy (exact: no rounding in a max)."""
+    amax = torch.linalg.vector_norm(x.detach().reshape(x.shape[0], -1), float("inf"), dim=1)
+    return _pow2_scale_torch(amax.float())
 
 
 def conv_operands(x: torch.Tensor, weight: torch.Tensor, scheme: str, cached: bool = True) -> tuple:
