@@ -203,12 +203,14 @@ def _whole_parts(hi: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("K, N", [(70, 37), (1000, 129), (33, 5)])
 def test_a_transposed_weight_is_split_without_a_copy_to_the_same_bits(K, N):
-    """split_weight of W^T (W (K, N) row-major: unit row stride) runs the tiled transposed split: the same parts,
-    zero padding and scales as splitting W^T.contiguous(), at odd sizes and columns of very different magnitude."""
+    """W^T (W (K, N) row-major: unit row stride) through the tiled transposed split: the same parts, zero padding
+    and scales as split_weight of W^T.contiguous(), at odd sizes and columns of very different magnitude."""
+    from kfuse.kernels.runtime import split_any
+
     torch.manual_seed(K)
     w = torch.randn(K, N) * torch.logspace(-3, 3, N)[None, :]
     assert gc.unit_row_stride(w.t()) and not gc.unit_row_stride(w)
-    got, want = gc.split_weight(w.t()), gc.split_weight(w.t().contiguous())
+    got, want = split_any(w.t()), gc.split_weight(w.t().contiguous())
     assert torch.equal(_whole_parts(got[0]), _whole_parts(want[0])) and torch.equal(got[2], want[2])
     assert got[0].stride() == want[0].stride() and torch.equal(got[1], want[1])
 
@@ -225,5 +227,5 @@ def test_batched_transposed_split_matches_each_products_rows():
 def test_a_transposed_activation_is_split_to_the_same_bits():
     torch.manual_seed(5)
     a = torch.randn(70, 37) * torch.logspace(-3, 3, 70)[:, None]  # A (K, M): x = A.T, as `A.T @ B` reads it
-    got, want = gc.split_x(a.t()), gc.split_x(a.t().contiguous())
+    got, want = gc.split_transposed(a.t()), gc.split_x(a.t().contiguous())
     assert torch.equal(_whole_parts(got[0]), _whole_parts(want[0])) and torch.equal(got[2], want[2])

@@ -17,7 +17,7 @@ def test_partials_sum_to_the_product(slices):
     M, N, K = 37, 70, 1000  # K not a multiple of 64: the zero-padded tail lands in the last slice
     x, w = torch.randn(M, K), torch.randn(N, K)
     cfg = GemmConfig(64, 128, 64, 8, 4, 3, split_a=False, k_slices=slices)
-    ops, k_run, (s_row, s_slice, s_col, _) = rt.gemm_operands(x, w, False, "fp16x3p", cfg, cached=False)
+    ops, k_run, (s_row, s_slice, s_col, _) = rt.product_operands(x, w, False, "fp16x3p", cfg)
     part = ops[0]
     assert k_run == K and part.dtype == torch.float32 and part.stride() == (s_slice, s_row, s_col)
     ref = x.double() @ w.double().T
@@ -29,8 +29,8 @@ def test_kn_layout_and_cached_weight_give_the_same_partials():
     torch.manual_seed(1)
     x, w = torch.randn(5, 300), torch.randn(300, 9)  # x @ W with W (K, N)
     cfg = GemmConfig(64, 128, 64, 8, 4, 3, split_a=False, k_slices=2)
-    a = rt.gemm_operands(x, w, True, "fp16x3p", cfg, cached=True)[0][0]
-    b = rt.gemm_operands(x, w, True, "fp16x3p", cfg, cached=False)[0][0]
+    a = rt.gemm_operands(x, w, True, "fp16x3p", cfg)[0][0]
+    b = rt.product_operands(x, w, True, "fp16x3p", cfg)[0][0]
     assert torch.equal(a, b)
 
 

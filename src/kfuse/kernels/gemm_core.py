@@ -296,17 +296,12 @@ def split_weight(w: torch.Tensor) -> tuple:
     (2 KP, 1), and a kernel may run K up to KP unmasked); W[n] * w_scale[n] ~= w_hi[n] + w_lo[n] to
     ~2^-22 relative; w_scale (N,) fp32 powers of two.  Done once per weight; the caller caches the tuple.
     Cost: reads 4 and writes 4 bytes per weight element (W 8192x8192: 512 MiB moved, ~0.2 ms)."""
-    if w.dtype == torch.float32 and unit_row_stride(w):  # W^T of a (K, N) W: no transposed copy
-        return split_transposed(w)
     return _split_launch(w.float().contiguous(), True)
 
 
 def split_x(x: torch.Tensor) -> tuple:
     """x (M, K) fp32 -> (x_hi, x_lo, x_scale), same layout as split_weight (for configs with split_a=False).
-    One Triton kernel: reads x once (4 B/elem), writes 4 B/elem + 4 B/row; a transposed view (A.T of a row-major A)
-    through split_transposed (two tiled passes) instead of column-strided reads."""
-    if x.dtype == torch.float32 and unit_row_stride(x):
-        return split_transposed(x)
+    One Triton kernel: reads x once (4 B/elem), writes 4 B/elem + 4 B/row."""
     return _split_launch(x, True)
 
 

@@ -338,8 +338,8 @@ def gemm_head(anchor: Node) -> list[str]:
 def gemm_operand_lines(anchor: Node) -> list[str]:
     """Launcher lines for a chosen `cfg`: the GEMM operands and the tile grid."""
     # a parameter's split is cached until it changes; a value's (`a @ b` of two inputs) is made on every call
-    cached = isinstance(anchor.args[1], Param)
-    return [f"ops, k_run, strides = gemm_operands(x2, weight, {anchor.op == 'matmul'}, scheme, cfg, cached={cached})",
+    operands = "gemm_operands" if isinstance(anchor.args[1], Param) else "product_operands"
+    return [f"ops, k_run, strides = {operands}(x2, weight, {anchor.op == 'matmul'}, scheme, cfg)",
             "grid = gemm_grid(M, N, cfg, x.device)"]
 
 
