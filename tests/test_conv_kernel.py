@@ -53,9 +53,21 @@ def _check(scheme: str, xs, ws, stride, padding, dilation, groups, seed: int = 0
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
-@pytest.mark.parametrize("scheme", ["ieee", "fp16x3p"])
+@pytest.mark.parametrize("scheme", ["ieee", "fp16x3p", "fp64"])
 def test_conv_matches_float64(case, scheme):
     _check(scheme, *CASES[case])
+
+
+@pytest.mark.parametrize("case", ["2d_strided_dilated", "3d_same_grouped"])
+def test_fp64_scheme_rounds_once(case):
+    """The interpreter's scheme: fp32 dots over 16-deep K blocks, summed in float64, one rounding: each element
+    within the error bound of a 16-term fp32 sum (16 ulps of sum |x w|) plus the final rounding."""
+    xs, ws, *geo = CASES[case]
+    x, w, b = _inputs(xs, ws, 7)
+    ref = cv.conv_ref(x.double(), w.double(), b.double(), *geo)
+    magnitude = cv.conv_ref(x.double().abs(), w.double().abs(), b.double().abs(), *geo)
+    out = cv.conv_forward(x, w, b, *geo, scheme="fp64", cfg=TILES)
+    assert ((out.double() - ref).abs() <= 2.0 ** -24 * (16 * magnitude + ref.abs())).all()
 
 
 def test_conv_without_bias():

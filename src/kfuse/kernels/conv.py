@@ -26,8 +26,10 @@ Precision: the scheme comes from the same switch as the GEMM's (conv_scheme -> r
             A per-pixel scale, as the GEMM's per-row one, would need the max over each pixel's patch: one more
             pass over the gathered tile.
   "tf32x3"  Triton's three-pass TF32 dot.
-  "ieee"    fp32 FMA dots: what Triton's interpreter runs on the CPU (it ignores input_precision; its fp16 dots are
-            numpy's fp32 sums of exact fp16 products, so tests exercise "fp16x3p" there too).
+  "ieee"    fp32 FMA dots (Triton's interpreter ignores input_precision; its fp16 dots are numpy's fp32 sums of
+            exact fp16 products, so tests exercise "fp16x3p" there too).
+  "fp64"    what the interpreter runs on the CPU: fp32 dots over 16-deep K blocks, each block's sum promoted
+            into a float64 accumulator, rounded to fp32 once (conv_scheme says why; Triton has no float64 dot).
 
 Cost of one call: 2 * M * C_out/g * K flops per group (three fp16 products on "fp16x3p"); bytes: x read once
 from HBM (the KD*KH*KW-fold reuse of each value across a tile's rows and its K loop is served by L1/L2), the
@@ -140,10 +142,12 @@ def conv_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride, pa
 # the scheme and the operands
 # ----------------------------------------------------------------------------------------------------------------
 def conv_scheme(x: torch.Tensor) -> str:
-    """The scheme of a convolution of x in this file: the GEMM's (runtime.scheme_for on GEMM_SCHEME) on a GPU, "ieee"
-    in the interpreter. A convolution's M (output pixels) is no skinny GEMM's: the "fp64" rows scheme never applies."""
+    """The scheme of a convolution of x in this file: the GEMM's (runtime.scheme_for on GEMM_SCHEME) on a GPU; in the
+    interpreter "fp64" (16-deep fp32 dots summed in float64, rounded once): plain fp32 dots missed rule 3 by 1% on
+    KernelBench level 2 problem 27 (Conv3d, GroupNorm, mean: 3.8e-6 against 2 x eager's 1.84e-6 + 1e-7; with
+    "fp64" 1.0e-6 against eager's 0.95e-6), where the CPU's eager convolution sums more accurately than one fp32 dot."""
     compiled = x.is_cuda and not SETTINGS.interpret
-    return scheme_for(GEMM_SCHEME, compiled) if compiled else "ieee"
+    return scheme_for(GEMM_SCHEME, compiled) if compiled else "fp64"
 
 
 def cached_conv_split(weight: torch.Tensor) -> tuple:
@@ -217,7 +221,7 @@ def conv_config(geo: ConvGeometry, scheme: str, interpret: bool) -> ConvConfig:
     if interpret:
         block_n = min(block_n, 64)
         rows = min(max(triton.next_power_of_2(geo.M), 16), INTERPRETER_ELEMENTS // max(block_n, 32))
-        return ConvConfig(rows, block_n, 32, 4, 1)
+        return ConvConfig(rows, block_n, 16 if scheme == "fp64" else 32, 4, 1)
     # 4 warps: a flattened (kh, kw, c) K loop miscompiled at 8 warps in Inductor's Triton conv (pytorch#173068,
     # facts/judging-sandboxes-conv.md); 8-warp configs wait for a GPU test against eager. 64 rows keep the two
     # fp32 accumulators of a 64 x 128 tile at 64 registers each per thread.
@@ -269,7 +273,10 @@ def conv_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m
     K = CIN_G * KV
     if SCHEME == "fp16x3p":
         a_s = tl.load(x_scale_ptr + n_idx, mask=mask_m, other=1.0)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SCHEME == "fp64":
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
@@ -296,13 +303,16 @@ def conv_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m
             part = tl.dot(a_hi, b_lo, part)
             part = tl.dot(a_hi, b, part)
             acc = acc + part  # a fresh partial per K block, added with a round-to-nearest FADD (gemm_core)
+        elif SCHEME == "fp64":  # each K block's fp32 dot promoted into the float64 sum (Triton has no fp64 dot)
+            b = tl.load(w_ptr + b_off, mask=mask_k[:, None], other=0.0)
+            acc += tl.dot(a, b, input_precision="ieee").to(tl.float64)
         else:
             b = tl.load(w_ptr + b_off, mask=mask_k[:, None], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=SCHEME)
     if SCHEME == "fp16x3p":  # undo the per-sample and per-channel powers of two (exact)
         b_s = tl.load(w_scale_ptr + g * COUT_G + tl.minimum(offs_c, COUT_G - 1))
         acc = acc * _pow2_inv(a_s)[:, None] * _pow2_inv(b_s)[None, :]
-    return acc
+    return acc.to(tl.float32)
 
 
 @triton.jit
