@@ -53,7 +53,7 @@ def _check(scheme: str, xs, ws, stride, padding, dilation, groups, seed: int = 0
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
-@pytest.mark.parametrize("scheme", ["ieee", "fp16x3p", "fp64", "direct64"])
+@pytest.mark.parametrize("scheme", ["ieee", "fp16x3p", "fp64"])
 def test_conv_matches_float64(case, scheme):
     _check(scheme, *CASES[case])
 
@@ -179,8 +179,7 @@ GPU_GEOMETRIES = {"wide": cv.conv_geometry((128, 64, 128, 128), (128, 64, 3, 3),
                   "depthwise": cv.conv_geometry((16, 32, 56, 56), (32, 1, 3, 3), 1, 1, 1, 32)}
 
 
-@pytest.mark.parametrize("geo,scheme", [("wide", "fp16x3p"), ("depthwise", "fp16x3p"), ("depthwise", "tf32x3"),
-                                        ("depthwise", "direct64")])
+@pytest.mark.parametrize("geo,scheme", [("wide", "fp16x3p"), ("depthwise", "fp16x3p"), ("depthwise", "tf32x3")])
 def test_compiles_for_sm90(geo, scheme):
     """The default scheme's tiles fit without spilling. (tf32x3 at the wide 64 x 128 x 32 tile spills 20 bytes:
     a speed matter for a scheme no default picks.)"""
@@ -201,13 +200,3 @@ def test_generated_region_compiles_for_sm90(tmp_path):
     cfg = cv.conv_config(GPU_GEOMETRIES["wide"], "fp16x3p", interpret=False)
     build = compile_sm90(str(path), "conv_add_mul_kernel", "fp16x3p", cfg)
     assert build["spill"] == 0, build
-
-
-def test_narrow_groups_leave_the_tensor_cores():
-    """Depthwise (one output channel a group) and other groups under NARROW_GROUP channels run "direct64" on a GPU;
-    wider groups keep the GPU scheme; the interpreter's "fp64" stays."""
-    assert cv.narrow_group_scheme(GPU_GEOMETRIES["depthwise"], "fp16x3p") == "direct64"
-    assert cv.narrow_group_scheme(GPU_GEOMETRIES["wide"], "fp16x3p") == "fp16x3p"
-    assert cv.narrow_group_scheme(GPU_GEOMETRIES["depthwise"], "fp64") == "fp64"
-    cfg = cv.conv_config(GPU_GEOMETRIES["depthwise"], "direct64", interpret=False)
-    assert cfg.block_n == 2 and cfg.block_m * cfg.block_k * cfg.block_n <= 4096

@@ -28,8 +28,6 @@ Precision: the scheme comes from the same switch as the GEMM's (conv_scheme -> r
   "tf32x3"  Triton's three-pass TF32 dot.
   "ieee"    fp32 FMA dots (Triton's interpreter ignores input_precision; its fp16 dots are numpy's fp32 sums of
             exact fp16 products, so tests exercise "fp16x3p" there too).
-  "direct64" groups of fewer than NARROW_GROUP output channels (depthwise): no tensor cores, each product exact
-            in float64 and summed in float64 on the CUDA cores, rounded once (such a convolution is memory-bound).
   "fp64"    what the interpreter runs on the CPU: fp32 dots over 16-deep K blocks, each block's sum promoted
             into a float64 accumulator, rounded to fp32 once (conv_scheme says why; Triton has no float64 dot).
 
@@ -152,16 +150,6 @@ def conv_scheme(x: torch.Tensor) -> str:
     return scheme_for(GEMM_SCHEME, compiled) if compiled else "fp64"
 
 
-NARROW_GROUP = 8  # a group of fewer output channels fills under half of the narrowest tensor-core tile (16)
-
-
-def narrow_group_scheme(geo: "ConvGeometry", scheme: str) -> str:
-    """"direct64" for a tensor-core scheme where a group has fewer than NARROW_GROUP output channels (depthwise
-    convolutions: one): a tl.dot tile would be 15/16 padding. On an H100, KernelBench level 1 problem 82 (depthwise
-    3x3) took 46.3 ms on the fp16x3p tile against eager's 2.5 ms (benchmarks/conv/NOTES.md)."""
-    return "direct64" if scheme in ("fp16x3p", "tf32x3", "ieee") and geo.COUT_G < NARROW_GROUP else scheme
-
-
 def cached_conv_split(weight: torch.Tensor) -> tuple:
     """The weight's fp16 hi/lo parts as a (C_out, K) GEMM operand and its per-channel powers of two (split_weight),
     made once and reused while the weight is the same tensor with the same storage and version counter (an
@@ -201,7 +189,7 @@ def conv_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, 
     (conv_scheme unless given), tile config (conv_config), operand tensors and size arguments (conv_tile's order).
     A parameter's weight split is cached (cached_conv_split); any other weight is split on every call."""
     geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
-    scheme = scheme or narrow_group_scheme(geo, conv_scheme(x))
+    scheme = scheme or conv_scheme(x)
     cfg = conv_config(geo, scheme, SETTINGS.interpret)
     *ops, stride_wn = conv_operands(x, weight, scheme, cached=isinstance(weight, torch.nn.Parameter))
     return geo, scheme, cfg, tuple(ops), (stride_wn, *geo.args())
@@ -229,10 +217,6 @@ def conv_config(geo: ConvGeometry, scheme: str, interpret: bool) -> ConvConfig:
     """The tile config of a convolution (untuned: a first guess per shape class, not yet measured on a GPU).
     Column tiles cover the group's channels up to 128 (depthwise: 16, the narrowest tl.dot takes); fp16x3p keeps
     two fp32 accumulators (partial + sum), so its tiles stay at 128 x 128 or less."""
-    if scheme == "direct64":  # (BLOCK_M, BLOCK_K, BLOCK_N) float64 products per K step: 8 KiB a warp at 4 warps
-        block_n = max(2, triton.next_power_of_2(geo.COUT_G))  # 2: no one-wide arange
-        return ConvConfig(min(4096, INTERPRETER_ELEMENTS // (16 * block_n)) if interpret else 256 // block_n,
-                          block_n, 16, 4, 1)
     block_n = min(max(triton.next_power_of_2(geo.COUT_G), 16), 128)
     if interpret:
         block_n = min(block_n, 64)
@@ -289,7 +273,7 @@ def conv_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m
     K = CIN_G * KV
     if SCHEME == "fp16x3p":
         a_s = tl.load(x_scale_ptr + n_idx, mask=mask_m, other=1.0)
-    if SCHEME == "fp64" or SCHEME == "direct64":
+    if SCHEME == "fp64":
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -319,9 +303,6 @@ def conv_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m
             part = tl.dot(a_hi, b_lo, part)
             part = tl.dot(a_hi, b, part)
             acc = acc + part  # a fresh partial per K block, added with a round-to-nearest FADD (gemm_core)
-        elif SCHEME == "direct64":  # CUDA-core FMAs, exact products and float64 sums (narrow groups)
-            b = tl.load(w_ptr + b_off, mask=mask_k[:, None], other=0.0)
-            acc += tl.sum(a.to(tl.float64)[:, :, None] * b.to(tl.float64)[None, :, :], axis=1)
         elif SCHEME == "fp64":  # each K block's fp32 dot promoted into the float64 sum (Triton has no fp64 dot)
             b = tl.load(w_ptr + b_off, mask=mask_k[:, None], other=0.0)
             acc += tl.dot(a, b, input_precision="ieee").to(tl.float64)
