@@ -18,10 +18,11 @@ CONV = ROOT / "problems" / "conv"
 PROBLEMS = sorted(CONV.glob("*.py"))
 CPU = Options(device="cpu", trials=2)
 # A few that between them cover a per-channel parameter and a scalar (02), no bias at odd sizes with a 3x2 kernel
-# and stride (08), a depthwise Conv1d with an even kernel under padding='same' and a value read twice (11), the
-# functional form (09), Conv3d with a (C, 1, 1, 1) scale (04)
-RUN = ["02_conv2d_bias_scale", "08_conv2d_odd_nobias_clamp", "11_conv1d_depthwise_same_silu_residual",
+# and stride (08), a grouped, strided and dilated Conv2d (06), the functional form (09), Conv3d with a (C, 1, 1, 1)
+# scale (04). Depthwise convolutions (05, 11) stay torch calls (regions/conv_epilogue.depthwise).
+RUN = ["02_conv2d_bias_scale", "08_conv2d_odd_nobias_clamp", "06_grouped_strided_dilated_conv2d_tanh",
        "09_functional_conv2d_same_mish", "04_conv3d_swish_scale"]
+DEPTHWISE = ["05_depthwise_conv2d_hardswish", "11_conv1d_depthwise_same_silu_residual"]
 
 
 def small(path: Path) -> dict[str, int]:
@@ -63,3 +64,12 @@ def test_problem_trains(tmp_path, stem):
     out.write_text(compiled.source)
     verdict = gradient_contract(prob, load_module(out).ModelNew, draws=1)
     assert verdict.correct, verdict.failures
+
+
+@pytest.mark.parametrize("stem", DEPTHWISE)
+def test_depthwise_stays_a_torch_call_and_is_verified(tmp_path, stem):
+    path = CONV / f"{stem}.py"
+    result = optimize(load_problem(path, small(path)), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert "conv_epilogue" not in [r.kind for r in result.compiled.regions]
+    assert any("Conv" in u for u in result.compiled.unfused)

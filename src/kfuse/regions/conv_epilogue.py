@@ -40,13 +40,23 @@ CONV_SIZES = plain("stride_wn", "M", "C_in", "D", "H", "W", "OD", "OH", "OW", "C
 CONV_CONSTEXPRS = tuple(constexpr(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"))
 
 
+def depthwise(n: Node) -> bool:
+    """One input channel a group (groups = in_channels): a group's GEMM is a K = kernel-volume sliver whose output
+    channels (usually one) fill a sixteenth of the narrowest tensor-core tile. Such convolutions stay torch calls:
+    on an H100 the tile took KernelBench level 1 problem 82 (depthwise 3x3) to 46.3 ms against eager's 2.5 ms, and
+    a CUDA-core float64 variant to 19.1 ms (benchmarks/conv/NOTES.md). A depthwise kernel is still to be written.
+    Structural, not by channel counts: the CPU's small instances shrink channels, not groups' shape."""
+    return n.attrs.get("groups", 1) > 1 and n.args[1].shape[1] == 1
+
+
 def is_conv_anchor(n: Node) -> bool:
-    """A convolution the tile runs: a parameter weight, a parameter bias or none, a batched input (N, C, ...)."""
+    """A convolution the tile runs: a parameter weight, a parameter bias or none, a batched input (N, C, ...), not
+    depthwise."""
     if n.op not in CONV_OPS or len(n.args) != 3 or not isinstance(n.args[0], str):
         return False
     weight, bias = n.args[1], n.args[2]
     return (isinstance(weight, Param) and (bias is None or isinstance(bias, Param))
-            and len(n.shape) == n.attrs.get("dims", 0) + 2 and numel(n.shape) > 0)
+            and len(n.shape) == n.attrs.get("dims", 0) + 2 and numel(n.shape) > 0 and not depthwise(n))
 
 
 def channel_operand(a: Arg, shape: tuple[int, ...], values: set[str]) -> bool:
