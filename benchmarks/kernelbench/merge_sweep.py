@@ -4,12 +4,12 @@
         [--timeouts NAMES.txt ...] [--note TEXT ...]
 
 A later file's row replaces an earlier one of the same problem (a problem run again after a fix). --timeouts lists
-`name rc seconds` lines (the per-problem runner's results.txt; repeatable, a later line of a name wins): a problem
-with rc 124 and no row becomes a row with `exit: 124` and `error: timed out`, and a row without `seconds` (a single
-problem's report) takes its line's seconds. --note puts a line above the tables (the commands that made the rows).
-The Markdown table counts, per level, the problems fully fused, partly fused and all torch calls, and the ops left as
-torch calls most often. A region is fused where its `fused` flag says so (reports since 0709b3d), else where its
-kind is not `torch` or `view` (`no_kernel` since then: a view, no kernel).
+`name rc seconds` lines (the per-problem runner's results.txt, name NAME or levelN/NAME; repeatable, a later
+line of a name wins): a problem with rc 124 and no row becomes a row with `exit: 124` and `error: timed out`, and a
+row without `seconds` (a single problem's report) takes its line's seconds. --note puts a line above the tables
+(the commands that made the rows). The Markdown table counts, per level, the problems fully fused, partly fused
+and all torch calls, and the ops left as torch calls most often. A region is fused where its `fused` flag says so
+(reports since 0709b3d), else where its kind is not `torch` or `view` (`no_kernel` since then: a view, no kernel).
 """
 
 from __future__ import annotations
@@ -61,14 +61,17 @@ def main(argv: list[str]) -> None:
             path = row.get("path") or f"{lv}/{row.get('problem', Path(f).stem)}.py"
             exit_ = row.get("exit", 0 if row.get("output") else 1)
             rows[Path(path).stem] = {**row, "path": path, "exit": exit_}
-    runs = {}  # name -> (rc, seconds) of its last line
+    runs = {}  # name -> (rc, seconds, level) of its last line
     for f in timeouts:
         for line in Path(f).read_text().splitlines():
+            if len(line.split()) < 3:
+                continue  # the runner's "end" line
             name, rc, secs = line.split()[:3]
-            runs[name] = (rc, secs)
-    for name, (rc, secs) in runs.items():
+            lv, _, name = name.rpartition("/")  # "level1/NAME" or a level-3 runner's bare NAME
+            runs[name] = (rc, secs, lv or "level3")
+    for name, (rc, secs, lv) in runs.items():
         if rc == "124" and name not in rows:
-            rows[name] = {"problem": name, "path": f"level3/{name}.py", "exit": 124, "correct": False,
+            rows[name] = {"problem": name, "path": f"{lv}/{name}.py", "exit": 124, "correct": False,
                           "error": f"timed out after {secs} s (per-problem limit)", "regions": [],
                           "unfused_ops": []}
         elif name in rows and "seconds" not in rows[name] and str(rows[name]["exit"]) == rc:
