@@ -1,0 +1,30 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Conv2d, BatchNorm2d (training: batch statistics, running statistics updated), ReLU. The BatchNorm epilogue
+    is issue 20's next kind: today the convolution is fused and the norm stays a torch call."""
+
+    def __init__(self, in_channels, out_channels, kernel_size):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding=1)
+        self.bn = nn.BatchNorm2d(out_channels)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+batch_size = 6
+in_channels = 8
+out_channels = 24
+height, width = 19, 18
+kernel_size = 3
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_channels, height, width)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size]
