@@ -152,6 +152,8 @@ for i, p in enumerate(kernel.params):
     if p.is_constexpr:
         signature[p.name] = "constexpr"
         constexprs[(i,)] = values[p.name]
+    elif p.name == "phase_ptr":  # conv_transpose's per-phase integers
+        signature[p.name] = "*i32"
     elif p.name.endswith("_ptr"):
         signature[p.name] = "*fp16" if scheme == "fp16x3p" and p.name in ("w_ptr", "w_lo_ptr") else "*fp32"
     else:

@@ -363,6 +363,46 @@ def _f_conv(dims: int) -> Spec:
     return spec
 
 
+# ConvTranspose: op `conv_transpose`, args (x, weight, bias or None); attrs dims and these, in the order
+# F.conv_transpose{1,2,3}d takes them after the bias
+TRANSPOSED_GEOMETRY = ("stride", "padding", "output_padding", "groups", "dilation")
+
+
+def transposed_geometry_code(attrs: Mapping[str, Any], module: str | None) -> list[str]:
+    """A transposed convolution's geometry (TRANSPOSED_GEOMETRY) as generated code: read from its module when
+    ModelNew runs, else the functional call's literals (as ops.conv_geometry_code for convolutions)."""
+    if module:
+        return [f"{attr_expr(module)}.{a}" for a in TRANSPOSED_GEOMETRY]
+    return [repr(attrs[a]) for a in TRANSPOSED_GEOMETRY]
+
+
+def _transposed_attrs(dims: int, stride: Any, padding: Any, output_padding: Any, groups: Any,
+                      dilation: Any) -> dict[str, Any]:
+    """_conv_attrs plus output_padding; padding as ints or tuples only (transposed convolutions take no 'same')."""
+    if isinstance(padding, str) or isinstance(output_padding, str):
+        raise Reject
+    _conv_attrs(dims, stride, output_padding, dilation, groups)  # output_padding: literals, as the padding
+    return {**_conv_attrs(dims, stride, padding, dilation, groups), "output_padding": _as_tuple(output_padding)}
+
+
+def _module_conv_transpose(path: str, m: nn.ConvTranspose2d, x: Any) -> tuple:
+    """nn.ConvTranspose1d/2d/3d (forward without output_size: capture rejects extra call arguments); the launcher
+    reads the geometry from the module."""
+    if m.padding_mode != "zeros":
+        raise Reject
+    bias = Param(f"{path}.bias", tuple(m.bias.shape)) if m.bias is not None else None
+    attrs = _transposed_attrs(len(m.kernel_size), m.stride, m.padding, m.output_padding, m.groups, m.dilation)
+    return "conv_transpose", (x, Param(f"{path}.weight", tuple(m.weight.shape)), bias), attrs
+
+
+def _f_conv_transpose(dims: int) -> Spec:
+    def spec(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, output_padding: Any = 0,
+             groups: Any = 1, dilation: Any = 1) -> tuple:
+        return "conv_transpose", (input, weight, bias), _transposed_attrs(dims, stride, padding, output_padding,
+                                                                          groups, dilation)
+    return spec
+
+
 def _module_flatten(path: str, m: nn.Flatten, x: Any) -> tuple:
     return "view", (x,), {}
 
@@ -387,6 +427,10 @@ MODULES: dict[type, Callable[..., tuple]] = {
 }
 FUNCTIONS.update({F.conv1d: _f_conv(1), F.conv2d: _f_conv(2), F.conv3d: _f_conv(3)})
 MODULES.update({nn.Conv1d: _module_conv, nn.Conv2d: _module_conv, nn.Conv3d: _module_conv})
+FUNCTIONS.update({F.conv_transpose1d: _f_conv_transpose(1), F.conv_transpose2d: _f_conv_transpose(2),
+                  F.conv_transpose3d: _f_conv_transpose(3)})
+MODULES.update({nn.ConvTranspose1d: _module_conv_transpose, nn.ConvTranspose2d: _module_conv_transpose,
+                nn.ConvTranspose3d: _module_conv_transpose})
 FUNCTIONS[F.max_pool1d] = _f_max_pool
 FUNCTIONS[F.avg_pool1d] = _f_avg_pool
 # ReLU6 is a Hardtanh subclass with fixed bounds; exact-type lookup keeps it apart from Hardtanh.

@@ -26,6 +26,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("long_k", "long-K GEMMs: K slices summed in float64"),
     ("runtime", "run-time helpers: operands, tile configs, tuning"),
     ("conv", "convolutions: the implicit-GEMM tile"),
+    ("conv_transpose", "transposed convolutions: the stride-phase tile"),
     ("batchnorm", "BatchNorm's statistics and eval fold"),
     ("backward_ops", "training: epilogue backward launcher"),
     ("backward", "training: autograd bases, backward GEMM"),

@@ -83,7 +83,7 @@ def test_conv1d_and_conv3d_are_captured():
 
 
 def test_unsupported_forms_stay_torch_calls():
-    """Reflect padding, a weight that is an input, and a transposed convolution are kept as written."""
+    """Reflect padding and a weight that is an input are kept as written."""
     reflect = Chain(nn.Conv2d(4, 6, 3, padding=1, padding_mode="reflect"), lambda s, y: torch.relu(y))
     assert regions(reflect, X2) == [("torch", ["unknown"]), ("torch", ["relu"])]
 
@@ -92,8 +92,38 @@ def test_unsupported_forms_stay_torch_calls():
             return F.conv2d(x, w)
     g, _ = rewrite(capture(TwoInputs(), [X2, torch.randn(6, 4, 3, 3)]))
     assert [(r.kind, r.ops()) for r in partition(g)] == [("torch", ["conv"])]
-    transposed = Chain(nn.ConvTranspose2d(4, 6, 3), lambda s, y: y)
-    assert regions(transposed, X2) == [("torch", ["unknown"])]
+
+
+def test_transposed_conv_records_geometry_and_joins_like_a_conv():
+    m = Chain(nn.ConvTranspose2d(4, 6, (3, 2), stride=(2, 3), padding=(1, 0), output_padding=(1, 2), groups=2,
+                                 dilation=(1, 2)), lambda s, y: torch.tanh(y * s.scale) - 1.0,
+              scale=torch.randn(1, 6, 1, 1))
+    node = capture(m, [X2]).nodes[0]
+    assert node.op == "conv_transpose" and node.module == "conv"
+    assert node.args[1:] == (Param("conv.weight", (4, 3, 3, 2)), Param("conv.bias", (6,)))
+    assert node.attrs == {"dims": 2, "stride": (2, 3), "padding": (1, 0), "output_padding": (1, 2),
+                          "dilation": (1, 2), "groups": 2}
+    assert regions(m, X2) == [("conv_epilogue", ["conv_transpose", "mul", "tanh", "sub"])]
+    f3 = Chain(None, lambda s, y: F.relu(F.conv_transpose3d(y, s.w, None, 2, 1, 1)), w=torch.randn(4, 5, 3, 3, 3))
+    assert regions(f3, torch.randn(2, 4, 3, 4, 5)) == [("conv_epilogue", ["conv_transpose", "relu"])]
+    c1 = Chain(nn.ConvTranspose1d(3, 5, 4, stride=3, dilation=2, bias=False), lambda s, y: y)
+    assert regions(c1, torch.randn(2, 3, 17)) == [("conv_epilogue", ["conv_transpose"])]
+
+
+def test_depthwise_transposed_and_output_size_stay_torch_calls():
+    """One input channel a group (weight (C_in, C_out/groups, ...) with C_in == groups) stays a torch call, as the
+    depthwise conv does; so does a forward passing output_size (the module call has an extra argument)."""
+    depthwise = Chain(nn.ConvTranspose2d(4, 8, 3, stride=2, groups=4), lambda s, y: y)
+    assert regions(depthwise, X2) == [("torch", ["conv_transpose"])]
+
+    class OutputSize(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = nn.ConvTranspose2d(4, 6, 3, stride=2)
+
+        def forward(self, x):
+            return self.up(x, output_size=[20, 16])
+    assert regions(OutputSize(), X2) == [("torch", ["unknown"])]
 
 
 def test_gemm_regions_are_unchanged_beside_a_conv():

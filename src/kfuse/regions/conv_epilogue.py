@@ -2,19 +2,26 @@
 pointwise ops on its fp32 accumulator while it is still in registers, stored to the output's NC(D)HW layout.
 
 Anchors: nn.Conv1d/2d/3d and F.conv1d/2d/3d (capture's `conv` op) with a parameter weight and a parameter bias or
-none, at any stride, padding, dilation and groups. The tile is (output pixels, output channels of one group), so
-the ops after it join while every value they read is the region's own, a number, or a per-channel parameter (a
-(C, 1, 1) bias, a (1, C, 1, 1) scale, ... anything that broadcasts along the channel dim alone) or a one-element one.
+none, at any stride, padding, dilation and groups; nn.ConvTranspose1d/2d/3d and F.conv_transpose1d/2d/3d (capture's
+`conv_transpose` op) likewise, at any output_padding too, on kernels/conv_transpose.py's stride-phase tile (the
+same tile per phase: no product with an inserted zero). Depthwise ones (one input channel a group) stay torch calls.
+The tile is (output pixels, output channels of one group), so the ops after it join while every value they read is
+the region's own, a number, or a per-channel parameter (a (C, 1, 1) bias, a (1, C, 1, 1) scale, ... anything that
+broadcasts along the channel dim alone) or a one-element one.
 
-Bytes: x read once from memory (each value's reuse across the kernel window comes from L1/L2), the weight's fp16 hi
-and lo once per row tile, each stored value written once; without fusion each pointwise op would read and write the
-whole output again. Flops: 2 * N * OD*OH*OW * C_out * C_in/groups * KD*KH*KW, three fp16 products of it on a GPU.
-Backward: the region recomputed in torch in float64 (the conv by torch.nn.functional.conv{1,2,3}d) and
+Bytes (either form): x read once from memory (each value's reuse across the kernel window comes from L1/L2), the
+weight's fp16 hi and lo once per row tile, each stored value written once; without fusion each pointwise op would
+read and write the whole output again. Flops: 2 * N * OD*OH*OW * C_out * C_in/groups * KD*KH*KW (transposed: 2 * N *
+D*H*W * C_in * C_out/groups * KD*KH*KW at most), three fp16 products of it on a GPU.
+Backward: the region recomputed in torch in float64 (the conv by torch.nn.functional.conv{,_transpose}{1,2,3}d) and
 differentiated (kfuse/backward.py's generic route): correct, not fast.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from kfuse.capture import transposed_geometry_code
 from kfuse.ir import Arg, Graph, Node, Param, Region, Scalar
 from kfuse.ops import CONV_OPS, conv_geometry_code
 from kfuse.regions.common import (
@@ -33,11 +40,52 @@ from kfuse.regions.common import (
 )
 from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with, same_tile
 
-# conv_tile's operands and sizes (kernels/conv.py: conv_operands, ConvGeometry.args), in its order
-CONV_PARAMS = plain("x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr")
-CONV_SIZES = plain("stride_wn", "M", "C_in", "D", "H", "W", "OD", "OH", "OW", "C_out", "CIN_G", "COUT_G", "KD", "KH",
-                   "KW", "SD", "SH", "SW", "PD", "PH", "PW", "DD", "DH", "DW")
+TRANSPOSED = "conv_transpose"  # capture's op for ConvTranspose1d/2d/3d and F.conv_transpose1d/2d/3d
 CONV_CONSTEXPRS = tuple(constexpr(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"))
+
+
+@dataclass(frozen=True)
+class ConvForm:
+    """What differs between a convolution's kernel and a transposed one's: the tile's operands and sizes (in the
+    order the kernels module's plan returns them), the lines that compute the accumulator `acc` and the row mask
+    `mask_m`, the line for the output offsets `out_offs` (from offs_n, the global channels), the plan and grid
+    functions the launcher calls, and the launcher's geometry parameters."""
+
+    params: tuple  # pointer parameters (the plan's `ops`)
+    sizes: tuple  # size parameters (the plan's `sizes`)
+    tile: tuple[str, ...]
+    out_offs: str
+    plan: str
+    grid: str
+    geometry: tuple[str, ...]
+
+
+_TILE = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"]
+# kernels/conv.py: conv_tile's operands and sizes (conv_operands, ConvGeometry.args), in its order
+_CONV_SIZES = ("stride_wn", "M", "C_in", "D", "H", "W", "OD", "OH", "OW", "C_out", "CIN_G", "COUT_G", "KD", "KH", "KW",
+               "SD", "SH", "SW", "PD", "PH", "PW", "DD", "DH", "DW")
+CONV = ConvForm(
+    plain("x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr"), plain(*_CONV_SIZES),
+    (call("acc = conv_tile", ["x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr", "stride_wn", "pid_m",
+                              "pid_n", "g"], list(_CONV_SIZES[1:]), _TILE, width=112, indent=8),
+     "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+     "mask_m = offs_m < M"),
+    "out_offs = conv_out_offsets(offs_m, offs_n, OD, OH, OW, C_out)",
+    "conv_plan", "conv_grid", ("stride", "padding", "dilation", "groups"))
+# kernels/conv_transpose.py: conv_transpose_tile's (conv_transpose_plan, TransposedGeometry.args)
+_TRANSPOSED_SIZES = ("stride_wn", "N", "C_in", "D", "H", "W", "OD", "OH", "OW", "C_out", "CIN_G", "COUT_G", "SD", "SH",
+                     "SW", "ED", "EH", "EW")
+CONV_TRANSPOSE = ConvForm(
+    plain("x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr", "phase_ptr"), plain(*_TRANSPOSED_SIZES),
+    (call("acc, rows, mask_m = conv_transpose_tile", ["x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr",
+                                                       "phase_ptr", "stride_wn", "pid_m", "pid_n", "g"],
+          list(_TRANSPOSED_SIZES[1:]), _TILE, width=112, indent=8),),
+    "out_offs = rows[:, None] + (offs_n.to(tl.int64) * (OD * OH * OW))[None, :]",
+    "conv_transpose_plan", "conv_transpose_grid", ("stride", "padding", "output_padding", "groups", "dilation"))
+
+
+def form_of(anchor: Node) -> ConvForm:
+    return CONV_TRANSPOSE if anchor.op == TRANSPOSED else CONV
 
 
 def depthwise(n: Node) -> bool:
@@ -45,14 +93,18 @@ def depthwise(n: Node) -> bool:
     channels (usually one) fill a sixteenth of the narrowest tensor-core tile. Such convolutions stay torch calls:
     on an H100 the tile took KernelBench level 1 problem 82 (depthwise 3x3) to 46.3 ms against eager's 2.5 ms, and
     a CUDA-core float64 variant to 19.1 ms (benchmarks/conv/NOTES.md). A depthwise kernel is still to be written.
-    Structural, not by channel counts: the CPU's small instances shrink channels, not groups' shape."""
-    return n.attrs.get("groups", 1) > 1 and n.args[1].shape[1] == 1
+    Structural, not by channel counts: the CPU's small instances shrink channels, not groups' shape. A transposed
+    convolution's weight is (C_in, C_out/groups, ...): one input channel a group is C_in == groups there (a K of at
+    most the kernel's volume per phase)."""
+    groups = n.attrs.get("groups", 1)
+    cin_g = n.args[1].shape[0] // groups if n.op == TRANSPOSED else n.args[1].shape[1]
+    return groups > 1 and cin_g == 1
 
 
 def is_conv_anchor(n: Node) -> bool:
     """A convolution the tile runs: a parameter weight, a parameter bias or none, a batched input (N, C, ...), not
     depthwise."""
-    if n.op not in CONV_OPS or len(n.args) != 3 or not isinstance(n.args[0], str):
+    if n.op not in (*CONV_OPS, TRANSPOSED) or len(n.args) != 3 or not isinstance(n.args[0], str):
         return False
     weight, bias = n.args[1], n.args[2]
     return (isinstance(weight, Param) and (bias is None or isinstance(bias, Param))
@@ -77,54 +129,59 @@ def conv_cost(anchor: Node, g: Graph, outs: int) -> str:
     x_numel = numel(g.shape_of(anchor.args[0]))
     w_numel = numel(anchor.args[1].shape)
     out_numel = numel(anchor.shape)
-    flops = 2 * out_numel * w_numel // anchor.shape[1]  # each output: C_in/groups * kernel volume products
+    if anchor.op == TRANSPOSED:  # each input value: C_out/groups * kernel volume products (fewer at the borders)
+        flops = 2 * x_numel * w_numel // anchor.args[1].shape[0]
+    else:  # each output: C_in/groups * kernel volume products
+        flops = 2 * out_numel * w_numel // anchor.shape[1]
     moved = 4 * (x_numel + w_numel + outs * out_numel)
     plural = "s" if outs > 1 else ""
     return (f"At the problem's shape: {flops / 1e9:.3g} GFLOP (three fp16 products of each on a GPU), "
             f"{moved / 2 ** 20:.3g} MiB moved (x and W read once, {outs} output{plural} written once).")
 
 
-def tile_lines() -> list[str]:
+def tile_lines(form: ConvForm) -> list[str]:
     """Kernel lines: the tile's accumulator, its pixel and channel offsets and masks (the names KernelArgs' vector
     loads read: offs_n, mask_n), and the output offsets."""
     return ["pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)",
-            call("acc = conv_tile", [n for n, _ in CONV_PARAMS], ["stride_wn", "pid_m", "pid_n", "g"],
-                 [n for n, _ in CONV_SIZES[1:]], ["BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"], width=112, indent=8),
-            "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+            *form.tile,
             "offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # channels within group g",
             "offs_n = g * COUT_G + offs_c  # the output channels",
-            "mask_m = offs_m < M",
             "mask_n = offs_c < COUT_G",
             "mask = mask_m[:, None] & mask_n[None, :]",
-            "out_offs = conv_out_offsets(offs_m, offs_n, OD, OH, OW, C_out)"]
+            form.out_offs]
 
 
-def conv_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str]) -> str:
-    decls: tuple[Decl, ...] = (*CONV_PARAMS, *plain(*[f"{o}_ptr" for o in outs]), *args.decls(), *CONV_SIZES,
+def conv_kernel(form: ConvForm, name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str]) -> str:
+    decls: tuple[Decl, ...] = (*form.params, *plain(*[f"{o}_ptr" for o in outs]), *args.decls(), *form.sizes,
                                *CONV_CONSTEXPRS)
     lines = ["@triton.jit", f"def {name}_kernel({signature(decls)}):", docstring(doc),
-             *[f"    {ln}" for ln in (*tile_lines(), *args.loads, *body)]]
+             *[f"    {ln}" for ln in (*tile_lines(form), *args.loads, *body)]]
     return "\n".join(lines) + "\n"
 
 
-def conv_launcher(name: str, outs: list[str], args: KernelArgs, doc: str) -> str:
-    """fused_<name>(x, weight, <epilogue operands>, stride, padding, dilation, groups): geometry, scheme, tile config
-    and operands from kernels/conv.py (conv_plan), one launch, the outputs in x's layout and dtype."""
-    launch = call(f"{name}_kernel[conv_grid(geo, cfg)]", ["*ops", *outs, *args.params, "*sizes"],
+def conv_launcher(form: ConvForm, name: str, outs: list[str], args: KernelArgs, doc: str) -> str:
+    """fused_<name>(x, weight, <epilogue operands>, <geometry>): geometry, scheme, tile config and operands from the
+    kernels module (conv_plan or conv_transpose_plan), one launch, the outputs in x's layout and dtype."""
+    launch = call(f"{name}_kernel[{form.grid}(geo, cfg)]", ["*ops", *outs, *args.params, "*sizes"],
                   ["BLOCK_M=cfg.block_m", "BLOCK_N=cfg.block_n", "BLOCK_K=cfg.block_k", "SCHEME=scheme",
                    "num_warps=cfg.num_warps", "num_stages=cfg.num_stages"])
     body = ["x = x.contiguous()",
-            "geo, scheme, cfg, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups)",
+            f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
             *[f"{o} = torch.empty(geo.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
             "if geo.M:", *[f"    {ln}" for ln in launch.splitlines()],
             f"return {', '.join(outs)}"]
-    return launcher(f"fused_{name}", ["x", "weight", *args.params, "stride", "padding", "dilation", "groups"], body,
-                    doc)
+    return launcher(f"fused_{name}", ["x", "weight", *args.params, *form.geometry], body, doc)
+
+
+def geometry_code(anchor: Node) -> list[str]:
+    if anchor.op == TRANSPOSED:
+        return transposed_geometry_code(anchor.attrs, anchor.module)
+    return conv_geometry_code(anchor.attrs, anchor.module)
 
 
 class ConvEpilogue(RegionKind):
     name = "conv_epilogue"
-    kernel_modules = ("conv",)
+    kernel_modules = ("conv", "conv_transpose")
 
     def starts(self, n: Node, g: Graph) -> bool:
         return is_conv_anchor(n)
@@ -153,10 +210,11 @@ class ConvEpilogue(RegionKind):
         outs = [f"out{i}" for i in range(len(region.outputs))]
         body += [f"tl.store({o}_ptr + out_offs, {env[v]}, mask=mask)" for o, v in zip(outs, region.outputs)]
         doc = "Fused: " + ", ".join(n.origin for n in region.nodes) + "."
-        kernel = conv_kernel(stem, f"{doc} {conv_cost(anchor, g, len(outs))}", outs, args, body)
-        launch = conv_launcher(stem, outs, args, doc)
+        form = form_of(anchor)
+        kernel = conv_kernel(form, stem, f"{doc} {conv_cost(anchor, g, len(outs))}", outs, args, body)
+        launch = conv_launcher(form, stem, outs, args, doc)
         line = call(f"fused_{stem}", [anchor.args[0], operand_code(anchor.args[1]), *args.values,
-                                      *conv_geometry_code(anchor.attrs, anchor.module)])
+                                      *geometry_code(anchor)])
         return RegionCode((kernel,), launch, (f"{', '.join(region.outputs)} = {line}",))
 
 

@@ -1,0 +1,323 @@
+"""fp32-accurate transposed convolutions (ConvTranspose1d/2d/3d) as stride-phase implicit GEMMs on conv.py's tile.
+
+ConvTranspose forward, NC(D)HW contiguous fp32 input x (N, C_in, D, H, W), weight (C_in, C_out/groups, KD, KH, KW),
+any stride, padding, output_padding, dilation and groups, with or without bias; 1-d and 2-d as 3-d with unit dims.
+
+Gather form, no zero-inserted input. Output pixel o (per spatial dim) reads input i = (o + pad - k * dil) / stride for
+each kernel tap k where that division is exact and 0 <= i < I. Write o = r + stride * t (r the output's stride PHASE,
+0 <= r < stride): whether a tap divides exactly depends on r alone, not on t. So per phase the taps that contribute
+are fixed, k = k0 + j * step (step = stride / gcd(stride, dil), j < nt), and their input is
+    i = t + q - j * E,        q = (r + pad - k0 * dil) / stride,   E = dil / gcd(stride, dil)
+which is an ordinary convolution over t: stride 1, leading padding -q, dilation -E, nt taps. Each phase is therefore
+one dense implicit GEMM (conv.py's conv_tile, unchanged): rows the phase's output pixels (n, td, th, tw), K =
+C_in/groups * ntd * nth * ntw. The phases partition the kernel taps, so the GEMMs together do exactly the
+convolution's useful products (N * D*H*W * C_in * C_out/groups * KD*KH*KW multiply-adds, less the taps that fall
+outside the input at the borders), never a product with an inserted zero. A phase with no tap (stride larger than
+the dilated kernel) gets K = 0: the bias and epilogue alone.
+
+One launch: program_id(2) is the phase (SD * SH * SW of them), program_id(1) the group, program_id(0) the row and
+column tile as in conv.py. Rows are counted for the largest phase (phase 0); a tile past its phase's rows skips
+its K loop and stores nothing.
+
+Weight preparation, once per weight version and geometry (cached_phase_weight): the weight rearranged into a
+(C_out, K_total) GEMM operand whose columns are the phases' blocks in phase order, each block (ci, jd, jh, jw)
+row-major, so conv_tile reads phase P's block at column offset col_P with the row stride of the whole matrix.
+It holds each weight element once (the phases partition the taps). On "fp16x3p" it is split like conv.py's weight
+(split_weight: one power of two per output channel over the channel's whole row, so every phase shares it). The
+per-phase integers (phase offsets, tap counts, q, col_P) are a small int32 table on the device (phase_table),
+cached per geometry and device, so a CUDA graph capture never builds one.
+
+Cost of one call: 2 * N*D*H*W * C_in * C_out/groups * KD*KH*KW flops at most (three fp16 products on "fp16x3p");
+bytes: x read once from memory (reused across taps from L1/L2), the weight's hi + lo (4 B per element) once per row
+tile, the output written once. Stores are strided by the stride along W within a phase (a phase's pixels are
+every stride-th one), so at stride 2 half of each stored sector is another phase's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kfuse.kernels.conv import ConvConfig, _triple, conv_config, conv_scheme, conv_tile, conv_tile_ids, conv_x_scales
+from kfuse.kernels.gemm_core import cdiv, split_weight
+from kfuse.kernels.runtime import SETTINGS, tensor_key
+
+PHASE_FIELDS = 10  # a phase_table row: rd, rh, rw, ntd, nth, ntw, qd, qh, qw, col
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# geometry: the output size and each dimension's phases
+# ----------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class DimPhases:
+    """One spatial dim's phases: for output phase r (0 <= r < stride), the first contributing tap k0[r], the
+    number of taps nt[r] (each `step` apart), and q[r], the input index of tap k0 at t = 0. E: the input's step
+    between consecutive taps of a phase (dil / gcd(stride, dil))."""
+
+    k0: tuple[int, ...]
+    nt: tuple[int, ...]
+    q: tuple[int, ...]
+    step: int
+    E: int
+
+
+def dim_phases(stride: int, pad: int, dil: int, k: int) -> DimPhases:
+    """Tap k contributes to output o = r + stride * t when (r + pad - k * dil) is a multiple of stride."""
+    g = math.gcd(stride, dil)
+    k0, nt, q = [], [], []
+    for r in range(stride):
+        taps = [kk for kk in range(k) if (r + pad - kk * dil) % stride == 0]
+        k0.append(taps[0] if taps else 0)
+        nt.append(len(taps))
+        q.append((r + pad - k0[-1] * dil) // stride)  # exact where taps exist; unused where nt = 0
+    return DimPhases(tuple(k0), tuple(nt), tuple(q), stride // g, dil // g)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransposedGeometry:
+    """One transposed convolution's sizes, as a 3-d one (1-d and 2-d: unit leading dims). The fields from N to EW
+    are the kernels' size arguments after stride_wn, in order (args())."""
+
+    N: int
+    C_in: int
+    D: int
+    H: int
+    W: int
+    OD: int
+    OH: int
+    OW: int
+    C_out: int
+    CIN_G: int  # input channels per group (the weight's dim 0 is C_in)
+    COUT_G: int  # output channels per group (the weight's dim 1)
+    SD: int
+    SH: int
+    SW: int
+    ED: int  # input step between a phase's consecutive taps, per dim
+    EH: int
+    EW: int
+    groups: int
+    kernel: tuple[int, int, int]
+    phases: tuple[DimPhases, DimPhases, DimPhases]  # d, h, w
+    out_shape: tuple[int, ...]
+
+    def args(self) -> tuple[int, ...]:
+        return tuple(dataclasses.astuple(self)[:17])
+
+    @property
+    def n_phases(self) -> int:
+        return self.SD * self.SH * self.SW
+
+    @property
+    def M(self) -> int:
+        """Rows of the largest phase (phase 0: ceil(O / stride) pixels per dim); the grid's row count."""
+        return self.N * cdiv(self.OD, self.SD) * cdiv(self.OH, self.SH) * cdiv(self.OW, self.SW)
+
+    @property
+    def K(self) -> int:
+        """The largest phase's K (conv_config's block_k guess)."""
+        return self.CIN_G * max(self.phases[0].nt) * max(self.phases[1].nt) * max(self.phases[2].nt)
+
+    def phase_rows(self) -> list[tuple[int, ...]]:
+        """phase_table's rows (PHASE_FIELDS ints each), phase P = (rd * SH + rh) * SW + rw."""
+        rows, col = [], 0
+        pd, ph, pw = self.phases
+        for rd in range(self.SD):
+            for rh in range(self.SH):
+                for rw in range(self.SW):
+                    nts = (pd.nt[rd], ph.nt[rh], pw.nt[rw])
+                    rows.append((rd, rh, rw, *nts, pd.q[rd], ph.q[rh], pw.q[rw], col))
+                    col += self.CIN_G * nts[0] * nts[1] * nts[2]
+        return rows
+
+
+def conv_transpose_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride, padding, output_padding,
+                            groups: int, dilation) -> TransposedGeometry:
+    """The geometry of conv_transpose{1,2,3}d(x, w, stride, padding, output_padding, groups, dilation) (torch's
+    argument order and forms: ints or tuples). Output size per dim: (I - 1) * s - 2 p + d (k - 1) + op + 1."""
+    dims = len(x_shape) - 2
+    if dims not in (1, 2, 3) or len(w_shape) != dims + 2:
+        raise ValueError(f"conv_transpose: input {tuple(x_shape)} and weight {tuple(w_shape)}")
+    n, c_in, *spatial = x_shape
+    w_in, cout_g, *kernel = w_shape
+    if w_in != c_in or c_in % groups:
+        raise ValueError(f"conv_transpose: {c_in} input channels in {groups} groups, weight {tuple(w_shape)}")
+    st, pad, op, dl = (_triple(v, dims, f, what) for v, f, what in ((stride, 1, "stride"), (padding, 0, "padding"),
+                                                                     (output_padding, 0, "output_padding"),
+                                                                     (dilation, 1, "dilation")))
+    sp3, k3 = (1,) * (3 - dims) + tuple(spatial), (1,) * (3 - dims) + tuple(kernel)
+    if any(o >= max(s, d) for o, s, d in zip(op, st, dl)):
+        raise ValueError(f"conv_transpose: output_padding {output_padding!r} not below stride or dilation")
+    out = [(i - 1) * s - 2 * p + d * (k - 1) + o + 1 for i, s, p, d, k, o in zip(sp3, st, pad, dl, k3, op)]
+    if any(o <= 0 for o in out):
+        raise ValueError(f"conv_transpose: output size {out[3 - dims:]} from input {tuple(x_shape)}")
+    phases = tuple(dim_phases(s, p, d, k) for s, p, d, k in zip(st, pad, dl, k3))
+    return TransposedGeometry(n, c_in, *sp3, *out, cout_g * groups, c_in // groups, cout_g, *st,
+                              *(ph.E for ph in phases), groups, k3, phases, (n, cout_g * groups, *out[3 - dims:]))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the operands: the phase-ordered weight (split on fp16x3p), the phase table
+# ----------------------------------------------------------------------------------------------------------------
+def phase_weight(weight: torch.Tensor, geo: TransposedGeometry) -> torch.Tensor:
+    """(C_in, C_out/g, KD, KH, KW) -> the (C_out, K_total) fp32 operand: per output channel, the phases' tap
+    blocks in phase order, each (ci, jd, jh, jw) row-major with tap k = k0 + j * step."""
+    kd, kh, kw = geo.kernel
+    w = weight.detach().float().reshape(geo.groups, geo.CIN_G, geo.COUT_G, kd, kh, kw).transpose(1, 2)
+    w = w.reshape(geo.C_out, geo.CIN_G, kd, kh, kw)
+    taps = [[list(range(ph.k0[r], ph.k0[r] + ph.nt[r] * ph.step, ph.step)) for r in range(len(ph.nt))]
+            for ph in geo.phases]
+    blocks = [w[:, :, taps[0][rd]][:, :, :, taps[1][rh]][:, :, :, :, taps[2][rw]].reshape(geo.C_out, -1)
+              for rd in range(geo.SD) for rh in range(geo.SH) for rw in range(geo.SW)]
+    return torch.cat(blocks, dim=1).contiguous()
+
+
+def _weight_parts(weight: torch.Tensor, geo: TransposedGeometry, split: bool) -> tuple:
+    """(w, w_lo, w_scale or None, stride_wn) of the phase-ordered weight: its fp16 hi/lo split (split_weight's
+    views of one buffer) and per-channel powers of two, or the fp32 matrix alone."""
+    wp = phase_weight(weight, geo)
+    if not split:
+        return wp, wp, None, wp.stride(0)
+    w_hi, w_lo, w_scale = split_weight(wp)
+    return w_hi, w_lo, w_scale, w_hi.stride(0)
+
+
+def cached_phase_weight(weight: torch.Tensor, geo: TransposedGeometry, split: bool) -> tuple:
+    """_weight_parts, made once and reused while the weight is the same tensor with the same storage and version
+    counter (an optimizer step, load_state_dict or an in-place write under no_grad invalidate it, as conv.py's
+    cached_conv_split) and the geometry's taps are the same (stride, padding, dilation, kernel)."""
+    key = (tensor_key(weight), geo.phases, split)
+    hit = getattr(weight, "_kfuse_conv_transpose", None)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    with torch.no_grad():
+        parts = _weight_parts(weight, geo, split)
+    weight._kfuse_conv_transpose = (key, parts)
+    return parts
+
+
+@functools.lru_cache(maxsize=256)
+def _phase_table(rows: tuple[tuple[int, ...], ...], device: torch.device) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1)
+
+
+def phase_table(geo: TransposedGeometry, device: torch.device) -> torch.Tensor:
+    """The per-phase integers (PHASE_FIELDS per phase, int32) on `device`, one tensor per geometry and device."""
+    return _phase_table(tuple(geo.phase_rows()), device)
+
+
+def conv_transpose_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, output_padding, groups: int,
+                        dilation, scheme: str | None = None) -> tuple:
+    """(geo, scheme, cfg, ops, sizes) for one launch of a conv_transpose_tile kernel on contiguous x: geometry,
+    scheme (conv.py's conv_scheme unless given), tile config (conv.py's conv_config on the largest phase), operand
+    tensors (x, w, w_lo, w_scale, x_scale, phase table) and size arguments (stride_wn, then geo.args()). A
+    parameter's phase-ordered weight is cached (cached_phase_weight); any other weight is rebuilt on every call."""
+    geo = conv_transpose_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, output_padding, groups,
+                                  dilation)
+    scheme = scheme or conv_scheme(x)
+    split = scheme == "fp16x3p"
+    cfg = conv_config(geo, scheme, SETTINGS.interpret)  # reads M, K, COUT_G: the largest phase's GEMM
+    parts = cached_phase_weight(weight, geo, split) if isinstance(weight, torch.nn.Parameter) else _weight_parts(
+        weight, geo, split)
+    w, w_lo, w_scale, stride_wn = parts
+    x_scale = conv_x_scales(x) if split else x
+    ops = (x, w, w_lo, x if w_scale is None else w_scale, x_scale, phase_table(geo, x.device))
+    return geo, scheme, cfg, ops, (stride_wn, *geo.args())
+
+
+def conv_transpose_grid(geo: TransposedGeometry, cfg: ConvConfig) -> tuple[int, int, int]:
+    """(row tiles of the largest phase x column tiles of a group, groups, phases)."""
+    return cdiv(geo.M, cfg.block_m) * cdiv(geo.COUT_G, cfg.block_n), geo.groups, geo.n_phases
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the tile
+# ----------------------------------------------------------------------------------------------------------------
+@triton.jit
+def conv_transpose_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, phase_ptr, stride_wn, pid_m, pid_n, g,
+                        N, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, SD, SH, SW, ED, EH, EW,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
+    """(acc, row offsets, row mask) of output rows pid_m * BLOCK_M + i of phase program_id(2) and channels
+    g * COUT_G + pid_n * BLOCK_N + j: the fp32 accumulator (no bias), each row's offset in the NC(D)HW output at
+    channel 0 (add channel * OD*OH*OW), and which rows exist. The phase is a convolution over its own pixels t:
+    conv_tile at stride 1, leading padding -q, dilation -E, its tap counts, its weight block at column `col`."""
+    row = phase_ptr + tl.program_id(2) * 10  # PHASE_FIELDS
+    rd = tl.load(row)
+    rh = tl.load(row + 1)
+    rw = tl.load(row + 2)
+    ntd = tl.load(row + 3)
+    nth = tl.load(row + 4)
+    ntw = tl.load(row + 5)
+    col = tl.load(row + 9)
+    # the phase's output pixels per dim: r, r + s, ... below O (at least 1 for the index math; M is then 0)
+    td = tl.maximum((OD - rd + SD - 1) // SD, 1)
+    th = tl.maximum((OH - rh + SH - 1) // SH, 1)
+    tw = tl.maximum((OW - rw + SW - 1) // SW, 1)
+    M = N * ((OD - rd + SD - 1) // SD) * ((OH - rh + SH - 1) // SH) * ((OW - rw + SW - 1) // SW)
+    if pid_m * BLOCK_M < M:
+        acc = conv_tile(x_ptr, w_ptr + col, w_lo_ptr + col, w_scale_ptr, x_scale_ptr, stride_wn, pid_m, pid_n, g,
+                        M, C_in, D, H, W, td, th, tw, C_out, CIN_G, COUT_G, ntd, nth, ntw, 1, 1, 1,
+                        -tl.load(row + 6), -tl.load(row + 7), -tl.load(row + 8), -ED, -EH, -EW,
+                        BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
+    else:  # a row tile past this phase's pixels: nothing to compute, nothing stored
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    S_t = td * th * tw
+    n_idx = offs_m // S_t
+    sp = offs_m % S_t
+    od = rd + (sp // (th * tw)) * SD
+    oh = rh + ((sp // tw) % th) * SH
+    ow = rw + (sp % tw) * SW
+    rows = n_idx.to(tl.int64) * C_out * (OD * OH * OW) + (od * (OH * OW) + oh * OW + ow)
+    return acc, rows, offs_m < M
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the plain transposed convolution (+ bias), for tests and direct use
+# ----------------------------------------------------------------------------------------------------------------
+@triton.jit
+def conv_transpose_bias_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, phase_ptr, bias_ptr, out_ptr,
+                               stride_wn, N, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, SD, SH, SW, ED, EH, EW,
+                               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
+    """out = conv_transpose(x, w) + bias, NC(D)HW. Bytes: x read once, w once per row tile, out written once."""
+    pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)
+    acc, rows, mask_m = conv_transpose_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, phase_ptr, stride_wn,
+                                            pid_m, pid_n, g, N, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G,
+                                            SD, SH, SW, ED, EH, EW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
+    offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = g * COUT_G + offs_c
+    mask = mask_m[:, None] & (offs_c < COUT_G)[None, :]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + offs_n, mask=offs_c < COUT_G, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rows[:, None] + (offs_n.to(tl.int64) * (OD * OH * OW))[None, :], acc, mask=mask)
+
+
+def conv_transpose_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1,
+                           padding=0, output_padding=0, groups: int = 1, dilation=1, scheme: str | None = None,
+                           cfg: ConvConfig | None = None) -> torch.Tensor:
+    """conv_transpose{1,2,3}d(x, weight, bias, stride, padding, output_padding, groups, dilation) by
+    conv_transpose_bias_kernel; no autograd. `scheme`: None for conv_scheme's; `cfg`: None for conv_config's."""
+    x = x.contiguous()
+    geo, scheme, default_cfg, ops, sizes = conv_transpose_plan(x, weight, stride, padding, output_padding, groups,
+                                                               dilation, scheme)
+    cfg = cfg or default_cfg
+    out = torch.empty(geo.out_shape, device=x.device, dtype=x.dtype)
+    if out.numel():
+        conv_transpose_bias_kernel[conv_transpose_grid(geo, cfg)](
+            *ops, out if bias is None else bias, out, *sizes, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
+    return out
+
+
+def conv_transpose_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1, padding=0,
+                       output_padding=0, groups: int = 1, dilation=1) -> torch.Tensor:
+    """Plain torch reference (computes in x's dtype: pass float64 tensors for the accuracy reference)."""
+    fn = {3: torch.nn.functional.conv_transpose1d, 4: torch.nn.functional.conv_transpose2d,
+          5: torch.nn.functional.conv_transpose3d}[x.dim()]
+    return fn(x, weight, bias, stride, padding, output_padding, groups, dilation)
