@@ -22,7 +22,15 @@ CPU = Options(device="cpu", trials=2)
 # scale (04). Depthwise convolutions (05, 11) stay torch calls (regions/conv_epilogue.depthwise).
 RUN = ["02_conv2d_bias_scale", "08_conv2d_odd_nobias_clamp", "06_grouped_strided_dilated_conv2d_tanh",
        "09_functional_conv2d_same_mish", "04_conv3d_swish_scale"]
-DEPTHWISE = ["05_depthwise_conv2d_hardswish", "11_conv1d_depthwise_same_silu_residual"]
+DEPTHWISE = ["05_depthwise_conv2d_hardswish", "11_conv1d_depthwise_same_silu_residual",
+             "25_conv_transpose2d_depthwise_hardswish"]
+# Transposed convolutions (kernels/conv_transpose.py): stride 3 with dilation and output_padding in 1-d (20), batch 1
+# 3-d with asymmetric strides and no bias (22), two outputs (26); training: grouped and dilated (21), the functional
+# form with a stride larger than the kernel's phases hold taps for (23)
+TRANSPOSED = ["20_conv_transpose1d_stride3_dilated_gelu", "22_conv_transpose3d_batch1_asymmetric_nobias_leakyrelu",
+              "26_conv_transpose1d_batch1_two_outputs_hardsigmoid"]
+TRANSPOSED_TRAINS = ["21_conv_transpose2d_grouped_dilated_scale_tanh",
+                     "23_functional_conv_transpose2d_stride3_clamp_bias"]
 
 
 def small(path: Path) -> dict[str, int]:
@@ -35,7 +43,7 @@ def small(path: Path) -> dict[str, int]:
 
 
 def test_enough_problems_in_kernelbench_format():
-    assert len(PROBLEMS) >= 8
+    assert len(PROBLEMS) >= 30
     for path in PROBLEMS:
         tree = ast.parse(path.read_text())
         names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
@@ -44,7 +52,7 @@ def test_enough_problems_in_kernelbench_format():
         assert "batch_size" in consts, path.name
 
 
-@pytest.mark.parametrize("stem", RUN[:3])
+@pytest.mark.parametrize("stem", RUN[:3] + TRANSPOSED)
 def test_problem_small(tmp_path, stem):
     path = CONV / f"{stem}.py"
     result = optimize(load_problem(path, small(path)), CPU, workdir=tmp_path)
@@ -53,7 +61,7 @@ def test_problem_small(tmp_path, stem):
     assert result.compiled.unfused == []
 
 
-@pytest.mark.parametrize("stem", RUN[2:])
+@pytest.mark.parametrize("stem", RUN[2:] + TRANSPOSED_TRAINS)
 def test_problem_trains(tmp_path, stem):
     """ModelNew's gradients (input and every parameter) meet rules 2 and 3 against eager and float64."""
     path = CONV / f"{stem}.py"
@@ -64,6 +72,15 @@ def test_problem_trains(tmp_path, stem):
     out.write_text(compiled.source)
     verdict = gradient_contract(prob, load_module(out).ModelNew, draws=1)
     assert verdict.correct, verdict.failures
+
+
+def test_conv_then_transposed_conv_are_two_regions(tmp_path):
+    """problems/conv/30: a strided Conv2d + ReLU feeding a ConvTranspose2d + sigmoid, each form its own region."""
+    path = CONV / "30_conv2d_down_conv_transpose2d_up.py"
+    result = optimize(load_problem(path, small(path)), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert [(r.kind, r.ops()) for r in result.compiled.regions] == [("conv_epilogue", ["conv", "relu"]),
+                                                                    ("conv_epilogue", ["conv_transpose", "sigmoid"])]
 
 
 @pytest.mark.parametrize("stem", DEPTHWISE)

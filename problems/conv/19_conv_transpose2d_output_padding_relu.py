@@ -3,8 +3,8 @@ import torch.nn as nn
 
 
 class Model(nn.Module):
-    """ConvTranspose2d with stride 2 and output_padding 1, then ReLU. Transposed convolutions are not yet a region
-    kind: today this stays a torch call (issue 20, item 1)."""
+    """ConvTranspose2d with stride 2 and output_padding 1, then ReLU (fused: kernels/conv_transpose.py's stride
+    phases, the ReLU on the accumulator)."""
 
     def __init__(self, in_channels, out_channels, kernel_size):
         super().__init__()
