@@ -220,13 +220,24 @@ def conv_transpose_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, 
                                   dilation)
     scheme = scheme or conv_scheme(x)
     split = scheme == "fp16x3p"
-    cfg = conv_config(geo, scheme, SETTINGS.interpret)  # reads M, K, COUT_G: the largest phase's GEMM
+    cfg = conv_transpose_config(geo, scheme, SETTINGS.interpret)
     parts = cached_phase_weight(weight, geo, split) if isinstance(weight, torch.nn.Parameter) else _weight_parts(
         weight, geo, split)
     w, w_lo, w_scale, stride_wn = parts
     x_scale = conv_x_scales(x) if split else x
     ops = (x, w, w_lo, x if w_scale is None else w_scale, x_scale, phase_table(geo, x.device))
     return geo, scheme, cfg, ops, (stride_wn, *geo.args())
+
+
+def conv_transpose_config(geo: TransposedGeometry, scheme: str, interpret: bool) -> ConvConfig:
+    """conv.py's conv_config on the largest phase's GEMM (it reads M, K and COUT_G), with 16-deep K blocks on a GPU
+    where the column tile is 128 wide: at 64 x 128 x 32 (4 warps) this kernel spilled 112 bytes on fp16x3p (and 48
+    on ieee) in ptxas for sm_90, its phase bookkeeping on top of conv's tile at the 255-register cap; 64 x 128 x 16
+    has no spill (tests/test_conv_transpose_kernel.py). 8 warps also fit but wait for a GPU test, as conv's do."""
+    cfg = conv_config(geo, scheme, interpret)
+    if not interpret and cfg.block_n >= 128:
+        return dataclasses.replace(cfg, block_k=16)
+    return cfg
 
 
 def conv_transpose_grid(geo: TransposedGeometry, cfg: ConvConfig) -> tuple[int, int, int]:
