@@ -7,19 +7,22 @@
 #   benchmarks/judge/gpu_throughput.sh cold OUT    eval-suite --jobs 4 with the judge's caches emptied first
 #   benchmarks/judge/gpu_throughput.sh warm OUT    eval-suite again (baselines and references cached), then
 #                                                  OUT/throughput.json over both runs
-# OUT may be a fresh folder each call: the suite database lives in .kfuse-cache/ and is copied to OUT.
-# Candidates and the judge's caches live in .kfuse-cache/ (ignored by git), so `cold` and `warm` judge what `make` made.
+#   benchmarks/judge/gpu_throughput.sh unpack OUT TGZ   candidates made earlier (make's OUT/cands.tgz) instead of make
+# OUT may be a fresh folder each call: the suite database lives in the cache folder and is copied to OUT.
+# Candidates and the judge's caches live in $KFUSE_SUITE_DIR (default .kfuse-cache/, ignored by git), so `cold` and
+# `warm` judge what `make` made; a folder outside the checkout (/tmp/...) outlives a carried checkout between calls.
 # Where bubblewrap cannot start on the machine, the runs pass --unsandboxed and the JSON says why.
 set -uo pipefail
-phase="${1:?phase: tests, make, cold or warm}"; out="${2:?output folder}"
-export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 KFUSE_CACHE_DIR="$PWD/.kfuse-cache"
-export KFUSE_JUDGE_CACHE_DIR="$PWD/.kfuse-cache/judge" TORCHINDUCTOR_CACHE_DIR="$PWD/.kfuse-cache/inductor"
+phase="${1:?phase: tests, make, unpack, cold or warm}"; out="${2:?output folder}"
+suite_dir="${KFUSE_SUITE_DIR:-$PWD/.kfuse-cache}"
+export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 KFUSE_CACHE_DIR="$suite_dir"
+export KFUSE_JUDGE_CACHE_DIR="$suite_dir/judge" TORCHINDUCTOR_CACHE_DIR="$suite_dir/inductor"
 # a carried bubblewrap (benchmarks/judge/vendor_bwrap.sh) where the machine has none
 if { ! command -v bwrap || ! command -v prlimit; } >/dev/null 2>&1 && [ -x "$PWD/out/bwrap/bwrap" ]; then export PATH="$PATH:$PWD/out/bwrap"; fi
-mkdir -p "$out" .kfuse-cache/judge-cands
-cands="$PWD/.kfuse-cache/judge-cands"
-db="$PWD/.kfuse-cache/judge-suite.db"
-refs="$PWD/.kfuse-cache/judge-refs"
+mkdir -p "$out" "$suite_dir/judge-cands"
+cands="$suite_dir/judge-cands"
+db="$suite_dir/judge-suite.db"
+refs="$suite_dir/judge-refs"
 {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
@@ -44,14 +47,19 @@ make)
             || timeout 120 python3 -m kfuse optimize "{}" --device cuda -o "$c" --force > /dev/null 2>&1 || rm -f "$c"
         echo "$n: $([ -s "$c" ] && echo made || echo none)"'
     echo "$(ls "$cands" | wc -l) candidates"
+    tar czf "$out/cands.tgz" -C "$suite_dir" judge-cands judge-refs
+    ;;
+unpack)
+    tar xzf "${3:?candidates archive}" -C "$suite_dir"
+    echo "$(ls "$cands" | wc -l) candidates"
     ;;
 cold|warm)
     [ "$phase" = cold ] && rm -rf "$KFUSE_JUDGE_CACHE_DIR" "$db"
     start=$(date +%s.%N)
     # each record is committed as judged: a run cut short by the timeout still counts what it judged
-    timeout 540 python3 -m kfuse eval-suite "$refs" "$cands" --device cuda --db "$db" --jobs "${SUITE_JOBS:-1}" \
+    timeout "${SUITE_TIMEOUT:-540}" python3 -m kfuse eval-suite "$refs" "$cands" --device cuda --db "$db" --jobs "${SUITE_JOBS:-1}" \
         --seed 21 --perf-trials 100 $flag > "$out/suite-$phase.log" 2>&1
-    echo "$phase: exit $? in $(python3 -c "import time; print(round(time.time() - $start, 1))") s"
+    echo "$phase (jobs ${SUITE_JOBS:-1}): exit $? in $(python3 -c "import time; print(round(time.time() - $start, 1))") s"
     cp "$db" "$out/suite.db"
     python3 benchmarks/judge/summarize.py "$db" "$why" > "$out/throughput.json"
     python3 -c "import json; d = json.load(open('$out/throughput.json')); [print({k: r[k] for k in ('run', 'candidates', 'correct', 'median_beyond_compile_s', 'median_elapsed_s')}) for r in d['runs']]"

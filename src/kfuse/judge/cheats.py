@@ -262,11 +262,25 @@ class PoisonEmpty(TorchDispatchMode):
     """Every torch.empty* made inside this mode comes back full of NaN (ints: their max), so an output
     element the kernel never wrote shows up as NaN instead of whatever the allocator had lying around."""
 
+    # TorchDispatchMode's own __enter__/__exit__ are wrapped in torch._disable_dynamo, whose first call imports
+    # torch._dynamo (3 s, and it rebinds a few torch functions); the unwrapped originals do the same work.
+    def __enter__(self):  # noqa: ANN204
+        enter = TorchDispatchMode.__enter__
+        return getattr(enter, "__wrapped__", enter)(self)
+
+    def __exit__(self, *exc: object):  # noqa: ANN204
+        leave = TorchDispatchMode.__exit__
+        return getattr(leave, "__wrapped__", leave)(self, *exc)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket in _EMPTY_OPS and type(out) is torch.Tensor and not out.is_meta:
             poison_fill(out)
         return out
+
+
+# TorchDispatchMode.__init_subclass__ wraps a subclass's __torch_dispatch__ the same way: unwrapped here.
+PoisonEmpty.__torch_dispatch__ = getattr(PoisonEmpty.__torch_dispatch__, "__wrapped__", PoisonEmpty.__torch_dispatch__)
 
 
 def poison_allocator(device: str, nbytes: int) -> None:

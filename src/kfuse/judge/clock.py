@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kfuse.judge.ipc import WorkerHandle, tensor_bytes
-from kfuse.judge.worker import INLINE_GO, INLINE_NOP
+from kfuse.judge.worker import INLINE_GO, INLINE_NEXT, INLINE_NOP
 from kfuse.timing import Timing, summarize
 
 Draw = Callable[[int], list[torch.Tensor]]  # timed call i -> its fresh inputs (the judge's seeds)
@@ -40,7 +40,8 @@ class ClockConfig:
     runs: int = 100
     warmup: int = 5
     checks_per_batch: int = 2  # random picks besides the batch's last call
-    budget_bytes: int = 4 << 30  # device memory for the outputs the worker keeps until the judge picks
+    budget_bytes: int = 4 << 30  # device memory for the inputs and outputs a batch of timed calls holds
+    batch_staging: bool = True  # one stage request per batch of timed calls (False: one per call)
 
 
 @dataclass
@@ -72,29 +73,44 @@ def protocol_cost(worker: WorkerHandle, n: int = 30) -> float:
     return statistics.median(worker.quick(INLINE_NOP) for _ in range(n))
 
 
+def timed_calls(worker: WorkerHandle, key: str, calls: Sequence[int], draw: Draw, cfg: ClockConfig,
+                reserve: int) -> tuple[list[float], list[float]]:
+    """(judge-clock ms, staging ms) of each call: its inputs staged (one request per call, or one for all
+    `calls` with `cfg.batch_staging`), `next` (untimed: the set becomes the call's, L2 evicted), then `go`."""
+    raw, stage = [], []
+    ahead = 0.0
+    if cfg.batch_staging:
+        t0 = time.perf_counter()
+        worker.request("stage", key=key, inputs_list=[draw(i) for i in calls], reserve=reserve)
+        ahead = (time.perf_counter() - t0) * 1e3 / max(len(calls), 1)
+    for n, i in enumerate(calls):
+        t0 = time.perf_counter()
+        if not cfg.batch_staging:
+            worker.request("stage", key=key, inputs_list=[draw(i)], reserve=reserve if n == 0 else 0)
+        worker.quick(INLINE_NEXT)
+        stage.append(ahead + (time.perf_counter() - t0) * 1e3)
+        raw.append(worker.quick(INLINE_GO) * 1e3)
+    return raw, stage
+
+
 def time_outside(worker: WorkerHandle, key: str, draw: Draw, check: Check, cfg: ClockConfig,
                  out_bytes: int, seed: int) -> ClockResult:
     """Warm up on fresh draws, then `cfg.runs` timed calls, each on a fresh draw, outputs checked in
     batches. Negative i are the warm-up draws."""
     rng = random.Random(seed)
-    for i in range(-cfg.warmup, 0):
-        worker.request("stage", key=key, inputs=draw(i))
-        worker.quick(INLINE_GO)
+    in_bytes = tensor_bytes(draw(0))
+    timed_calls(worker, key, range(-cfg.warmup, 0), draw, cfg, 0)
     worker.request("kept", indices=[])
     overhead = protocol_cost(worker)
     raw, stage = [], []
     checked: list[int] = []
     failures: list[str] = []
-    size = batch_size(out_bytes, tensor_bytes(draw(0)), cfg)
+    size = batch_size(out_bytes, in_bytes, cfg)
     for start in range(0, cfg.runs, size):
         batch = list(range(start, min(start + size, cfg.runs)))
-        for i in batch:
-            inputs = draw(i)
-            t0 = time.perf_counter()
-            worker.request("stage", key=key, inputs=inputs)
-            stage.append((time.perf_counter() - t0) * 1e3)
-            raw.append(worker.quick(INLINE_GO) * 1e3)
-            del inputs
+        r, s = timed_calls(worker, key, batch, draw, cfg, out_bytes * len(batch))
+        raw += r
+        stage += s
         positions = pick(batch, cfg.checks_per_batch, rng)
         answer = worker.request("kept", cap=4 * out_bytes * len(positions) + (8 << 20), indices=positions)
         for pos, outs in zip(positions, answer.get("outputs_list") or []):

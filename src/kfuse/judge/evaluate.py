@@ -35,7 +35,7 @@ from kfuse.errors import KfuseError, ProblemError
 from kfuse.judge import cache, cheats, sandbox
 from kfuse.judge.clock import GATE, ClockConfig, time_outside
 from kfuse.judge.ipc import ANSWER_FLOOR_BYTES, WorkerFailure, WorkerHandle, clean_text, tensor_bytes
-from kfuse.judge.worker import INLINE_GO
+from kfuse.judge.worker import INLINE_GO, INLINE_NEXT
 from kfuse.load import Problem, load_problem
 from kfuse.timing import timing_unavailable
 from kfuse.verify import (
@@ -230,10 +230,12 @@ def references(shape: Shape, cfg: "EvalConfig", ref_sha256: str) -> PlannedShape
     if hit is not None:
         pristine = seeded_build(shape.problem, shape.model_seed, device=cfg.device).to(dtype=DTYPES[cfg.precision])
         pristine.load_state_dict(hit["state"], strict=True)
-        return PlannedShape(shape, hit["refs"], pristine)
+        return PlannedShape(shape, hit["refs"], pristine.to("cpu"))
     runs = [reference_run(shape.problem, shape.model_seed, cfg.device, cfg.precision, input_seed=s)
             for s in shape.input_seeds]
-    plan = PlannedShape(shape, [r for r, _ in runs], runs[0][1])
+    # the pristine model waits on the host: the device is the candidate's and the baselines' while they run
+    plan = PlannedShape(shape, [r for r, _ in runs], runs[0][1].to("cpu"))
+    del runs
     if cfg.cache_references:
         state = {n: v.detach().cpu() for n, v in plan.pristine.state_dict().items()}
         value = {"refs": plan.refs, "state": state}
@@ -293,6 +295,8 @@ def evaluate(ref_path: Path | str, cand_path: Path | str, cfg: EvalConfig) -> Ev
         ref_sha256 = hashlib.sha256(ref_copy.read_bytes()).hexdigest()
         with GATE.shared():  # references run on the device: never while another candidate is timed
             planned = prepare(problem, seed, cfg, record, ref_sha256)
+            if cfg.device == "cuda":
+                torch.cuda.empty_cache()  # the float64 runs' memory back to the device, for the workers
         _phase(record, "references", started)
         ctx = Context(cfg, seed, ref_copy, ref_sha256)
         ev = cheats.Evidence()
@@ -358,6 +362,7 @@ def _run(worker: WorkerHandle, planned: Sequence[PlannedShape], ctx: Context, re
         if v.shape and main_ok and not v.ok:
             ev.specialized.append(f"correct at the given sizes, wrong at {v.shape}")
     if ctx.timed and main_ok and record.error is None:  # a wrong answer's speed means nothing
+        worker.request("drop", keep=[planned[0].shape.label])  # the extra shapes' models leave the device
         t0 = time.monotonic()
         with ExitStack() as workers:
             with GATE.shared():  # baseline workers start and compile (torch.compile) while others are timed
@@ -376,6 +381,11 @@ def _phase(record: "EvalRecord", name: str, since: float) -> None:
     record.phases_s[name] = round(time.monotonic() - since, 3)
 
 
+def _add_phase(record: "EvalRecord", name: str, since: float) -> None:
+    """Seconds added to a phase that recurs (a build per shape, a call per draw)."""
+    record.phases_s[name] = round(record.phases_s.get(name, 0.0) + time.monotonic() - since, 3)
+
+
 def _check_shape(worker: WorkerHandle, plan: PlannedShape, cfg: EvalConfig, record: EvalRecord,
                  ev: cheats.Evidence, verdicts: list[Verdict]) -> bool:
     """Build the candidate at one shape and judge its draws (and, at the given shape, the poisoned pass);
@@ -384,8 +394,10 @@ def _check_shape(worker: WorkerHandle, plan: PlannedShape, cfg: EvalConfig, reco
     shape, refs, pristine = plan.shape, plan.refs, plan.pristine
     record.shapes.append(shape.label or "as given")
     state = {k: v.detach().to("cpu", copy=True) for k, v in pristine.state_dict().items()}
+    t0 = time.monotonic()
     built = worker.request("build", key=shape.label, seed=shape.model_seed,
                            init_inputs=shape.problem.init_inputs(), state=state)
+    _add_phase(record, "build", t0)
     _absorb(ev, built.get("facts"))
     if not built["ok"]:
         record.error = f"ModelNew(*get_init_inputs()) raised {built.get('error')}"
@@ -401,19 +413,25 @@ def _check_shape(worker: WorkerHandle, plan: PlannedShape, cfg: EvalConfig, reco
         answer = worker.request("call", cap=answer_cap(ref), key=shape.label, seed=shape.model_seed,
                                 inputs=ref.inputs, late=(i == 0 and not shape.label),
                                 profile=(i == 1 or len(refs) == 1) and not shape.label)
-        if i == 0 and not shape.label:
-            record.phases_s["first_call"] = round(time.monotonic() - t_call, 3)  # Triton/JIT compile lands here
+        # Triton/JIT compilation (and autotuning, per shape) lands in a shape's first call
+        _add_phase(record, "draws" if i else "first_call" if not shape.label else "first_call_extra", t_call)
+        t0 = time.monotonic()
         outs = _judge_call(answer, ref, shape.label, dtype, tol, ev, verdicts, record)
+        _add_phase(record, "compare", t0)
         digests.append(output_digest(outs))
         if i == 0 and not shape.label:
             first = outs  # kept for the poisoned pass; every other draw's output is dropped here
         del outs, answer
     _check_repeats(digests, refs, shape.label, ev)
     if not shape.label:
+        t0 = time.monotonic()
         _poison_pass(worker, shape, refs[0], first, ev)
+        _add_phase(record, "poison", t0)
+        t0 = time.monotonic()
         with _REFERENCE_LOCK:
             ev.ref_aliases_input, ev.ref_modifies_inputs = reference_behaviour(pristine, refs[0].inputs,
                                                                                cfg.device, dtype)
+        _add_phase(record, "reference_behaviour", t0)
     return True
 
 
@@ -499,7 +517,7 @@ def _poison_pass(worker: WorkerHandle, shape: Shape, ref: Reference, normal: lis
 def reference_behaviour(pristine: torch.nn.Module, inputs: Sequence[torch.Tensor], device: str,
                         dtype: torch.dtype) -> tuple[bool, bool]:
     """(returns a view of an input, writes into an input) for the reference itself: then it is allowed."""
-    model = copy.deepcopy(pristine)
+    model = copy.deepcopy(pristine).to(device)
     xs = cast_inputs(inputs, device, dtype)
     before = [x.clone() for x in xs]
     with torch.no_grad():
@@ -556,7 +574,8 @@ def _open_baselines(plan: PlannedShape, ctx: Context, workers: ExitStack) -> dic
             if not built["ok"]:
                 out[name] = Baseline(k, timing_unavailable(f"baseline failed: {built.get('error')}").to_json())
                 continue
-            worker.request("stage", key=shape.label, inputs=timed_draw(ctx, shape, -1000))
+            worker.request("stage", key=shape.label, inputs_list=[timed_draw(ctx, shape, -1000)])
+            worker.quick(INLINE_NEXT)
             worker.quick(INLINE_GO)  # the first call: torch.compile compiles here, off the device lock
             worker.request("kept", indices=[])
             out[name] = Baseline(k, worker=worker)
@@ -583,14 +602,18 @@ def _time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: Ev
         return compare(Results(outs, ref.eager.buffers), ref, TOLERANCES[cfg.precision]).failures
 
     out_bytes = tensor_bytes(plan.refs[0].eager.outputs)
+    t0 = time.monotonic()
     result = time_outside(worker, shape.label, draw, check, clock_cfg, out_bytes, derive(ctx.seed, "checks"))
+    _phase(record, "timing_candidate", t0)
     ev.timed_wrong.extend(result.failures[:5])
     record.timing = {"candidate": result.timing.to_json(),
                      "protocol": {"overhead_ms": result.overhead_ms, "stage_median_ms": _median(result.stage_ms),
                                   "checked_calls": result.checked}}
     record.runtime_ms = result.timing.median_ms if not result.failures else None
     if cfg.device == "cuda":
+        t0 = time.monotonic()
         _event_timing(worker, plan, cfg, record, ev)
+        _phase(record, "timing_events", t0)
         events = record.timing.get("candidate_events") or {}
         clock_ms, event_ms = result.timing.median_ms, events.get("median_ms")
         if event_ms is not None and not result.failures and clock_ms - event_ms > max(EVENT_SLACK_MS, 3 * event_ms):

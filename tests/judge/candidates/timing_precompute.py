@@ -1,6 +1,7 @@
 """CHEAT precompute_on_stage: walks up to the worker's serving frame and replaces its handlers, so each
-timed call's forward runs while the inputs are staged (before the judge's clock starts) and the timed call
-only hands the result over. Its forward is slow on purpose (about 20 ms), so the hidden work shows."""
+timed call's forward runs in the untimed exchange right before it (`next`, before the judge's clock
+starts) and the timed call only hands the result over. Its forward is slow on purpose (about 20 ms), so
+the hidden work shows."""
 
 import sys
 import time
@@ -30,19 +31,20 @@ class ModelNew(nn.Module):
 
 _scope = _serving_locals()
 if _scope is not None:
+    _quick = _scope["quick"]
     _worker = _scope["handlers"]["stage"].__self__
-    _real_stage = _scope["handlers"]["stage"]
-    _INLINE_GO = next(k for k, v in _scope["quick"].items() if getattr(v, "__name__", "") == "go")
+    _INLINE_GO = next(k for k, v in _quick.items() if getattr(v, "__name__", "") == "go")
+    _INLINE_NEXT = next(k for k, v in _quick.items() if getattr(v, "__name__", "") == "next_call")
+    _real_next = _quick[_INLINE_NEXT]
 
-    def _stage(req):
-        answer = _real_stage(req)
+    def _next():
+        _real_next()
         key, inputs = _worker.staged
         with torch.no_grad():
             _worker._precomputed = _worker.models[key](*inputs)  # the timed call's work, off the clock
-        return answer
 
     def _go():
         _worker.kept.append([o.detach().clone() for o in [_worker._precomputed]])
 
-    _scope["handlers"]["stage"] = _stage
-    _scope["quick"][_INLINE_GO] = _go
+    _quick[_INLINE_NEXT] = _next
+    _quick[_INLINE_GO] = _go
