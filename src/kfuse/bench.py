@@ -232,13 +232,15 @@ def _first_call(fn: Callable[[], Any], device: str) -> float:
     return time.perf_counter() - t0
 
 
-def load_kfuse(problem: Problem, device: str, workdir: Path, autotune: str | None = None) -> Any:
+def load_kfuse(problem: Problem, device: str, workdir: Path, autotune: str | None = None,
+               backend: str = "triton") -> Any:
     """Compile the problem with kfuse and import the generated file (a fresh module). `autotune`: its tuner's mode
     ("on", "off" or "force": tune again, ignoring the disk cache); None keeps the one the environment gave
-    (KFUSE_AUTOTUNE, read when the module loads)."""
+    (KFUSE_AUTOTUNE, read when the module loads). `backend`: "cuda" for CUDA C++ kernels (built on the first call:
+    the first call's time then includes the build, or the load from the cache folder)."""
     from kfuse.optimize import Options, compile_problem, load_module
 
-    compiled = compile_problem(problem, Options(device=device))
+    compiled = compile_problem(problem, Options(device=device, backend=backend))
     path = workdir / f"{problem.name}_kfuse.py"
     path.write_text(compiled.source)
     module = load_module(path)
@@ -287,7 +289,7 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
                   trials: int = 5, timer: Callable[..., Timing] = time_cuda,
                   compiler: Callable[..., Any] | None = None, progress: Progress = lambda msg: None,
                   workdir: Path | None = None, baselines: Sequence[str] = MODELS, train: bool = False,
-                  autotune: str | None = None) -> BenchResult:
+                  autotune: str | None = None, backend: str = "triton") -> BenchResult:
     """Measure one problem (see the module docstring). `compiler` defaults to torch.compile; `timer` to
     timing.time_cuda; `baselines` may leave models out (they are then reported as missing); `train` times
     training steps and adds the gradient contract; `autotune`: the generated module's tuner mode (load_kfuse)."""
@@ -300,7 +302,7 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
     errors: dict[str, str] = {}
 
     progress(f"{name}: kfuse: capture, rewrite, partition, emit")
-    module = load_kfuse(problem, device, workdir, autotune)
+    module = load_kfuse(problem, device, workdir, autotune, backend)
 
     def build(cls: type | None = None) -> torch.nn.Module:
         torch.manual_seed(0)
@@ -402,6 +404,8 @@ def bench_cmd(
     baselines: str = typer.Option(",".join(m for m in MODELS if m != "kfuse"), "--baselines",
                                   help="Comma-separated models timed beside kfuse (eager, compile_default, "
                                        "compile_max_autotune); those left out are reported as missing."),
+    backend: str = typer.Option("triton", "--backend", help="kfuse's kernels: triton (default) or cuda (CUDA C++ "
+                                "built with load_inline; its build is part of the first call's time)."),
 ) -> None:
     """Time eager fp32, torch.compile (default, max-autotune) and kfuse's ModelNew side by side on one GPU."""
     from rich.console import Console
@@ -418,6 +422,9 @@ def bench_cmd(
         typer.echo(f"kfuse: error: --baselines {unknown[0]}: expected eager, compile_default or compile_max_autotune",
                    err=True)
         raise typer.Exit(2)
+    if backend not in ("triton", "cuda"):
+        typer.echo(f"kfuse: error: --backend {backend}: expected triton or cuda", err=True)
+        raise typer.Exit(2)
     overrides = parse_set(set_)
     loaded = [load_problem(p, overrides) for p in problems]  # every file is checked before the long part
     command = command_line()
@@ -433,7 +440,7 @@ def bench_cmd(
             try:
                 results.append(bench_problem(prob, runs=runs, warmup=warmup, trials=trials, progress=progress,
                                              train=train, baselines=(*chosen, "kfuse"),
-                                             autotune="force" if retune else None))
+                                             autotune="force" if retune else None, backend=backend))
             except Exception as err:  # noqa: BLE001 - one broken problem must not lose the others' numbers
                 results.append(failed_result(prob, err))
                 progress(f"{prob.name}: FAILED: {results[-1].errors['kfuse']}")

@@ -205,7 +205,9 @@ def print_report(rep: dict, result: Result) -> None:
         t = rep["timings_ms"]
         console.print(f"eager {t['eager']:.3f} ms, kfuse {t['kfuse']:.3f} ms ({t['eager'] / t['kfuse']:.2f}x)")
     if rep["unfused_ops"]:
-        console.print(f"left as torch calls: {', '.join(rep['unfused_ops'])}")
+        why = rep.get("unfused_reasons") or {}  # --backend cuda: why each is not fused
+        console.print("left as torch calls: " + ", ".join(f"{op} ({why[op]})" if op in why else op
+                                                          for op in rep["unfused_ops"]))
     for mode, other in rep["modes"].items():
         if mode != rep["mode"]:  # the forward the contract did not run (Dropout in the other mode)
             left = ", ".join(other["unfused_ops"]) or "none"
@@ -328,6 +330,19 @@ def optimize_many(paths: Sequence[Path], output: Optional[Path], json_path: Opti
         raise typer.Exit(worst)
 
 
+BACKEND_SCHEMES = {"triton": ("fp16x3p", "tf32x3", "ieee"), "cuda": ("fp16x3p", "ieee")}
+
+
+def check_backend(backend: str, scheme: Optional[str]) -> None:
+    """--backend is known and --scheme is one it runs."""
+    if backend not in BACKEND_SCHEMES:
+        raise KfuseError(f"--backend {backend}: expected triton or cuda")
+    schemes = BACKEND_SCHEMES[backend]
+    if scheme is not None and scheme not in schemes:
+        raise KfuseError(f"--scheme {scheme}: expected {', '.join(schemes[:-1])} or {schemes[-1]}"
+                         f"{' with --backend cuda' if backend == 'cuda' else ''}")
+
+
 def optimize_cmd(
     problems: list[Path] = typer.Argument(..., help="KernelBench-format problem files, or folders of them "
                                                     "(every *.py inside, recursively)."),
@@ -347,14 +362,19 @@ def optimize_cmd(
     full_size: bool = typer.Option(False, "--full-size", help="On the CPU, keep the file's sizes (default without "
                                    "--set: a small instance chosen automatically)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an output or JSON file kfuse did not write."),
+    backend: str = typer.Option("triton", "--backend", help="triton (default) or cuda: CUDA C++ kernels compiled "
+                                "with torch.utils.cpp_extension.load_inline (needs a GPU and nvcc)."),
 ) -> None:
     """Fuse a problem's Model into Triton kernels, verify it, and write a standalone ModelNew file."""
     if precision not in ("fp32", "bf16"):
         raise KfuseError(f"--precision {precision}: expected fp32 or bf16")
-    if scheme not in (None, "fp16x3p", "tf32x3", "ieee"):
-        raise KfuseError(f"--scheme {scheme}: expected fp16x3p, tf32x3 or ieee")
+    check_backend(backend, scheme)
     dev = pick_device(device)
-    opts = Options(device=dev, precision=precision, strict=strict, trials=trials, seed=seed, scheme=scheme)
+    if backend == "cuda" and dev != "cuda":
+        raise KfuseError("--backend cuda: its kernels are CUDA C++ and need a CUDA GPU to build and verify "
+                         "(use --backend triton on the CPU)")
+    opts = Options(device=dev, precision=precision, strict=strict, trials=trials, seed=seed, scheme=scheme,
+                   backend=backend)
     settings = Settings(opts, parse_set(set_), full_size, force)
     if len(problems) == 1 and not problems[0].is_dir():
         optimize_one(problems[0], output, json_path, settings)

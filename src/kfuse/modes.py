@@ -13,11 +13,13 @@ the mode the model is constructed in (`primary`); the report lists the other one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kfuse.ir import Graph, Region, attr_expr
 from kfuse.partition import partition
-from kfuse.regions import call_time_rewrites
+from kfuse.regions import KINDS, call_time_rewrites
+from kfuse.regions.kind import RegionKind
 from kfuse.rewrite import EVAL_RULES, RULES, Rule, follows_mode, rewrite
 
 
@@ -39,19 +41,19 @@ def guards(g: Graph) -> tuple[str, ...]:
                                for n in g if follows_mode(n)))
 
 
-def _variant(mode: str, g: Graph, rules: list[Rule]) -> Variant:
+def _variant(mode: str, g: Graph, rules: list[Rule], kinds: Sequence[RegionKind]) -> Variant:
     out, applied = rewrite(g, rules)
-    regions = partition(out)
+    regions = partition(out, kinds)
     return Variant(mode, out, tuple(regions), tuple(applied + call_time_rewrites(regions)))
 
 
-def variants(g: Graph) -> tuple[Variant, ...]:
+def variants(g: Graph, kinds: Sequence[RegionKind] = KINDS) -> tuple[Variant, ...]:
     """One forward, or the "train" and "eval" pair (guards read from the rewritten graph: Dropouts with
-    p = 0 or training=False are gone by then)."""
-    train = _variant("train", g, RULES)
+    p = 0 or training=False are gone by then). `kinds`: the region registry partition walks with."""
+    train = _variant("train", g, RULES, kinds)
     if not guards(train.graph):
         return (replace(train, mode="any"),)
-    return train, _variant("eval", g, EVAL_RULES + RULES)
+    return train, _variant("eval", g, EVAL_RULES + RULES, kinds)
 
 
 def primary(vs: tuple[Variant, ...]) -> Variant:

@@ -35,7 +35,9 @@ from kfuse.ir import Graph, Node, Region
 from kfuse.kernels.runtime import scheme_for
 from kfuse.load import Problem
 from kfuse.modes import Variant, primary, variants
+from kfuse.regions import KINDS as REGISTRY
 from kfuse.regions import torch_call
+from kfuse.regions.kind import RegionKind
 from kfuse.trace import Untraceable, one_line
 from kfuse.verify import ContractReport, check_contract, run_in_process
 
@@ -50,6 +52,7 @@ class Options:
     trials: int = 5
     seed: int = 0
     scheme: str | None = None  # GEMM scheme on the GPU; None: the default for the device
+    backend: str = "triton"  # "cuda": CUDA C++ kernels built with load_inline (kfuse/cuda/)
 
 
 @dataclass
@@ -60,6 +63,7 @@ class Compiled:
     variants: tuple[Variant, ...]  # every forward ModelNew has (two where a Dropout follows the mode)
     fallback: str | None = None  # why ModelNew runs Model.forward unchanged (None: it runs the pipeline's forward)
     scheme: str = ""  # the GEMM scheme the regions run (emit's)
+    backend: str = "triton"  # which backend generated the kernels (Options.backend)
 
     # graph, regions, rewrites, unfused and mode: of the forward the model runs as constructed (modes.primary)
     @property
@@ -134,17 +138,39 @@ def compile_problem(problem: Problem, opts: Options) -> Compiled:
     try:
         graph = capture_problem(problem, opts.device)  # capture: the model traced into canonical ops with shapes
     except Untraceable as why:  # ... or, where it cannot be traced, ModelNew is Model, and the report says why
-        return _strict(compiled_original(problem, str(why)), problem, opts)
-    forwards = variants(graph)  # modes: rewrite + partition, once per forward mode
-    compiled = _strict(Compiled("", forwards), problem, opts)  # strict: --strict refuses an op left as a torch call
-    return _emit(compiled, problem, scheme_for(opts.scheme, opts.device == "cuda"))  # emit: the file
+        return _strict(compiled_original(problem, str(why), opts.backend), problem, opts)
+    forwards = variants(graph, backend_kinds(opts.backend))  # modes: rewrite + partition, once per forward mode
+    compiled = _strict(Compiled("", forwards, backend=opts.backend), problem, opts)  # strict: no op left unfused
+    return _emit(compiled, problem, backend_scheme(opts))  # emit: the file
+
+
+def backend_kinds(backend: str) -> tuple[RegionKind, ...]:
+    """The region registry partition walks with: the Triton backend's, or the CUDA backend's (kfuse/cuda/)."""
+    if backend == "cuda":
+        from kfuse.cuda.regions import KINDS
+
+        return KINDS
+    return REGISTRY
+
+
+def backend_scheme(opts: Options) -> str:
+    """The GEMM scheme of the file: the CUDA backend runs fp16x3p (or its fp32 CUDA-core tile, --scheme ieee)
+    wherever the file runs; the Triton one picks by device (runtime.scheme_for)."""
+    if opts.backend == "cuda":
+        return opts.scheme or "fp16x3p"
+    return scheme_for(opts.scheme, opts.device == "cuda")
 
 
 def _emit(compiled: Compiled, problem: Problem, scheme: str, verified: tuple[str, ...] = ()) -> Compiled:
     try:
-        source = emit(problem.source, problem.path.name, compiled.variants, scheme, verified)
+        if compiled.backend == "cuda":
+            from kfuse.cuda.emit import emit_cuda
+
+            source = emit_cuda(problem.source, problem.path.name, compiled.variants, scheme, verified)
+        else:
+            source = emit(problem.source, problem.path.name, compiled.variants, scheme, verified)
     except Exception as err:  # noqa: BLE001 - a generator's own failure never costs the user a ModelNew
-        return compiled_original(problem, f"kfuse could not generate code ({one_line(err)})")
+        return compiled_original(problem, f"kfuse could not generate code ({one_line(err)})", compiled.backend)
     return dataclasses.replace(compiled, source=source, scheme=scheme)
 
 
@@ -155,8 +181,9 @@ def _strict(compiled: Compiled, problem: Problem, opts: Options) -> Compiled:
     return compiled
 
 
-def compiled_original(problem: Problem, reason: str) -> Compiled:
-    return Compiled(emit_original(problem.source, problem.path.name, reason), original_forward(reason), reason)
+def compiled_original(problem: Problem, reason: str, backend: str = "triton") -> Compiled:
+    return Compiled(emit_original(problem.source, problem.path.name, reason), original_forward(reason), reason,
+                    backend=backend)
 
 
 def load_module(path: Path) -> types.ModuleType:
@@ -257,7 +284,7 @@ def _unless_raised(problem: Problem, opts: Options, compiled: Compiled, module: 
     if error is None or compiled.fallback is not None:
         return compiled, module, contract
     why = f"the fused ModelNew failed to run ({error.removeprefix('candidate raised ')})"
-    compiled = compiled_original(problem, why)
+    compiled = compiled_original(problem, why, compiled.backend)
     return (compiled, *_verify(problem, opts, compiled, candidate))
 
 
@@ -295,4 +322,9 @@ def report(problem: Problem, opts: Options, result: Result, output: Path | None)
     }
     if result.timings_ms:
         rep["timings_ms"] = result.timings_ms
+    rep["backend"] = k.backend
+    if k.backend == "cuda" and k.fallback is None:
+        from kfuse.cuda.regions import unfused_reasons
+
+        rep["unfused_reasons"] = unfused_reasons(k.main)
     return rep

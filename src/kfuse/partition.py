@@ -10,12 +10,15 @@ or a view sharing storage, launches nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kfuse.ir import Graph, Node, Region
 from kfuse.regions import KINDS
 from kfuse.regions.kind import RegionKind, Walk
 
 
-def grow(kind: RegionKind, anchor: Node, g: Graph, taken: set[str]) -> tuple[RegionKind, list[Node]]:
+def grow(kind: RegionKind, anchor: Node, g: Graph, taken: set[str],
+         kinds: Sequence[RegionKind] = KINDS) -> tuple[RegionKind, list[Node]]:
     """The region anchored at `anchor`: its final kind and members (nodes in `taken` belong to earlier regions)."""
     walk = Walk(anchor, g, [anchor])
     for n in g.nodes[g.nodes.index(anchor) + 1:]:
@@ -23,7 +26,7 @@ def grow(kind: RegionKind, anchor: Node, g: Graph, taken: set[str]) -> tuple[Reg
             continue
         if kind.joins(walk, n):
             walk.members.append(n)
-        elif kind.upgradable and (upgrade := next((k for k in KINDS if k.enters(walk, n)), None)) is not None:
+        elif kind.upgradable and (upgrade := next((k for k in kinds if k.enters(walk, n)), None)) is not None:
             kind = upgrade
             walk.members.append(n)
     return kind, kind.finish(walk)
@@ -35,15 +38,16 @@ def _outputs(members: list[Node], g: Graph) -> tuple[str, ...]:
     return tuple(m.name for m in members if m.name in read_outside)
 
 
-def partition(g: Graph) -> list[Region]:
+def partition(g: Graph, kinds: Sequence[RegionKind] = KINDS) -> list[Region]:
     """Regions in an order that runs correctly: a region sits at its anchor's place, and its members read
-    only the anchor's input and each other, so nothing it needs is computed later."""
+    only the anchor's input and each other, so nothing it needs is computed later. `kinds`: the registry to walk
+    with (a backend with fewer kinds passes its own: kfuse/cuda/regions.py)."""
     taken: set[str] = set()
     regions: list[Region] = []
     for n in g.nodes:
         if n.name in taken:
             continue
-        kind, members = grow(next(k for k in KINDS if k.starts(n, g)), n, g, taken)
+        kind, members = grow(next(k for k in kinds if k.starts(n, g)), n, g, taken, kinds)
         taken.update(m.name for m in members)
         # a region nothing reads still runs (a BatchNorm in it updates its statistics): it stores its last value
         regions.append(Region(kind.name, tuple(members), _outputs(members, g) or (members[-1].name,)))

@@ -1,0 +1,232 @@
+"""The standalone ModelNew file of `--backend cuda`.
+
+Layout, top to bottom:
+  1. the header: the problem, the regions, each op left a torch call and why, the GEMM scheme, (once verified) the
+     verification summary;
+  2. imports: the standard library and torch only (no Triton);
+  3. the original problem, unchanged;
+  4. kfuse's CUDA runtime (kfuse/cuda/runtime.py below its marker, copied unchanged): build-once loading, operand
+     caches, the autograd base;
+  5. CUDA_SRC and CPP_SRC (gemm_source.py's fixed kernels, then each region's epilogue struct and launcher) and
+     `cuda_module()`, which compiles them on the first call on a machine;
+  6. per fused region: its Python launcher `fused_<stem>` and its autograd Function `<Stem>Fn`; then
+     `class ModelNew(Model)`, whose forward calls them and keeps every other op as the torch call it was.
+A model with nothing this backend fuses gets the Triton backend's short file (nothing fused, so no Triton either).
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kfuse.backward import class_name, param_exprs, region_inputs, spell
+from kfuse.cuda.gemm_source import cpp_source, cuda_source, region_sources
+from kfuse.cuda.regions import unfused_reasons
+from kfuse.cuda.spellings import bias_of, epilogue_struct
+from kfuse.emit import CALL_MODULES, STRICT_FP32, _split_future, claim_stem, emit, forward_method, generated_line
+from kfuse.ir import Graph, Param, Region
+from kfuse.modes import Variant, guards
+from kfuse.regions import generate
+from kfuse.regions.common import docstring, gemm_cost, kernel_name
+
+SCHEME_NOTES = {
+    "fp16x3p": "fp16 hi/lo split of both operands, three WMMA tensor-core products per 32-deep K block, each "
+               "block's partial added into an fp32 register accumulator",
+    "ieee": "fp32 FMAs on the CUDA cores",
+}
+RUNTIME_MARK = "# --- emitted below ---"
+CUDA_MODULE = '''def cuda_module():
+    """The compiled extension of CUDA_SRC and CPP_SRC: built on the first call on this machine, then loaded from
+    the cache folder (runtime.load_extension)."""
+    return load_extension(CUDA_SRC, CPP_SRC, CUDA_FUNCTIONS)'''
+RUNTIME_IMPORTS = ("import contextlib", "import hashlib", "import importlib.util", "import inspect", "import os")
+
+
+@dataclass(frozen=True)
+class CudaRegion:
+    """One fused region's pieces: CUDA (epilogue struct + launcher), C++ wrapper, bound function, Python."""
+
+    function: str
+    cu: str
+    cpp: str
+    python: str  # launcher + Function class
+    forward: tuple[str, ...]
+
+
+def runtime_source() -> str:
+    """kfuse/cuda/runtime.py below its marker."""
+    text = (Path(__file__).parent / "runtime.py").read_text()
+    return text.split(RUNTIME_MARK, 1)[1].strip("\n")
+
+
+def _weight_expr(region: Region) -> str:
+    return region.anchor.args[1].expr()
+
+
+def launcher_source(region: Region, g: Graph, stem: str, members: list) -> str:
+    """`fused_<stem>(x, weight, <the struct's inputs>, save_z=False)`: outputs, and z with save_z."""
+    inputs = [m for m in members if m.kind not in ("out", "z")]
+    names = [m.name for m in inputs]
+    kn = region.anchor.op == "matmul"
+    n_out = len(region.outputs)
+    ret = "outs[0]" if n_out == 1 else "tuple(outs)"
+    doc = (f"Fused: {', '.join(n.origin for n in region.nodes)}: the CUDA function `{stem}` of CUDA_SRC (the GEMM "
+           f"tile with the epilogue struct Epi_{stem}). {gemm_cost(region, g)} save_z: also return z = x W^T + b "
+           "(kept for backward).")
+    body = ["ext = cuda_module()",
+            "lead = x.shape[:-1]",
+            "x2 = x.reshape(-1, x.shape[-1])",
+            f"ops, scheme = gemm_operands(ext, x2, weight, {kn}, GEMM_SCHEME)",
+            f"got = ext.{stem}(*ops, scheme, {''.join(n + ', ' for n in names)}save_z)",
+            "outs = [o.reshape(*lead, o.shape[-1]).to(x.dtype) for o in got]",
+            "if save_z:",
+            f"    return tuple(outs[:{n_out}]), outs[{n_out}]",
+            f"return {ret}"]
+    params = ", ".join(["x", "weight", *names, "save_z=False"])
+    return "\n".join([f"def fused_{stem}({params}):", docstring(doc), *[f"    {ln}" for ln in body]]) + "\n"
+
+
+def _method(name: str, params: list[str], body: list[str]) -> list[str]:
+    return ["", "    @staticmethod", f"    def {name}({', '.join(params)}):", *[f"        {ln}" for ln in body]]
+
+
+def function_source(region: Region, stem: str, cls: str, members: list) -> str:
+    """The region's autograd Function: CudaGemmFn with the launch, the GEMM's operands and the epilogue in torch."""
+    anchor = region.anchor
+    values = [m.value for m in members if m.kind not in ("out", "z")]
+    bias = bias_of(anchor)
+    bias_expr = bias.expr() if isinstance(bias, Param) else "None"
+    params = param_exprs(region)
+    epilogue = [f"{n.name} = {spell(n)}  # {n.origin}" for n in region.nodes[1:]]
+    replaced = " -> ".join(n.origin for n in region.nodes)
+    lines = [f"class {cls}(CudaGemmFn):",
+             docstring(f"Autograd for fused_{stem} ({replaced}). Forward: the CUDA kernel, which also keeps z = x W^T "
+                       "+ b. Backward: the epilogue differentiated in float64 torch from z, then dX, dW and db by "
+                       "fp32 torch matmuls (TF32 off).")]
+    if anchor.op == "matmul":
+        lines += ["", "    KN = True  # x @ W, W (K, N)"]
+    launch = f"return fused_{stem}(x, {_weight_expr(region)}, {''.join(v + ', ' for v in values)}save_z=save_z)"
+    lines += _method("launch", ["self", "x", "save_z=False"], [launch])
+    lines += _method("gemm", ["self"], [f"return {_weight_expr(region)}, {bias_expr}"])
+    lines += _method("params", ["self"], [f"return ({', '.join(params)}{',' if len(params) == 1 else ''})"])
+    lines += _method("epilogue", ["self", "cast", anchor.name], [*epilogue, f"return {', '.join(region.outputs)}"])
+    return "\n".join(lines) + "\n"
+
+
+def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaRegion:
+    (x,) = region_inputs(region)
+    struct = f"Epi_{stem}"
+    struct_src, members = epilogue_struct(region, struct)
+    cu, cpp = region_sources(stem, struct, members)
+    cls = class_name(stem, classes)
+    python = launcher_source(region, g, stem, members) + "\n\n" + function_source(region, stem, cls, members)
+    forward = (f"{', '.join(region.outputs)} = {cls}.run(self, {x})",)
+    return CudaRegion(stem, struct_src + "\n" + cu, cpp, python, forward)
+
+
+def _forward_lines(v: Variant, stems: set[str], classes: set[str]) -> tuple[list[str], list[CudaRegion]]:
+    lines: list[str] = []
+    fused: list[CudaRegion] = []
+    for r in v.regions:
+        if r.fused:
+            code = region_code(r, v.graph, claim_stem(kernel_name(r), stems), classes)
+            fused.append(code)
+            lines += code.forward
+        else:
+            lines += generate(r, v.graph, "").forward
+    return lines, fused
+
+
+def model_new(forwards: Sequence[tuple[Variant, list[str]]], params: Sequence[str]) -> str:
+    """`class ModelNew(Model)`: one forward, or (Dropout following the mode) forward_train / forward_eval."""
+    head = ["class ModelNew(Model):", '    """Model with a forward on fused CUDA kernels: same constructor, parameters '
+            'and buffers."""', ""]
+    args = ", ".join(params)
+    if len(forwards) == 1:
+        (v, lines), = forwards
+        body = forward_method("forward", v.graph, [_Lines(tuple(lines))], params, bool(v.unfused))
+        return "\n".join(head + body).rstrip("\n") + "\n"
+    flags = " or ".join(guards(next(v for v, _ in forwards if v.mode == "train").graph))
+    body = [f"    def forward(self, {args}):",
+            f"        if {flags}:  # Dropout in training mode: torch draws its mask",
+            f"            return self.forward_train({args})",
+            f"        return self.forward_eval({args})", ""]
+    for v, lines in forwards:
+        body += forward_method(f"forward_{v.mode}", v.graph, [_Lines(tuple(lines))], params, bool(v.unfused))
+    return "\n".join(head + body).rstrip("\n") + "\n"
+
+
+@dataclass(frozen=True)
+class _Lines:
+    """What kfuse.emit.forward_method reads of a region's code: its forward lines."""
+
+    forward: tuple[str, ...]
+
+
+def header(problem_name: str, variants: Sequence[Variant], scheme: str, verified: Sequence[str]) -> list[str]:
+    lines = [generated_line(problem_name),
+             "# ModelNew is the original Model with a forward built from fused CUDA C++ kernels (kfuse optimize "
+             "--backend cuda), compiled once per machine by torch.utils.cpp_extension.load_inline (a CUDA GPU and "
+             "nvcc needed):"]
+    for v in variants:
+        if v.mode != "any":
+            lines.append(f"# forward_{v.mode} (Dropout {'in training mode' if v.mode == 'train' else 'in eval mode'}):")
+        lines += [f"#   {r.kind}: {' -> '.join(n.origin for n in r.nodes)}" for r in v.regions if r.fused]
+        reasons = unfused_reasons(v)
+        left = "; ".join(f"{op} ({why})" for op, why in reasons.items()) or "none"
+        lines.append(f"#   Left as torch calls: {left}.")
+        if v.rewrites:
+            lines.append(f"#   Exact rewrites applied: {', '.join(v.rewrites)}.")
+    lines.append(f"# GEMM scheme: {scheme} ({SCHEME_NOTES.get(scheme, scheme)}); GEMMs of at most 16 rows: float64 "
+                 "sums on the CUDA cores.")
+    lines.append("# Training: each fused region is a torch.autograd.Function (used only when a gradient is needed).")
+    lines += [f"# {ln}" for ln in verified]
+    return [w for ln in lines for w in textwrap.wrap(ln, 118, subsequent_indent="#     ")]
+
+
+def imports(forward_lines: Sequence[str]) -> str:
+    """The runtime's standard-library imports, the modules kept torch calls name (`operator.floordiv`), torch."""
+    used = [f"import {m}" for m in CALL_MODULES if any(re.search(rf"\b{m}\.", ln) for ln in forward_lines)]
+    return "\n".join(sorted({*RUNTIME_IMPORTS, *used})) + "\n\nimport torch"
+
+
+def emit_cuda(problem_source: str, problem_name: str, variants: Sequence[Variant], scheme: str,
+              verified: Sequence[str] = ()) -> str:
+    """The ModelNew file of the CUDA backend. `verified`: header lines summarising the verification."""
+    if not any(r.fused for v in variants for r in v.regions):
+        return emit(problem_source, problem_name, variants, scheme, verified)
+    stems: set[str] = set()
+    classes: set[str] = set()
+    forwards, fused = [], []
+    for v in variants:
+        lines, codes = _forward_lines(v, stems, classes)
+        forwards.append((v, lines))
+        fused += codes
+    strict = any(v.unfused for v in variants)
+    future, original = _split_future(problem_source)
+    functions = ("split_rows", *[c.function for c in fused])
+    cu = cuda_source([c.cu for c in fused])
+    cpp = cpp_source([c.cpp for c in fused])
+    parts = [
+        "\n".join([*future, *header(problem_name, variants, scheme, verified)]),
+        imports([ln for _, lines in forwards for ln in lines]),
+        "# ---------------- the original problem, unchanged ----------------\n" + original.strip("\n"),
+    ]
+    if strict:
+        parts.append(STRICT_FP32)
+    parts += [
+        "# ---------------- kfuse's CUDA runtime (kfuse/cuda/runtime.py), copied unchanged ----------------\n"
+        + runtime_source(),
+        "# ---------------- fused regions, generated for this problem ----------------\n"
+        f'GEMM_SCHEME = "{scheme}"  # the GEMM scheme of every region (kfuse optimize --scheme)',
+        f"CUDA_SRC = r'''\n{cu}'''",
+        f"CPP_SRC = r'''\n{cpp}'''",
+        f"CUDA_FUNCTIONS = {functions!r}",
+        CUDA_MODULE,
+        *[c.python.rstrip("\n") for c in fused],
+        model_new(forwards, list(variants[0].graph.inputs)).rstrip("\n"),
+    ]
+    return "\n\n\n".join(parts) + "\n"

@@ -1,0 +1,527 @@
+"""The fixed CUDA C++ of the backend: what every generated file's CUDA_SRC and CPP_SRC hold besides its epilogues.
+
+out = x @ W^T (+ the region's epilogue) with x (M, K) and W (N, K) fp32, accurate to fp32 on the fp16 tensor
+cores, by the same split as the Triton tile (kfuse/kernels/gemm_core.py says why it is exact):
+  kf_split_rows_kernel  one block per row: s = a power of two putting max|row| in [2^14, 2^15) (from the exponent
+                        bits: exact), hi = fp16(v s), lo = fp16(v s - hi), both zero-padded to a multiple of
+                        KF_BK columns so that every K block of the GEMM loads unmasked. Reads the row twice (the
+                        second time mostly from L1/L2), writes 4 bytes per element.
+  kf_gemm_fp16x3p_kernel  128 x 128 output tiles, 8 warps of 64 x 32 (nvcuda::wmma m16n16k16 fragments), K in
+                        blocks of 32 through a 2- or 3-stage cp.async ring in shared memory. Each K block's three
+                        products lo*hi, hi*lo, hi*hi (lo*lo is below fp32's last bit) go into a FRESH fragment that
+                        is then added into the fp32 register accumulator with a round-to-nearest FADD: the tensor
+                        core truncates when it accumulates, and a partial that never grows keeps that tiny
+                        (the Triton tile's "promotion"). Then the tile goes through shared memory, so that each
+                        lane owns one output column: the row and column scales are undone (exact powers of two)
+                        and the region's epilogue functor runs on every element, stores coalesced.
+                        Flops: 3 x 2 M N K on tensor cores. Bytes: x's and W's parts (2 + 2 bytes per element
+                        each) read once per tile row / column (tiles in groups of 8 rows, so W's columns are
+                        shared through L2), the outputs written once.
+  kf_gemm_cuda_core_kernel  the reference / fallback: 64 x 64 tiles on the CUDA cores, fp32 FMAs (scheme "ieee")
+                        or float64 products and sums rounded once (scheme "fp64": skinny GEMMs of <= 16 rows, where
+                        the split's ~3e-7 relative error is above cuBLAS's own GEMV error and W's read is the cost).
+Edges are handled by clamping loads to the last row / column (their results are never stored) and masking the
+stores; any M, N, K works. Host glue: `kf_gemm` picks the kernel for a KfGemmArgs; each region adds its epilogue
+struct (spellings.py) and one launcher calling kf_gemm with it (region_sources).
+
+The CUDA translation unit includes no torch header (fast to build, checkable with nvcc alone); the C++ one
+(load_inline's main.cpp, torch/extension.h prepended) checks the tensors and calls it through plain pointers.
+torch builds CUDA with -D__CUDA_NO_HALF_CONVERSIONS__: every fp16 conversion here is an explicit intrinsic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BLOCK_K = 32  # the GEMM's K block; split rows are zero-padded to a multiple of it
+SKINNY_M = 16  # GEMMs of at most this many rows run the float64 CUDA-core tile (the Triton path's SKINNY_M)
+SCHEME_IDS = {"fp16x3p": 0, "ieee": 1, "fp64": 2}  # KfGemmArgs.scheme
+
+# Shared by both translation units (identical text, so one definition as far as the linker cares).
+COMMON = r"""
+#include <cuda_runtime_api.h>
+
+// The operands of one GEMM out = a @ b^T: scheme 0 (fp16x3p): a, a_lo (M, K) and b, b_lo (N, K) fp16 hi/lo parts
+// with per-row power-of-two scales, K a multiple of KF_BK; schemes 1 (fp32) and 2 (fp64 sums): a (M, K) and
+// b (N, K) fp32, the rest unused. All row-major and contiguous.
+struct KfGemmArgs {
+  int scheme;
+  long long M, N, K;
+  const void* a;
+  const void* a_lo;
+  const float* a_scale;
+  const void* b;
+  const void* b_lo;
+  const float* b_scale;
+};
+
+int kf_split_rows(const float* x, long long stride_r, long long stride_c, long long R, long long C, long long CP,
+                  void* hi, void* lo, float* scale, cudaStream_t stream);
+"""
+
+PRELUDE = r"""
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+// max / min that keep a NaN of their first operand (torch's relu, clamp and hardtanh propagate NaN; fmaxf alone
+// would turn it into the other operand)
+__device__ __forceinline__ float kf_max(float a, float b) { return a != a ? a : fmaxf(a, b); }
+__device__ __forceinline__ float kf_min(float a, float b) { return a != a ? a : fminf(a, b); }
+__device__ __forceinline__ float kf_fma(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double kf_fma(double a, double b, double c) { return fma(a, b, c); }
+
+// s = 2^(14 - floor(log2 amax)) from amax's exponent bits (exact), clamped so that s and 1/s stay normal
+// (zero, subnormal and inf rows): the same bits as the Triton tile's _pow2_scale
+__device__ __forceinline__ float kf_pow2_scale(float amax) {
+  const int e = (__float_as_int(amax) >> 23) & 0xFF;
+  const int field = min(max(127 + 14 + 127 - e, 2), 252);
+  return __int_as_float(field << 23);
+}
+
+// 1/s for a power of two s made by kf_pow2_scale (exact, no division)
+__device__ __forceinline__ float kf_pow2_inv(float s) {
+  const int e = (__float_as_int(s) >> 23) & 0xFF;
+  return __int_as_float((254 - e) << 23);
+}
+"""
+
+SPLIT = r"""
+// One block per row: s[row] = kf_pow2_scale(max |x[row, :]|), hi = fp16(x s), lo = fp16(x s - hi), zeros in
+// columns C..CP. |x s| < 2^15 < 65504: no fp16 overflow.
+__global__ void __launch_bounds__(256) kf_split_rows_kernel(const float* __restrict__ x, long long stride_r,
+                                                            long long stride_c, int C, int CP,
+                                                            __half* __restrict__ hi, __half* __restrict__ lo,
+                                                            float* __restrict__ scale) {
+  __shared__ float warp_max[32];
+  const long long row = blockIdx.x;
+  const float* xr = x + row * stride_r;
+  float m = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, fabsf(xr[c * stride_c]));
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float w = threadIdx.x < blockDim.x / 32 ? warp_max[threadIdx.x] : 0.0f;
+    for (int off = 16; off > 0; off >>= 1) w = fmaxf(w, __shfl_xor_sync(0xffffffffu, w, off));
+    if (threadIdx.x == 0) warp_max[0] = w;
+  }
+  __syncthreads();
+  const float s = kf_pow2_scale(warp_max[0]);
+  if (threadIdx.x == 0) scale[row] = s;
+  __half* hr = hi + row * CP;
+  __half* lr = lo + row * CP;
+  for (int c = threadIdx.x; c < CP; c += blockDim.x) {
+    const float v = c < C ? xr[c * stride_c] * s : 0.0f;
+    const __half h = __float2half_rn(v);
+    hr[c] = h;
+    lr[c] = __float2half_rn(v - __half2float(h));
+  }
+}
+
+int kf_split_rows(const float* x, long long stride_r, long long stride_c, long long R, long long C, long long CP,
+                  void* hi, void* lo, float* scale, cudaStream_t stream) {
+  if (R == 0) return 0;
+  kf_split_rows_kernel<<<(unsigned)R, 256, 0, stream>>>(x, stride_r, stride_c, (int)C, (int)CP,
+                                                        static_cast<__half*>(hi), static_cast<__half*>(lo), scale);
+  return (int)cudaGetLastError();
+}
+"""
+
+GEMM = r"""
+constexpr int KF_BM = 128, KF_BN = 128, KF_BK = BLOCK_K_VALUE;
+constexpr int KF_WARPS_M = 2, KF_WARPS_N = 4;
+constexpr int KF_THREADS = 32 * KF_WARPS_M * KF_WARPS_N;  // 256
+constexpr int KF_WM = KF_BM / KF_WARPS_M;                 // 64 rows per warp
+constexpr int KF_WN = KF_BN / KF_WARPS_N;                 // 32 columns per warp
+constexpr int KF_FM = KF_WM / 16, KF_FN = KF_WN / 16;      // 4 x 2 fragments of 16 x 16 per warp
+constexpr int KF_LDS = KF_BK + 8;     // shared row stride in halves: 80 bytes, a multiple of 16 (wmma), and
+                                      // 8 consecutive rows start in 8 different bank quads (no conflicts)
+constexpr int KF_PART = KF_BM * KF_LDS;  // halves of one operand part (a hi, a lo, b hi, b lo) in one stage
+constexpr int KF_STAGE = 4 * KF_PART;
+constexpr int KF_GROUP_M = 8;         // tile rows per group: a group's tiles share W's column blocks in L2
+constexpr int KF_CHUNKS = KF_BM * KF_BK / 8 / KF_THREADS;  // 16-byte copies per thread per operand part
+static_assert(KF_BM == KF_BN, "kf_load_stage copies rows of a and b with one index");
+static_assert(KF_BK % 16 == 0 && KF_CHUNKS * KF_THREADS * 8 == KF_BM * KF_BK, "K block shape");
+
+__host__ __device__ constexpr size_t kf_smem_bytes(int stages) { return (size_t)stages * KF_STAGE * sizeof(__half); }
+static_assert(kf_smem_bytes(2) >= (size_t)KF_BM * KF_BN * sizeof(float), "the epilogue's staging fits");
+
+__device__ __forceinline__ void kf_cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *static_cast<int4*>(smem) = *static_cast<const int4*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void kf_cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void kf_cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// One K block of the four parts into shared stage `st`: rows past M (N) read the last row (never stored).
+__device__ __forceinline__ void kf_load_stage(__half* st, const __half* __restrict__ a_hi,
+                                              const __half* __restrict__ a_lo, const __half* __restrict__ b_hi,
+                                              const __half* __restrict__ b_lo, int row0, int col0, int M, int N,
+                                              long long K, int k0) {
+#pragma unroll
+  for (int i = 0; i < KF_CHUNKS; ++i) {
+    const int c = threadIdx.x + i * KF_THREADS;
+    const int r = c / (KF_BK / 8);
+    const int kc = (c % (KF_BK / 8)) * 8;
+    const long long ga = (long long)min(row0 + r, M - 1) * K + k0 + kc;
+    const long long gb = (long long)min(col0 + r, N - 1) * K + k0 + kc;
+    const int s = r * KF_LDS + kc;
+    kf_cp_async16(st + s, a_hi + ga);
+    kf_cp_async16(st + KF_PART + s, a_lo + ga);
+    kf_cp_async16(st + 2 * KF_PART + s, b_hi + gb);
+    kf_cp_async16(st + 3 * KF_PART + s, b_lo + gb);
+  }
+}
+
+template <int STAGES, class Epi>
+__global__ void __launch_bounds__(KF_THREADS) kf_gemm_fp16x3p_kernel(
+    const __half* __restrict__ a_hi, const __half* __restrict__ a_lo, const float* __restrict__ a_scale,
+    const __half* __restrict__ b_hi, const __half* __restrict__ b_lo, const float* __restrict__ b_scale,
+    int M, int N, long long K, Epi epi) {
+  using namespace nvcuda;
+  extern __shared__ __align__(128) unsigned char kf_smem[];
+  __half* smem = reinterpret_cast<__half*>(kf_smem);
+
+  // grouped tile order (as the Triton tile's _tile_ids)
+  const int tiles_m = (M + KF_BM - 1) / KF_BM, tiles_n = (N + KF_BN - 1) / KF_BN;
+  const int width = KF_GROUP_M * tiles_n;
+  const int pid = blockIdx.x;
+  const int first_m = (pid / width) * KF_GROUP_M;
+  const int group_m = min(tiles_m - first_m, KF_GROUP_M);
+  const int pid_m = first_m + (pid % width) % group_m;
+  const int pid_n = (pid % width) / group_m;
+  const int row0 = pid_m * KF_BM, col0 = pid_n * KF_BN;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm = warp / KF_WARPS_N, wn = warp % KF_WARPS_N;
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[KF_FM][KF_FN];
+#pragma unroll
+  for (int i = 0; i < KF_FM; ++i)
+#pragma unroll
+    for (int j = 0; j < KF_FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+  const int KT = (int)(K / KF_BK);
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) kf_load_stage(smem + s * KF_STAGE, a_hi, a_lo, b_hi, b_lo, row0, col0, M, N, K, s * KF_BK);
+    kf_cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    kf_cp_async_wait<STAGES - 2>();  // K block kt has landed (this thread's copies) ...
+    __syncthreads();                 // ... everyone's, and every warp is done with the stage refilled next
+    const int next = kt + STAGES - 1;
+    if (next < KT)
+      kf_load_stage(smem + (next % STAGES) * KF_STAGE, a_hi, a_lo, b_hi, b_lo, row0, col0, M, N, K, next * KF_BK);
+    kf_cp_async_commit();
+
+    const __half* st = smem + (kt % STAGES) * KF_STAGE;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> part[KF_FM][KF_FN];
+#pragma unroll
+    for (int i = 0; i < KF_FM; ++i)
+#pragma unroll
+      for (int j = 0; j < KF_FN; ++j) wmma::fill_fragment(part[i][j], 0.0f);
+#pragma unroll
+    for (int kk = 0; kk < KF_BK; kk += 16) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> bh[KF_FN], bl[KF_FN];
+#pragma unroll
+      for (int j = 0; j < KF_FN; ++j) {  // b's rows are W's rows (N, K): W^T column-major
+        const __half* pb = st + 2 * KF_PART + (wn * KF_WN + j * 16) * KF_LDS + kk;
+        wmma::load_matrix_sync(bh[j], pb, KF_LDS);
+        wmma::load_matrix_sync(bl[j], pb + KF_PART, KF_LDS);
+      }
+#pragma unroll
+      for (int i = 0; i < KF_FM; ++i) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
+        const __half* pa = st + (wm * KF_WM + i * 16) * KF_LDS + kk;
+        wmma::load_matrix_sync(ah, pa, KF_LDS);
+        wmma::load_matrix_sync(al, pa + KF_PART, KF_LDS);
+#pragma unroll
+        for (int j = 0; j < KF_FN; ++j) {  // the small products first
+          wmma::mma_sync(part[i][j], al, bh[j], part[i][j]);
+          wmma::mma_sync(part[i][j], ah, bl[j], part[i][j]);
+          wmma::mma_sync(part[i][j], ah, bh[j], part[i][j]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < KF_FM; ++i)
+#pragma unroll
+      for (int j = 0; j < KF_FN; ++j)
+#pragma unroll
+        for (int t = 0; t < acc[i][j].num_elements; ++t) acc[i][j].x[t] += part[i][j].x[t];  // promotion
+  }
+  kf_cp_async_wait<0>();
+  __syncthreads();  // the ring is idle: its shared memory now stages each warp's 64 x 32 fp32 tile
+
+  float* tile = reinterpret_cast<float*>(kf_smem) + warp * (KF_WM * KF_WN);
+#pragma unroll
+  for (int i = 0; i < KF_FM; ++i)
+#pragma unroll
+    for (int j = 0; j < KF_FN; ++j)
+      wmma::store_matrix_sync(tile + (i * 16) * KF_WN + j * 16, acc[i][j], KF_WN, wmma::mem_row_major);
+  __syncwarp();
+  const int n = col0 + wn * KF_WN + lane;  // this lane's column: stores of a warp cover 128 contiguous bytes
+  if (n < N) {
+    const float inv_b = kf_pow2_inv(b_scale[n]);
+    const typename Epi::Col col = epi.column(n);
+    const int m0 = row0 + wm * KF_WM;
+    for (int r = 0; r < KF_WM && m0 + r < M; ++r) {
+      const int m = m0 + r;
+      epi(col, m, n, tile[r * KF_WN + lane] * kf_pow2_inv(a_scale[m]) * inv_b);
+    }
+  }
+}
+
+constexpr int KF_CB = 64, KF_CK = 16;  // CUDA-core tile: 64 x 64 outputs, K steps of 16, 256 threads x 4 x 4
+
+template <typename Acc, class Epi>
+__global__ void __launch_bounds__(256) kf_gemm_cuda_core_kernel(const float* __restrict__ a,
+                                                                const float* __restrict__ b, int M, int N,
+                                                                long long K, Epi epi) {
+  __shared__ float as[KF_CK][KF_CB + 4];
+  __shared__ float bs[KF_CK][KF_CB + 4];
+  const int tiles_n = (N + KF_CB - 1) / KF_CB;
+  const int row0 = (blockIdx.x / tiles_n) * KF_CB, col0 = (blockIdx.x % tiles_n) * KF_CB;
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  Acc acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = Acc(0);
+  for (long long k0 = 0; k0 < K; k0 += KF_CK) {
+    for (int e = threadIdx.x; e < KF_CB * KF_CK; e += 256) {
+      const int r = e / KF_CK, k = e % KF_CK;
+      const long long gk = k0 + k;
+      as[k][r] = (row0 + r < M && gk < K) ? a[(long long)(row0 + r) * K + gk] : 0.0f;
+      bs[k][r] = (col0 + r < N && gk < K) ? b[(long long)(col0 + r) * K + gk] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < KF_CK; ++k) {
+      Acc av[4], bv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        av[i] = static_cast<Acc>(as[k][ty + 16 * i]);
+        bv[i] = static_cast<Acc>(bs[k][tx + 16 * i]);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = kf_fma(av[i], bv[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int n = col0 + tx + 16 * j;
+    if (n >= N) continue;
+    const typename Epi::Col col = epi.column(n);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int m = row0 + ty + 16 * i;
+      if (m < M) epi(col, m, n, static_cast<float>(acc[i][j]));
+    }
+  }
+}
+
+template <int STAGES, class Epi>
+cudaError_t kf_launch_fp16x3p(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
+  auto kernel = kf_gemm_fp16x3p_kernel<STAGES, Epi>;
+  const size_t smem = kf_smem_bytes(STAGES);
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != cudaSuccess) return err;
+  const long long tiles = ((g.M + KF_BM - 1) / KF_BM) * ((g.N + KF_BN - 1) / KF_BN);
+  kernel<<<(unsigned)tiles, KF_THREADS, smem, stream>>>(
+      static_cast<const __half*>(g.a), static_cast<const __half*>(g.a_lo), g.a_scale,
+      static_cast<const __half*>(g.b), static_cast<const __half*>(g.b_lo), g.b_scale, (int)g.M, (int)g.N, g.K, epi);
+  return cudaGetLastError();
+}
+
+template <typename Acc, class Epi>
+cudaError_t kf_launch_cuda_core(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
+  const long long tiles = ((g.M + KF_CB - 1) / KF_CB) * ((g.N + KF_CB - 1) / KF_CB);
+  kf_gemm_cuda_core_kernel<Acc, Epi><<<(unsigned)tiles, 256, 0, stream>>>(
+      static_cast<const float*>(g.a), static_cast<const float*>(g.b), (int)g.M, (int)g.N, g.K, epi);
+  return cudaGetLastError();
+}
+
+// The GEMM of `g` with epilogue `epi` on `stream`; 3 pipeline stages where the GPU lets a block have their
+// shared memory (sm_80, sm_90: 120 KiB), else 2 (80 KiB).
+template <class Epi>
+int kf_gemm(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
+  if (g.M == 0 || g.N == 0) return 0;
+  if (g.scheme == 1) return (int)kf_launch_cuda_core<float>(g, epi, stream);
+  if (g.scheme == 2) return (int)kf_launch_cuda_core<double>(g, epi, stream);
+  int dev = 0, optin = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (err != cudaSuccess) return (int)err;
+  if ((size_t)optin >= kf_smem_bytes(3)) return (int)kf_launch_fp16x3p<3>(g, epi, stream);
+  return (int)kf_launch_fp16x3p<2>(g, epi, stream);
+}
+""".replace("BLOCK_K_VALUE", str(BLOCK_K))
+
+# The C++ translation unit's fixed part: its headers (load_inline, with no_implicit_headers on torch >= 2.8, adds
+# none), then COMMON, then these helpers; load_inline appends the bindings.
+CPP_HEADERS = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <vector>
+"""
+
+CPP_HELPERS = r"""
+constexpr int64_t KF_PAD_K = BLOCK_K_VALUE;  // the CUDA side's KF_BK
+constexpr int64_t KF_INT_MAX = 2147483647;
+
+static void kf_check(int err, const char* what) {
+  TORCH_CHECK(err == 0, "kfuse: CUDA kernel ", what, " failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
+static void kf_expect(const torch::Tensor& t, const char* name, torch::ScalarType dtype, int64_t dim,
+                      const torch::Tensor& like) {
+  TORCH_CHECK(t.is_cuda(), "kfuse: ", name, " must be a CUDA tensor (this ModelNew runs CUDA kernels)");
+  TORCH_CHECK(t.device() == like.device(), "kfuse: ", name, " is on ", t.device(), ", expected ", like.device());
+  TORCH_CHECK(t.scalar_type() == dtype, "kfuse: ", name, " has dtype ", t.scalar_type(), ", expected ", dtype);
+  TORCH_CHECK(t.dim() == dim && t.is_contiguous(), "kfuse: ", name, " must be a contiguous ", dim, "-d tensor");
+}
+
+// hi, lo (R, CP) fp16 and scale (R,) fp32 of the rows of x (R, C) fp32 (any strides): CP = C padded to KF_PAD_K.
+std::vector<torch::Tensor> split_rows(torch::Tensor x) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.scalar_type() == torch::kFloat32,
+              "kfuse: split_rows takes a 2-d float32 CUDA tensor");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t R = x.size(0), C = x.size(1), CP = (C + KF_PAD_K - 1) / KF_PAD_K * KF_PAD_K;
+  TORCH_CHECK(R <= KF_INT_MAX && CP <= KF_INT_MAX, "kfuse: split_rows: too many rows or columns");
+  auto hi = torch::empty({R, CP}, x.options().dtype(torch::kFloat16));
+  auto lo = torch::empty({R, CP}, x.options().dtype(torch::kFloat16));
+  auto scale = torch::empty({R}, x.options());
+  kf_check(kf_split_rows(x.data_ptr<float>(), x.stride(0), x.stride(1), R, C, CP, hi.data_ptr(), lo.data_ptr(),
+                         scale.data_ptr<float>(), c10::cuda::getCurrentCUDAStream()),
+           "kf_split_rows_kernel");
+  return {hi, lo, scale};
+}
+
+// The GEMM operands as the Python launcher passes them (runtime.gemm_operands), checked.
+static KfGemmArgs kf_gemm_args(const torch::Tensor& a, const torch::Tensor& a_lo, const torch::Tensor& a_scale,
+                               const torch::Tensor& b, const torch::Tensor& b_lo, const torch::Tensor& b_scale,
+                               int64_t scheme) {
+  TORCH_CHECK(scheme >= 0 && scheme <= 2, "kfuse: unknown GEMM scheme ", scheme);
+  const bool split = scheme == 0;
+  const auto dtype = split ? torch::kFloat16 : torch::kFloat32;
+  kf_expect(a, "x", dtype, 2, a);
+  kf_expect(b, "the weight", dtype, 2, a);
+  TORCH_CHECK(a.size(1) == b.size(1), "kfuse: GEMM operands disagree on K: ", a.size(1), " and ", b.size(1));
+  TORCH_CHECK(a.size(0) <= KF_INT_MAX && b.size(0) <= KF_INT_MAX, "kfuse: GEMM too large for int row indices");
+  KfGemmArgs g{static_cast<int>(scheme), a.size(0), b.size(0), a.size(1), a.data_ptr(), nullptr, nullptr,
+               b.data_ptr(), nullptr, nullptr};
+  if (split) {
+    TORCH_CHECK(a.size(1) % KF_PAD_K == 0, "kfuse: split operands must be padded to ", KF_PAD_K, " columns");
+    kf_expect(a_lo, "x's lo part", torch::kFloat16, 2, a);
+    kf_expect(b_lo, "the weight's lo part", torch::kFloat16, 2, a);
+    kf_expect(a_scale, "x's row scales", torch::kFloat32, 1, a);
+    kf_expect(b_scale, "the weight's row scales", torch::kFloat32, 1, a);
+    TORCH_CHECK(a_lo.sizes() == a.sizes() && b_lo.sizes() == b.sizes() && a_scale.size(0) == a.size(0) &&
+                b_scale.size(0) == b.size(0), "kfuse: split parts of different shapes");
+    g.a_lo = a_lo.data_ptr();
+    g.b_lo = b_lo.data_ptr();
+    g.a_scale = a_scale.data_ptr<float>();
+    g.b_scale = b_scale.data_ptr<float>();
+  }
+  return g;
+}
+
+// A per-column (N,) or single-element (1,) float32 epilogue parameter.
+static const float* kf_vector(const torch::Tensor& p, int64_t n, const char* name, const torch::Tensor& like) {
+  kf_expect(p, name, torch::kFloat32, 1, like);
+  TORCH_CHECK(p.size(0) == n, "kfuse: ", name, " has ", p.size(0), " elements, expected ", n);
+  return p.data_ptr<float>();
+}
+""".replace("BLOCK_K_VALUE", str(BLOCK_K))
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member of a region's epilogue struct, and what feeds it from the Python launcher."""
+
+    name: str  # C++ member (and wrapper parameter) name
+    kind: str  # "out" (an (M, N) output), "z" (x W^T + b for backward), "vector" (N,), "single" (1,), "scalar"
+    value: str = ""  # the Python launcher expression (vectors, singles and scalars)
+
+    @property
+    def c_type(self) -> str:
+        return {"out": "float*", "z": "float*", "vector": "const float*", "single": "const float*",
+                "scalar": "float"}[self.kind]
+
+
+def cuda_source(regions: list[str]) -> str:
+    """The whole CUDA translation unit: the fixed kernels, then each region's epilogue struct and launcher."""
+    return "\n".join([COMMON.strip(), PRELUDE.strip(), SPLIT.strip(), GEMM.strip(), *[r.strip() for r in regions]]) \
+        + "\n"
+
+
+def cpp_source(regions: list[str]) -> str:
+    """The C++ translation unit (load_inline appends the bindings)."""
+    return "\n".join([CPP_HEADERS.strip(), COMMON.strip(), CPP_HELPERS.strip(), *[r.strip() for r in regions]]) \
+        + "\n"
+
+
+def _launcher_params(members: list[Member]) -> str:
+    return ", ".join(f"{m.c_type} {m.name}" for m in members)
+
+
+def region_sources(function: str, struct: str, members: list[Member]) -> tuple[str, str]:
+    """The CUDA launcher `kf_launch_<function>` running the GEMM with epilogue `struct`, and the C++ function
+    `<function>` (bound to Python) that checks the tensors, allocates the outputs (and z when store_z) and calls
+    it; returns [out0, out1, ..., z if store_z]."""
+    outs = [m for m in members if m.kind == "out"]
+    inputs = [m for m in members if m.kind not in ("out", "z")]
+    sets = "\n".join(f"  epi.{m.name} = {m.name};" for m in members)
+    cu = (f"int kf_launch_{function}(const KfGemmArgs& g, {_launcher_params(members)}, cudaStream_t stream) {{\n"
+          f"  {struct} epi;\n{sets}\n  epi.N = g.N;\n  return kf_gemm(g, epi, stream);\n}}\n")
+    decl = f"int kf_launch_{function}(const KfGemmArgs& g, {_launcher_params(members)}, cudaStream_t stream);"
+    tensors = "".join(f", torch::Tensor {m.name}" if m.kind in ("vector", "single") else f", double {m.name}"
+                      for m in inputs)
+    lines = [decl, "",
+             f"std::vector<torch::Tensor> {function}(torch::Tensor a, torch::Tensor a_lo, torch::Tensor a_scale, "
+             f"torch::Tensor b, torch::Tensor b_lo, torch::Tensor b_scale, int64_t scheme{tensors}, bool store_z) {{",
+             "  const KfGemmArgs g = kf_gemm_args(a, a_lo, a_scale, b, b_lo, b_scale, scheme);",
+             "  const c10::cuda::CUDAGuard guard(a.device());",
+             "  const auto options = a.options().dtype(torch::kFloat32);"]
+    lines += [f"  torch::Tensor {m.name} = torch::empty({{g.M, g.N}}, options);" for m in outs]
+    lines.append("  torch::Tensor z = store_z ? torch::empty({g.M, g.N}, options) : torch::Tensor();")
+    args = []
+    for m in members:
+        if m.kind == "out":
+            args.append(f"{m.name}.data_ptr<float>()")
+        elif m.kind == "z":
+            args.append("store_z ? z.data_ptr<float>() : nullptr")
+        elif m.kind in ("vector", "single"):
+            size = "g.N" if m.kind == "vector" else "1"
+            args.append(f'kf_vector({m.name}, {size}, "{m.name}", a)')
+        else:
+            args.append(f"static_cast<float>({m.name})")
+    lines += [f"  kf_check(kf_launch_{function}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
+              f'           "{function}");',
+              f"  std::vector<torch::Tensor> outs{{{', '.join(m.name for m in outs)}}};",
+              "  if (store_z) outs.push_back(z);",
+              "  return outs;",
+              "}"]
+    return cu, "\n".join(lines) + "\n"

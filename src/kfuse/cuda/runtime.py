@@ -1,0 +1,251 @@
+"""What every `--backend cuda` ModelNew carries (this file's body below the marker is copied into it unchanged).
+
+Build once per machine: `load_extension` names the extension after a hash of everything that decides the binary
+(both sources, the bound functions, the flags, torch's and CUDA's versions, the GPU's compute capability) and
+builds it with torch.utils.cpp_extension.load_inline into `<cache>/cuda/<name>/` (KFUSE_CACHE_DIR, default
+~/.cache/kfuse). A later process finds `<name>.so` there beside the marker written after a successful build and
+imports it directly (tens of milliseconds: no compiler, no ninja); two processes building the same name at once
+are serialised by load_inline's own lock in that folder.
+
+Operands (`gemm_operands`): x is split into fp16 hi/lo parts on every call (one CUDA kernel); the weight's parts
+are kept on the weight tensor until its storage, version counter (bumped by every in-place write: optimizer steps,
+load_state_dict, mul_ under no_grad), shape or strides change. Writes through `w.data` bypass the version counter:
+set `w._kfuse_cuda_cache = None` after one. GEMMs of at most SKINNY_M rows take the float64 CUDA-core tile.
+
+Training (`CudaGemmFn`): the forward kernel also stores z = x W^T + b; backward differentiates the epilogue in
+float64 torch from z (each gradient rounded once), then dX = dZ W, dW = dZ^T X and db = sum(dZ) as fp32 torch
+matmuls with TF32 off (eager's own arithmetic for these, so within the gradient contract's bounds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import inspect
+import os
+
+import torch
+
+# --- emitted below ---
+SKINNY_M = 16  # GEMMs of at most this many rows run in float64 on the CUDA cores (gemm_source.SKINNY_M)
+SCHEME_IDS = {"fp16x3p": 0, "ieee": 1, "fp64": 2}  # gemm_source.SCHEME_IDS
+CUDA_FLAGS = ("-O3",)  # no -std: torch adds the one its headers need (C++20 since torch 2.10)
+BUILT_MARK = "kfuse-built"
+_EXTENSIONS: dict = {}  # name -> the loaded module, in this process
+
+
+def cache_folder() -> str:
+    """Where built extensions live: $KFUSE_CACHE_DIR/cuda (default ~/.cache/kfuse/cuda)."""
+    root = os.environ.get("KFUSE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kfuse")
+    return os.path.join(root, "cuda")
+
+
+def build_identity() -> str:
+    """What besides the sources decides the binary: torch's and CUDA's versions, the GPU's compute capability
+    and the architectures asked for."""
+    cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else ("none",)
+    return "|".join([torch.__version__, str(torch.version.cuda), "sm_" + "".join(map(str, cap)),
+                     os.environ.get("TORCH_CUDA_ARCH_LIST", ""), " ".join(CUDA_FLAGS)])
+
+
+def extension_name(cuda_src: str, cpp_src: str, functions, identity: str) -> str:
+    """`kfuse_<hash>`: the same sources, functions and build identity give the same name (and folder)."""
+    h = hashlib.sha256()
+    for part in (cuda_src, cpp_src, ",".join(functions), identity):
+        h.update(part.encode())
+        h.update(b"\0")
+    return "kfuse_" + h.hexdigest()[:24]
+
+
+def _import_built(name: str, folder: str):
+    """The extension built earlier into `folder`, or None where it is not (completely) there."""
+    path = os.path.join(folder, name + ".so")
+    if not (os.path.exists(os.path.join(folder, BUILT_MARK)) and os.path.exists(path)):
+        return None
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_extension(cuda_src: str, cpp_src: str, functions):
+    """The compiled extension of these sources: from this process, from the cache folder, or built now."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("kfuse: this ModelNew runs CUDA C++ kernels (kfuse optimize --backend cuda): it needs a "
+                           "CUDA GPU and the CUDA toolkit (nvcc)")
+    name = extension_name(cuda_src, cpp_src, functions, build_identity())
+    if name in _EXTENSIONS:
+        return _EXTENSIONS[name]
+    folder = os.path.join(cache_folder(), name)
+    module = _import_built(name, folder)
+    if module is None:
+        from torch.utils.cpp_extension import load_inline
+
+        os.makedirs(folder, exist_ok=True)
+        extra = {}
+        if "no_implicit_headers" in inspect.signature(load_inline).parameters:  # torch >= 2.8: keep torch's
+            extra["no_implicit_headers"] = True  # headers out of the CUDA file (the C++ one includes them itself)
+        module = load_inline(name=name, cpp_sources=[cpp_src], cuda_sources=[cuda_src], functions=list(functions),
+                             extra_cflags=["-O3"], extra_cuda_cflags=list(CUDA_FLAGS), build_directory=folder,
+                             **extra)
+        with open(os.path.join(folder, BUILT_MARK), "w") as f:
+            f.write(name + "\n")
+    _EXTENSIONS[name] = module
+    return module
+
+
+def tensor_key(t: torch.Tensor) -> tuple:
+    """What a cache kept on a tensor compares to reuse a result: storage, version counter and layout."""
+    return (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+
+
+def cached_on(weight: torch.Tensor, tag, make):
+    """make() computed once per (weight state, tag) and kept on the weight (see the module docstring)."""
+    key = (tensor_key(weight), tag)
+    slots = getattr(weight, "_kfuse_cuda_cache", None) or {}
+    hit = slots.get(tag)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    with torch.no_grad():
+        value = make()
+    slots[tag] = (key, value)
+    weight._kfuse_cuda_cache = slots
+    return value
+
+
+def weight_nk(weight: torch.Tensor, kn: bool) -> torch.Tensor:
+    """W as (N, K) fp32 (a view: nn.Linear's layout, or the transpose of `x @ W`'s (K, N))."""
+    w = weight.detach().float()
+    return w.t() if kn else w
+
+
+def gemm_operands(ext, x2: torch.Tensor, weight: torch.Tensor, kn: bool, scheme: str) -> tuple:
+    """((a, a_lo, a_scale, b, b_lo, b_scale), scheme id) for the region functions of the extension: x2 (M, K) and
+    the weight split for "fp16x3p", else both fp32 (N, K) contiguous (the CUDA-core tiles; skinny GEMMs: "fp64")."""
+    if x2.shape[0] <= SKINNY_M:
+        scheme = "fp64"
+    if scheme == "fp16x3p":
+        a = ext.split_rows(x2.float())
+        b = cached_on(weight, ("split", kn), lambda: tuple(ext.split_rows(weight_nk(weight, kn))))
+        return (*a, *b), SCHEME_IDS[scheme]
+    a = x2.float().contiguous()
+    b = cached_on(weight, ("nk", kn), lambda: weight_nk(weight, kn).contiguous())
+    return (a, a, a, b, b, b), SCHEME_IDS[scheme]
+
+
+def as_vector(t: torch.Tensor) -> torch.Tensor:
+    """A parameter as the contiguous fp32 vector the epilogues index by column."""
+    if t is None:
+        raise ValueError("kfuse: a parameter this ModelNew's kernels read is None: construct ModelNew with the "
+                         "arguments of the Model it was generated from")
+    return t.detach().reshape(-1).float().contiguous()
+
+
+@contextlib.contextmanager
+def no_tf32():
+    """fp32 matmuls as the contract's eager reference runs them (TF32 off), the user's flags restored."""
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+
+def distinct_tensors(*ts) -> tuple:
+    """The tensors among `ts`, each once (a parameter read twice gets its gradient once), Nones dropped."""
+    seen, out = set(), []
+    for t in ts:
+        if isinstance(t, torch.Tensor) and id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return tuple(out)
+
+
+def _caster(dtype):
+    return lambda t: t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+def _as_tuple(outs) -> tuple:
+    return outs if isinstance(outs, tuple) else (outs,)
+
+
+class CudaGemmFn(torch.autograd.Function):
+    """Autograd for one fused GEMM region z = x @ W^T + b (KN: x @ W) followed by its epilogue. Subclasses (one
+    per region, generated) define:
+      launch(model, x, save_z=False)  the CUDA launcher: the outputs (a tensor or a tuple); with save_z, the
+                                      outputs as a tuple and z
+      gemm(model)                     (W, b or None)
+      params(model)                   every tensor the region reads that can need a gradient
+      epilogue(model, cast, z)        the ops after the GEMM in torch, every parameter read through `cast`."""
+
+    KN = False
+
+    @classmethod
+    def run(cls, model, x):
+        """ModelNew.forward calls this: the Function when a gradient is needed, else the launcher alone."""
+        if not torch.is_grad_enabled():
+            return cls.launch(model, x)
+        params = distinct_tensors(*cls.params(model))
+        if x.requires_grad or any(p.requires_grad for p in params):
+            return cls.apply(cls, model, x, *params)
+        return cls.launch(model, x)
+
+    @staticmethod
+    def forward(ctx, cls, model, x, *params):
+        ctx.cls, ctx.model = cls, model
+        outs, z = cls.launch(model, x, save_z=True)
+        ctx.save_for_backward(x, z, *params)  # the parameters for torch's in-place-modification check
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        x, z = ctx.saved_tensors[:2]
+        cls, model = ctx.cls, ctx.model
+        params = list(distinct_tensors(*cls.params(model)))  # the objects the epilogue reads
+        need_x, need = ctx.needs_input_grad[2], list(ctx.needs_input_grad[3:])
+        dz, epi = cls.epilogue_grads(model, z, grads, params, need)
+        weight, bias = cls.gemm(model)
+        dz2 = dz.reshape(-1, dz.shape[-1])
+        dz32 = dz2.to(x.dtype)  # rounded once, as eager's dZ is
+        x2 = x.detach().reshape(-1, x.shape[-1])
+        w = weight.detach()
+        dx = None
+        with no_tf32():
+            if need_x:
+                dx = (dz32 @ (w.t() if cls.KN else w)).reshape(x.shape)
+            got = []
+            for p, nd, g in zip(params, need, epi):
+                if not nd:
+                    got.append(None)
+                    continue
+                extra = None
+                if p is weight:
+                    extra = x2.t() @ dz32 if cls.KN else dz32.t() @ x2
+                elif p is bias:
+                    extra = dz2.sum(0)
+                if extra is not None:
+                    extra = extra.reshape(p.shape).to(g.dtype if g is not None else extra.dtype)
+                    g = extra if g is None else g + extra
+                got.append(None if g is None else g.to(p.dtype))
+        return (None, None, dx, *got)
+
+    @classmethod
+    def epilogue_grads(cls, model, z, grads, params: list, need: list) -> tuple:
+        """dZ (float64) and each needed parameter's gradient through the epilogue (float64, None where not read),
+        from the epilogue recomputed in float64 from the kernel's z."""
+        work = torch.float64
+        wrt = [p for p, nd in zip(params, need) if nd]
+        with torch.enable_grad():
+            zd = z.detach().to(work).requires_grad_(True)
+            outs = _as_tuple(cls.epilogue(model, _caster(work), zd))
+            pairs = [(o, g.to(work)) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+            got = [None] * (1 + len(wrt))
+            if pairs:
+                got = list(torch.autograd.grad([o for o, _ in pairs], [zd, *wrt], [g for _, g in pairs],
+                                               allow_unused=True))
+        dz = got[0] if got[0] is not None else torch.zeros_like(zd)
+        it = iter(got[1:])
+        return dz, [next(it) if nd else None for nd in need]
