@@ -385,7 +385,7 @@ def test_gpu_gemm_problems_meet_the_contract(name):
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("name,sizes", [("12_gemm_multiply_leakyrelu", SMALL["12_gemm_multiply_leakyrelu"]),
-                                        ("36_matmul_kn_param_tanh_scale", {})])
+                                        ("36_matmul_kn_param_tanh_scale", SMALL["12_gemm_multiply_leakyrelu"])])
 def test_gpu_gradients_meet_the_contract(name, sizes):
     from kfuse.gradients import gradient_contract
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kfuse.backward import class_name, param_exprs, region_inputs, spell
-from kfuse.cuda.gemm_source import cpp_source, cuda_source, region_sources
+from kfuse.cuda.gemm_source import bound_name, cpp_source, cuda_source, region_sources
 from kfuse.cuda.regions import unfused_reasons
 from kfuse.cuda.spellings import bias_of, epilogue_struct
 from kfuse.emit import CALL_MODULES, STRICT_FP32, _split_future, claim_stem, emit, forward_method, generated_line
@@ -73,14 +73,14 @@ def launcher_source(region: Region, g: Graph, stem: str, members: list) -> str:
     kn = region.anchor.op == "matmul"
     n_out = len(region.outputs)
     ret = "outs[0]" if n_out == 1 else "tuple(outs)"
-    doc = (f"Fused: {', '.join(n.origin for n in region.nodes)}: the CUDA function `{stem}` of CUDA_SRC (the GEMM "
-           f"tile with the epilogue struct Epi_{stem}). {gemm_cost(region, g)} save_z: also return z = x W^T + b "
-           "(kept for backward).")
+    doc = (f"Fused: {', '.join(n.origin for n in region.nodes)}: the CUDA function `{bound_name(stem)}` of CUDA_SRC "
+           f"(the GEMM tile with the epilogue struct Epi_{stem}). {gemm_cost(region, g)} save_z: also return z = "
+           "x W^T + b (kept for backward).")
     body = ["ext = cuda_module()",
             "lead = x.shape[:-1]",
             "x2 = x.reshape(-1, x.shape[-1])",
             f"ops, scheme = gemm_operands(ext, x2, weight, {kn}, GEMM_SCHEME)",
-            f"got = ext.{stem}(*ops, scheme, {''.join(n + ', ' for n in names)}save_z)",
+            f"got = ext.{bound_name(stem)}(*ops, scheme, {''.join(n + ', ' for n in names)}save_z)",
             "outs = [o.reshape(*lead, o.shape[-1]).to(x.dtype) for o in got]",
             "if save_z:",
             f"    return tuple(outs[:{n_out}]), outs[{n_out}]",
@@ -124,7 +124,7 @@ def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaR
     cls = class_name(stem, classes)
     python = launcher_source(region, g, stem, members) + "\n\n" + function_source(region, stem, cls, members)
     forward = (f"{', '.join(region.outputs)} = {cls}.run(self, {x})",)
-    return CudaRegion(stem, struct_src + "\n" + cu, cpp, python, forward)
+    return CudaRegion(bound_name(stem), struct_src + "\n" + cu, cpp, python, forward)
 
 
 def _forward_lines(v: Variant, stems: set[str], classes: set[str]) -> tuple[list[str], list[CudaRegion]]:

@@ -487,16 +487,22 @@ def _launcher_params(members: list[Member]) -> str:
     return ", ".join(f"{m.c_type} {m.name}" for m in members)
 
 
-def region_sources(function: str, struct: str, members: list[Member]) -> tuple[str, str]:
-    """The CUDA launcher `kf_launch_<function>` running the GEMM with epilogue `struct`, and the C++ function
-    `<function>` (bound to Python) that checks the tensors, allocates the outputs (and z when store_z) and calls
+def bound_name(stem: str) -> str:
+    """The Python-visible function of a region (prefixed: a stem such as `matmul` must not meet torch's names)."""
+    return f"kf_{stem}"
+
+
+def region_sources(stem: str, struct: str, members: list[Member]) -> tuple[str, str]:
+    """The CUDA launcher `kf_launch_<stem>` running the GEMM with epilogue `struct`, and the C++ function
+    `kf_<stem>` (bound to Python) that checks the tensors, allocates the outputs (and z when store_z) and calls
     it; returns [out0, out1, ..., z if store_z]."""
+    function = bound_name(stem)
     outs = [m for m in members if m.kind == "out"]
     inputs = [m for m in members if m.kind not in ("out", "z")]
     sets = "\n".join(f"  epi.{m.name} = {m.name};" for m in members)
-    cu = (f"int kf_launch_{function}(const KfGemmArgs& g, {_launcher_params(members)}, cudaStream_t stream) {{\n"
+    cu = (f"int kf_launch_{stem}(const KfGemmArgs& g, {_launcher_params(members)}, cudaStream_t stream) {{\n"
           f"  {struct} epi;\n{sets}\n  epi.N = g.N;\n  return kf_gemm(g, epi, stream);\n}}\n")
-    decl = f"int kf_launch_{function}(const KfGemmArgs& g, {_launcher_params(members)}, cudaStream_t stream);"
+    decl = f"int kf_launch_{stem}(const KfGemmArgs& g, {_launcher_params(members)}, cudaStream_t stream);"
     tensors = "".join(f", torch::Tensor {m.name}" if m.kind in ("vector", "single") else f", double {m.name}"
                       for m in inputs)
     lines = [decl, "",
@@ -518,7 +524,7 @@ def region_sources(function: str, struct: str, members: list[Member]) -> tuple[s
             args.append(f'kf_vector({m.name}, {size}, "{m.name}", a)')
         else:
             args.append(f"static_cast<float>({m.name})")
-    lines += [f"  kf_check(kf_launch_{function}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
+    lines += [f"  kf_check(kf_launch_{stem}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
               f'           "{function}");',
               f"  std::vector<torch::Tensor> outs{{{', '.join(m.name for m in outs)}}};",
               "  if (store_z) outs.push_back(z);",
