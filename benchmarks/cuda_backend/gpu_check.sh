@@ -23,15 +23,19 @@ date
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 echo "nvcc: $(command -v nvcc || echo MISSING) ($(nvcc --version 2>/dev/null | tail -1)); ninja: $(command -v ninja || echo MISSING)"
+if ! python3 -c "from torch.utils.cpp_extension import is_ninja_available as ok, CUDA_HOME; raise SystemExit(not (ok() and CUDA_HOME))"; then
+    echo "gpu_check: torch's load_inline needs ninja and the CUDA toolkit (nvcc, CUDA_HOME) on this machine; stopping"
+    exit 2
+fi
 
 echo "== 1. kfuse optimize --backend cuda (parallel builds), GPU tests =="
 start=$SECONDS
 for p in "${problems[@]}"; do
     n="$(basename "$p" .py)"
-    timeout 330 python3 -m kfuse optimize "$p" --backend cuda --trials 3 -o "$out/cuda/$n.py" \
+    timeout 240 python3 -m kfuse optimize "$p" --backend cuda --trials 3 -o "$out/cuda/$n.py" \
         --json "$out/cuda/$n.json" > "$out/cuda/$n.log" 2>&1 &
 done
-TRITON_INTERPRET=0 timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_backend.py \
+TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_backend.py \
     -k "odd_sizes or gradients or second_process" > "$out/pytest-gpu.log" 2>&1 &
 wait
 echo "step 1: $((SECONDS - start)) s"
@@ -43,11 +47,11 @@ done
 
 echo "== 2. kfuse bench --backend cuda, then --backend triton (eager baseline) =="
 start=$SECONDS
-timeout 150 python3 -m kfuse bench "${problems[@]}" --baselines eager --trials 2 --backend cuda \
+timeout 100 python3 -m kfuse bench "${problems[@]}" --baselines eager --trials 2 --backend cuda \
     --json "$out/bench-cuda.json" > "$out/bench-cuda.log" 2>&1
 echo "bench cuda: exit $?, $((SECONDS - start)) s"
 start=$SECONDS
-timeout 200 python3 -m kfuse bench "${problems[@]}" --baselines eager --trials 2 --backend triton \
+timeout 130 python3 -m kfuse bench "${problems[@]}" --baselines eager --trials 2 --backend triton \
     --json "$out/bench-triton.json" > "$out/bench-triton.log" 2>&1
 echo "bench triton: exit $?, $((SECONDS - start)) s"
 
