@@ -100,7 +100,10 @@ class Worker:
     def build(self, req: dict[str, Any]) -> dict[str, Any]:
         self.drop({"keep": ["", req["key"]]})  # the given shape and this one: never three copies of the weights
         torch.manual_seed(req["seed"])  # the reference's build seed: identical init even without its state
-        model = getattr(self.module, self.class_name)(*req["init_inputs"])
+        # parameters made on the device, as the judge builds the reference: a 32768 x 32768 Linear initialises
+        # in milliseconds there, in tens of seconds on the CPU (its values are replaced by the state anyway)
+        with torch.device(self.device):
+            model = getattr(self.module, self.class_name)(*req["init_inputs"])
         state_error = ""
         try:
             model.load_state_dict(req["state"], strict=True)
