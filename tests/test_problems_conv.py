@@ -19,7 +19,7 @@ PROBLEMS = sorted(CONV.glob("*.py"))
 CPU = Options(device="cpu", trials=2)
 # A few that between them cover a per-channel parameter and a scalar (02), no bias at odd sizes with a 3x2 kernel
 # and stride (08), a grouped, strided and dilated Conv2d (06), the functional form (09), Conv3d with a (C, 1, 1, 1)
-# scale (04). Depthwise convolutions (05, 11) stay torch calls (regions/conv_epilogue.depthwise).
+# scale (04). Depthwise convolutions (05, 11) stay torch calls (regions/conv_common.depthwise).
 RUN = ["02_conv2d_bias_scale", "08_conv2d_odd_nobias_clamp", "06_grouped_strided_dilated_conv2d_tanh",
        "09_functional_conv2d_same_mish", "04_conv3d_swish_scale"]
 DEPTHWISE = ["05_depthwise_conv2d_hardswish", "11_conv1d_depthwise_same_silu_residual",

@@ -187,7 +187,7 @@ def _einsum(equation: Any, *operands: Any) -> tuple:
 FUNCTIONS: dict[Any, Spec] = {
     operator.add: _binary("add"), torch.add: _binary("add"),
     operator.sub: _binary("sub"), torch.sub: _binary("sub"), torch.rsub: _rbinary("sub"),
-    operator.mul: _binary("mul"), torch.mul: _binary("mul"),
+    operator.mul: _binary("mul"), torch.mul: _binary("mul"), torch.multiply: _binary("mul"),
     operator.truediv: _binary("div"), torch.div: _binary("div"),
     operator.neg: _unary("neg"), torch.neg: _unary("neg"),
     torch.relu: _unary("relu"), F.relu: _unary("relu"),
@@ -211,7 +211,8 @@ FUNCTIONS: dict[Any, Spec] = {
 }
 
 METHODS: dict[str, Spec] = {
-    "add": _binary("add"), "sub": _binary("sub"), "mul": _binary("mul"), "div": _binary("div"),
+    "add": _binary("add"), "sub": _binary("sub"), "mul": _binary("mul"), "multiply": _binary("mul"),
+    "div": _binary("div"),
     "neg": _unary("neg"), "relu": _unary("relu"), "sigmoid": _unary("sigmoid"), "tanh": _unary("tanh"),
     "clamp": _clamp, "clip": _clamp, "exp": _unary("exp"), "abs": _unary("abs"),
     "matmul": _matmul, "mm": _matmul, "bmm": _matmul, "t": _alias, "transpose": _alias, "permute": _alias,
@@ -419,7 +420,9 @@ MODULES: dict[type, Callable[..., tuple]] = {
     nn.Softplus: _module_softplus,
     nn.Identity: _module_scalar("identity"),
     nn.GroupNorm: _module_group_norm,
-    nn.BatchNorm1d: _module_batch_norm,
+    # BatchNorm2d/3d: per-channel statistics over (N, spatial), the same op; a 2-d GEMM output takes only
+    # BatchNorm1d's shape, a convolution's the others (regions/kind.py's kinds check the shapes)
+    nn.BatchNorm1d: _module_batch_norm, nn.BatchNorm2d: _module_batch_norm, nn.BatchNorm3d: _module_batch_norm,
     nn.Dropout: _module_dropout,
     nn.Softmax: _module_softmax("softmax"), nn.LogSoftmax: _module_softmax("log_softmax"),
     nn.MaxPool1d: _module_max_pool, nn.AvgPool1d: _module_avg_pool,

@@ -28,6 +28,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("conv", "convolutions: the implicit-GEMM tile"),
     ("conv_transpose", "transposed convolutions: the stride-phase tile"),
     ("batchnorm", "BatchNorm's statistics and eval fold"),
+    ("conv_norm", "BatchNorm after a convolution: counted statistics, eval fold"),
     ("backward_ops", "training: epilogue backward launcher"),
     ("backward", "training: autograd bases, backward GEMM"),
     ("graphs", "CUDA graphs for repeated inference calls"),

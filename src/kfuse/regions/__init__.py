@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from kfuse.ir import Graph, Region
 from kfuse.regions import (
+    conv_batchnorm,
     conv_epilogue,
     gemm_batchnorm,
     gemm_epilogue,
@@ -34,6 +35,7 @@ KINDS: tuple[RegionKind, ...] = (
     gemm_groupnorm_wide.KIND,  # ... at any other GroupNorm
     gemm_batchnorm.KIND,  # ... at a BatchNorm1d
     conv_epilogue.KIND,  # a convolution and pointwise ops
+    conv_batchnorm.KIND,  # ... taken over at a BatchNorm over its channels
     no_kernel.KIND,  # host values and views: nothing to launch
     torch_call.KIND,  # anything else: the torch call as written
 )

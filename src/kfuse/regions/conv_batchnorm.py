@@ -1,0 +1,304 @@
+"""Region kind `conv_batchnorm`: convolution -> pointwise ops -> BatchNorm2d/3d (or BatchNorm1d over (N, C, L)) ->
+pointwise ops, the convolution on kernels/conv.py's tile (or kernels/conv_transpose.py's stride phases).
+
+Training mode (or no running statistics): each channel's mean and variance are over ALL N x spatial output pixels,
+which no tile sees. Three launches (kernels/conv_norm.py):
+  1. `<name>_stats_kernel`: the convolution and the ops before the norm; stores y (the norm's input) and, per
+     (row tile, channel), the tile's mean and centred M2 in float64, and each tile's row count;
+  2. `conv_bn_finalize_kernel`: merges the tiles per channel (Chan's combination, float64), writes mean and 1/std
+     and updates running_mean / running_var in place (num_batches_tracked counted by the launcher);
+  3. `<name>_apply_kernel`: one pass over y: (y - mean) * rstd * weight + bias, then the ops after the norm.
+Bytes beyond the convolution: y written once and read once (8 bytes per output element at fp32), the outputs
+written once; torch would write the conv's output, read it twice for the norm (statistics, then normalize), write
+the norm's output, and read and write it again for each pointwise op after it.
+Eval mode: running statistics are per-channel constants. Where the norm reads the convolution's own output (no op
+between) and nothing outside reads that output, the norm is folded into the convolution's weight and bias at call
+time (rule `bn-eval-fold`: conv_bn_eval_fold, float64, cached by the versions of everything it reads) and one
+kernel runs the convolution with b' and the ops after the norm. Otherwise one kernel normalizes with the running
+statistics in its epilogue. The mode is read when ModelNew is called, as torch does.
+Backward: the region recomputed in float64 torch (the norm by batch_norm_ref, with the statistics this call used)
+and differentiated, as the convolution kinds do (kfuse/backward.py): correct, not fast.
+"""
+
+from __future__ import annotations
+
+from kfuse.ir import Graph, Node, Param, Region, Scalar, attr_expr
+from kfuse.ops import CONV_OPS
+from kfuse.regions.common import (
+    KernelArgs,
+    RegionCode,
+    call,
+    docstring,
+    launcher,
+    operand_code,
+    plain,
+    pointwise_lines,
+    signature,
+    var,
+)
+from kfuse.regions.conv_common import (
+    TRANSPOSED,
+    ConvForm,
+    channel_operand,
+    conv_cost,
+    conv_kernel,
+    form_of,
+    geometry_code,
+)
+from kfuse.regions.kind import RegionKind, Walk, pointwise_with, same_tile
+
+FOLD_RULE = "bn-eval-fold"
+
+# per (tile, channel) partial statistics of the norm's input {y}, centred on the tile's own mean, in float64; the
+# tile index counts row tiles within a phase (program_id(2), 0 for a plain convolution)
+STATS_LINES = (
+    "# per-channel partial statistics of this row tile (float64, centred on the tile's mean) and its row count",
+    "tile = tl.program_id(2) * (tl.num_programs(0) // tl.cdiv(COUT_G, BLOCK_N)) + pid_m",
+    "t_count = tl.sum(mask_m.to(tl.float64), axis=0)",
+    "t_y = tl.where(mask, {y}, 0.0).to(tl.float64)",
+    "t_mean = tl.sum(t_y, axis=0) / tl.maximum(t_count, 1.0)",
+    "t_dev = tl.where(mask, t_y - t_mean[None, :], 0.0)",
+    "tl.store(mean_part_ptr + tile * C_out + offs_n, t_mean, mask=mask_n)",
+    "tl.store(m2_part_ptr + tile * C_out + offs_n, tl.sum(t_dev * t_dev, axis=0), mask=mask_n)",
+    "tl.store(count_ptr + tile, t_count)",
+)
+
+
+def norm_node(region: Region) -> tuple[int, Node]:
+    return next((i, n) for i, n in enumerate(region.nodes) if n.op == "batch_norm")
+
+
+def bn_params(bn: Node, channels: int) -> tuple[Param | None, Param | None, Scalar]:
+    """The norm's affine weight and bias (None without affine) and eps, read from its module at run time."""
+    affine = bn.attrs.get("affine", True)
+    w = Param(f"{bn.module}.weight", (channels,)) if affine else None
+    b = Param(f"{bn.module}.bias", (channels,)) if affine else None
+    return w, b, Scalar(1e-5, f"{bn.module}.eps")
+
+
+def can_fold(region: Region) -> bool:
+    """Eval mode folds the norm into the convolution where that is exact and loses no value: running statistics,
+    the norm reads the convolution's output directly, and nothing outside the region reads that output."""
+    at, bn = norm_node(region)
+    anchor = region.anchor
+    return (at == 1 and bn.attrs.get("track_running_stats", True) and bn.args[0] == anchor.name
+            and anchor.name not in region.outputs)
+
+
+def normalize(out: str, centred: str, scale: str, w: Param | None, b: Param | None, env: dict[str, str],
+              args: KernelArgs) -> list[str]:
+    lines = [f"{out} = {centred} * {scale}"]
+    if w is not None:
+        lines.append(f"{out} = {out} * {args.operand(w, env)} + {args.operand(b, env)}")
+    return lines
+
+
+def conv_bias(anchor: Node, env: dict[str, str], args: KernelArgs) -> list[str]:
+    """The convolution's own epilogue: its bias, if any."""
+    bias = anchor.args[2]
+    env[anchor.name] = var(anchor.name)
+    if bias is None:
+        return [f"{var(anchor.name)} = acc"]
+    return [f"{var(anchor.name)} = acc + {args.operand(bias, env)}  # bias of {anchor.origin}"]
+
+
+def stores(values: list[str], env: dict[str, str]) -> list[str]:
+    return [f"tl.store(buf_{v}_ptr + out_offs, {env[v]}, mask=mask)" for v in values]
+
+
+def apply_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str]) -> str:
+    """`<name>_apply_kernel`: one pass over y (NC(D)HW, S pixels a channel plane) as (pixels, channels) tiles, the
+    layout of the convolution's own tile (stores coalesced along the pixels); mean and rstd per channel."""
+    decls = (*plain("y_ptr", "mean_ptr", "rstd_ptr", *[f"buf_{o}_ptr" for o in outs]), *args.decls(),
+             *plain("M", "C_out", "S"), ("BLOCK_M", "BLOCK_M: tl.constexpr"), ("BLOCK_N", "BLOCK_N: tl.constexpr"))
+    lines = ["offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
+             "offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
+             "mask_m = offs_m < M",
+             "mask_n = offs_n < C_out",
+             "mask = mask_m[:, None] & mask_n[None, :]",
+             "out_offs = conv_out_offsets(offs_m, offs_n, 1, 1, S, C_out)",
+             "v_y = tl.load(y_ptr + out_offs, mask=mask, other=0.0).to(tl.float32)",
+             "mean = tl.load(mean_ptr + offs_n, mask=mask_n, other=0.0)[None, :]",
+             "rstd = tl.load(rstd_ptr + offs_n, mask=mask_n, other=1.0)[None, :]",
+             *args.loads, *body]
+    return "\n".join(["@triton.jit", f"def {name}_apply_kernel({signature(decls)}):", docstring(doc),
+                      *[f"    {ln}" for ln in lines]]) + "\n"
+
+
+def conv_launch(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs) -> list[str]:
+    """Launcher lines: one launch of a conv-tile kernel of this region under `geo`, `cfg`, `scheme`."""
+    return ["if geo.M:", *[f"    {ln}" for ln in call(
+        f"{kernel}_kernel[{form.grid}(geo, cfg)]", ["*ops", *ptrs, *args.params, "*sizes"],
+        ["BLOCK_M=cfg.block_m", "BLOCK_N=cfg.block_n", "BLOCK_K=cfg.block_k", "SCHEME=scheme",
+         "num_warps=cfg.num_warps", "num_stages=cfg.num_stages"]).splitlines()]]
+
+
+class Parts:
+    """The region cut at its norm: the ops before it (`before`), after it (`after`), and which region outputs
+    each side stores."""
+
+    def __init__(self, region: Region) -> None:
+        self.at, self.bn = norm_node(region)
+        self.before, self.after = list(region.nodes[1:self.at]), list(region.nodes[self.at + 1:])
+        pre = {n.name for n in region.nodes[:self.at]}
+        self.pre_outs = [v for v in region.outputs if v in pre]
+        self.post_outs = [v for v in region.outputs if v not in pre]
+        self.y = self.bn.args[0]
+
+
+def stats_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Parts,
+                 registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+    """Pass 1: the convolution and the ops before the norm; y, the region outputs before the norm, partials."""
+    args, env = KernelArgs(registry), {}
+    body = conv_bias(region.anchor, env, args) + pointwise_lines(p.before, env, args)
+    body += stores(list(dict.fromkeys([p.y, *p.pre_outs])), env)
+    body += [ln.format(y=env[p.y]) for ln in STATS_LINES]
+    ptrs = [f"buf_{v}" for v in dict.fromkeys([p.y, *p.pre_outs])] + ["mean_part", "m2_part", "count"]
+    return conv_kernel(form, f"{name}_stats", doc, ptrs, args, body), args
+
+
+def eval_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Parts,
+                registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+    """Eval mode in one kernel: the convolution, the ops before the norm, (y - running_mean) / sqrt(running_var +
+    eps) * weight + bias, the ops after it."""
+    args, env = KernelArgs(registry), {}
+    channels = region.anchor.shape[1]
+    w, b, eps = bn_params(p.bn, channels)
+    body = conv_bias(region.anchor, env, args) + pointwise_lines(p.before, env, args)
+    rm = args.operand(Param(f"{p.bn.module}.running_mean", (channels,)), env)
+    rv = args.operand(Param(f"{p.bn.module}.running_var", (channels,)), env)
+    body += normalize(var(p.bn.name), f"({env[p.y]} - {rm})", f"(1.0 / tl.sqrt({rv} + {args.operand(eps, env)}))",
+                      w, b, env, args)
+    env[p.bn.name] = var(p.bn.name)
+    body += pointwise_lines(p.after, env, args) + stores(p.pre_outs + p.post_outs, env)
+    outs = [f"buf_{v}" for v in p.pre_outs + p.post_outs]
+    return conv_kernel(form, f"{name}_eval", doc, outs, args, body), args
+
+
+def folded_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Parts,
+                  registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+    """Eval mode with the norm folded into W' and b' (conv_bn_eval_fold): acc + b', then the ops after the norm."""
+    args, env = KernelArgs(registry), {}
+    body = ["fold_b = tl.load(fold_b_ptr + offs_n, mask=mask_n, other=0.0)[None, :]",
+            f"{var(p.bn.name)} = acc + fold_b  # {region.anchor.origin} and {p.bn.origin}, folded into W' and b'"]
+    env[p.bn.name] = var(p.bn.name)
+    body += pointwise_lines(p.after, env, args) + stores(p.post_outs, env)
+    outs = [f"buf_{v}" for v in p.post_outs] + ["fold_b"]
+    return conv_kernel(form, f"{name}_folded", doc, outs, args, body), args
+
+
+def apply_pass(region: Region, name: str, doc: str, p: Parts,
+               registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+    """Pass 3: normalize y with the batch statistics, then the ops after the norm."""
+    args, env = KernelArgs(registry), {p.y: "v_y"}
+    w, b, _ = bn_params(p.bn, region.anchor.shape[1])
+    body = normalize(var(p.bn.name), "(v_y - mean)", "rstd", w, b, env, args)
+    env[p.bn.name] = var(p.bn.name)
+    body += pointwise_lines(p.after, env, args) + stores(p.post_outs, env)
+    return apply_kernel(name, doc, p.post_outs, args, body), args
+
+
+def generate(region: Region, g: Graph, stem: str) -> RegionCode:
+    anchor, form, p = region.anchor, form_of(region.anchor), Parts(region)
+    registry: dict[str, tuple[str, bool]] = {}
+    replaced = ", ".join(n.origin for n in region.nodes)
+    cost = conv_cost(anchor, g, 1)
+    stats, a1 = stats_kernel(region, form, stem, f"Training-mode pass 1 of: {replaced}. {cost}", p, registry)
+    apply, a3 = apply_pass(region, stem, f"Training-mode pass 3 of: {replaced}.", p, registry)
+    fold = can_fold(region)
+    has_running = p.bn.attrs.get("track_running_stats", True)
+    evalk = None
+    if fold:
+        evalk = folded_kernel(region, form, stem, f"Eval mode, BatchNorm folded into the weights ({FOLD_RULE}): "
+                              f"{replaced}. {cost}", p, registry)
+    elif has_running:
+        evalk = eval_kernel(region, form, stem, f"Eval mode (running statistics): {replaced}. {cost}", p, registry)
+
+    def empty(v: str, dtype: str = "x.dtype") -> str:
+        return f"buf_{v} = torch.empty(geo.out_shape, device=x.device, dtype={dtype})"
+
+    plan = f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})"
+    outs = ", ".join(f"buf_{v}" for v in region.outputs)
+    lines = ["x = x.contiguous()"]
+    if evalk is not None:
+        lines.append("if not (bn.training or bn.running_mean is None):  # eval: running statistics")
+        body = []
+        if fold:
+            bias = anchor.args[2]
+            bias_name = registry[f"as_vector({bias.expr()})"][0] if isinstance(bias, Param) else "None"
+            body.append(f"weight, fold_b = conv_bn_eval_fold(weight, {bias_name}, bn, {anchor.op == TRANSPOSED}, "
+                        f"groups)  # {FOLD_RULE}: W'")
+        body += [plan, *[empty(v) for v in region.outputs],
+                 *conv_launch(form, f"{stem}_{'folded' if fold else 'eval'}",
+                              [f"buf_{v}" for v in region.outputs] + (["fold_b"] if fold else []), evalk[1]),
+                 f"return {outs}"]
+        lines += [f"    {ln}" for ln in body]
+    y_dtype = "x.dtype" if p.y in region.outputs else "torch.float32"  # y stays fp32 when only pass 3 reads it
+    lines += [plan,
+              "M = geo.out_shape[0] * (torch.Size(geo.out_shape[2:]).numel())  # values per channel",
+              "if M < 2:",
+              "    raise ValueError(f'Expected more than 1 value per channel when training, got input size '"
+              "\n                     f'{tuple(geo.out_shape)}')",
+              "factor = batch_norm_momentum(bn)  # counts the batch, as torch does",
+              "grid = " + f"{form.grid}(geo, cfg)",
+              "tiles = grid[0] // cdiv(geo.COUT_G, cfg.block_n) * (grid[2] if len(grid) > 2 else 1)",
+              "mean_part = torch.empty((tiles, geo.C_out), device=x.device, dtype=torch.float64)",
+              "m2_part = torch.empty_like(mean_part)",
+              "count = torch.empty((tiles,), device=x.device, dtype=torch.float64)",
+              empty(p.y, y_dtype), *[empty(v) for v in p.pre_outs if v != p.y],
+              *conv_launch(form, f"{stem}_stats", [f"buf_{v}" for v in dict.fromkeys([p.y, *p.pre_outs])]
+                           + ["mean_part", "m2_part", "count"], a1),
+              "mean, rstd = conv_bn_stats(mean_part, m2_part, count, M, bn, factor)",
+              *[empty(v) for v in p.post_outs],
+              "S = M // geo.out_shape[0]",
+              "bm, bn_ = (min(triton.next_power_of_2(M), 8192), 64) if interpreting() else (128, 32)",
+              call(f"{stem}_apply_kernel[(cdiv(M, bm), cdiv(geo.C_out, bn_))]",
+                   [f"buf_{p.y}", "mean", "rstd", *[f"buf_{v}" for v in p.post_outs], *a3.params],
+                   ["M", "geo.C_out", "S", "BLOCK_M=bm", "BLOCK_N=bn_", "num_warps=4"]),
+              f"return {outs}"]
+    in_eval = "folded into the weights in eval" if fold else "running statistics in eval"
+    params = [n for n, _ in registry.values()]
+    src = launcher(f"fused_{stem}", ["x", "weight", "bn", *params, *form.geometry], lines,
+                   f"Fused: {replaced}. Batch statistics in training mode, {in_eval}.")
+    call_args = [anchor.args[0], operand_code(anchor.args[1]), attr_expr(p.bn.module), *registry,
+                 *geometry_code(anchor)]
+    kernels = (stats, apply) + ((evalk[0],) if evalk else ())
+    return RegionCode(kernels, src, (f"{', '.join(region.outputs)} = {call(f'fused_{stem}', call_args)}",))
+
+
+def norm_after_conv(walk: Walk, n: Node) -> bool:
+    """A BatchNorm module over a convolution's whole output (channels in dim 1), the walk's first norm."""
+    anchor = walk.anchor
+    return (anchor.op in (*CONV_OPS, TRANSPOSED) and n.op == "batch_norm" and bool(n.module) and len(n.args) == 1
+            and isinstance(n.args[0], str) and n.args[0] in walk.values and n.shape == anchor.shape
+            and len(n.shape) >= 3 and not any(m.op == "batch_norm" for m in walk.members))
+
+
+class ConvBatchNorm(RegionKind):
+    name = "conv_batchnorm"
+    kernel_modules = ("conv", "conv_transpose", "conv_norm")
+
+    def enters(self, walk: Walk, n: Node) -> bool:
+        return norm_after_conv(walk, n)
+
+    def joins(self, walk: Walk, n: Node) -> bool:
+        """After the norm, pointwise ops on the output's shape that read the norm's value or what follows it (the
+        apply pass holds nothing else), numbers and per-channel parameters."""
+        shape = walk.anchor.shape
+        if n.shape != shape or not n.value_args():
+            return False
+        at = next(i for i, m in enumerate(walk.members) if m.op == "batch_norm")
+        readable = {m.name for m in walk.members[at:]}
+        return pointwise_with(n, lambda a: channel_operand(a, shape, readable))
+
+    def finish(self, walk: Walk) -> list[Node]:
+        return same_tile(walk)
+
+    def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
+        return generate(region, g, stem)
+
+    def call_time_rewrites(self, region: Region) -> list[str]:
+        return [FOLD_RULE] if can_fold(region) else []
+
+
+KIND = ConvBatchNorm()

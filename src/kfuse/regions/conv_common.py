@@ -1,0 +1,162 @@
+"""What the convolution-anchored region kinds share: the tile's two forms (a convolution and a transposed one, on
+kernels/conv.py's and kernels/conv_transpose.py's tiles), which nodes anchor a region, which operands a fused op on
+the (pixels, channels) tile may read, the kernel frame around the tile, the launcher of a one-kernel region and the
+cost line of a kernel's docstring. Each kind (regions/<kind>.py) adds its epilogue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kfuse.capture import transposed_geometry_code
+from kfuse.ir import Arg, Graph, Node, Param, Scalar
+from kfuse.ops import CONV_OPS, conv_geometry_code
+from kfuse.regions.common import (
+    Decl,
+    KernelArgs,
+    call,
+    constexpr,
+    docstring,
+    launcher,
+    plain,
+    signature,
+)
+from kfuse.regions.kind import numel
+
+TRANSPOSED = "conv_transpose"  # capture's op for ConvTranspose1d/2d/3d and F.conv_transpose1d/2d/3d
+CONV_CONSTEXPRS = tuple(constexpr(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"))
+
+
+@dataclass(frozen=True)
+class ConvForm:
+    """What differs between a convolution's kernel and a transposed one's: the tile's operands and sizes (in the
+    order the kernels module's plan returns them), the lines that compute the accumulator `acc` and the row mask
+    `mask_m`, the line for the output offsets `out_offs` (from offs_n, the global channels), the plan and grid
+    functions the launcher calls, and the launcher's geometry parameters."""
+
+    params: tuple  # pointer parameters (the plan's `ops`)
+    sizes: tuple  # size parameters (the plan's `sizes`)
+    tile: tuple[str, ...]
+    out_offs: str
+    plan: str
+    grid: str
+    geometry: tuple[str, ...]
+
+
+_TILE = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"]
+# kernels/conv.py: conv_tile's operands and sizes (conv_operands, ConvGeometry.args), in its order
+_CONV_SIZES = ("stride_wn", "M", "C_in", "D", "H", "W", "OD", "OH", "OW", "C_out", "CIN_G", "COUT_G", "KD", "KH", "KW",
+               "SD", "SH", "SW", "PD", "PH", "PW", "DD", "DH", "DW")
+CONV = ConvForm(
+    plain("x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr"), plain(*_CONV_SIZES),
+    (call("acc = conv_tile", ["x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr", "stride_wn", "pid_m",
+                              "pid_n", "g"], list(_CONV_SIZES[1:]), _TILE, width=112, indent=8),
+     "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+     "mask_m = offs_m < M"),
+    "out_offs = conv_out_offsets(offs_m, offs_n, OD, OH, OW, C_out)",
+    "conv_plan", "conv_grid", ("stride", "padding", "dilation", "groups"))
+# kernels/conv_transpose.py: conv_transpose_tile's (conv_transpose_plan, TransposedGeometry.args)
+_TRANSPOSED_SIZES = ("stride_wn", "N", "C_in", "D", "H", "W", "OD", "OH", "OW", "C_out", "CIN_G", "COUT_G", "SD", "SH",
+                     "SW", "ED", "EH", "EW")
+CONV_TRANSPOSE = ConvForm(
+    plain("x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr", "phase_ptr"), plain(*_TRANSPOSED_SIZES),
+    (call("acc, rows, mask_m = conv_transpose_tile", ["x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr",
+                                                       "phase_ptr", "stride_wn", "pid_m", "pid_n", "g"],
+          list(_TRANSPOSED_SIZES[1:]), _TILE, width=112, indent=8),),
+    "out_offs = rows[:, None] + (offs_n.to(tl.int64) * (OD * OH * OW))[None, :]",
+    "conv_transpose_plan", "conv_transpose_grid", ("stride", "padding", "output_padding", "groups", "dilation"))
+
+
+def form_of(anchor: Node) -> ConvForm:
+    return CONV_TRANSPOSE if anchor.op == TRANSPOSED else CONV
+
+
+def depthwise(n: Node) -> bool:
+    """One input channel a group (groups = in_channels): a group's GEMM is a K = kernel-volume sliver whose output
+    channels (usually one) fill a sixteenth of the narrowest tensor-core tile. Such convolutions stay torch calls:
+    on an H100 the tile took KernelBench level 1 problem 82 (depthwise 3x3) to 46.3 ms against eager's 2.5 ms, and
+    a CUDA-core float64 variant to 19.1 ms (benchmarks/conv/NOTES.md). A depthwise kernel is still to be written.
+    Structural, not by channel counts: the CPU's small instances shrink channels, not groups' shape. A transposed
+    convolution's weight is (C_in, C_out/groups, ...): one input channel a group is C_in == groups there (a K of at
+    most the kernel's volume per phase)."""
+    groups = n.attrs.get("groups", 1)
+    cin_g = n.args[1].shape[0] // groups if n.op == TRANSPOSED else n.args[1].shape[1]
+    return groups > 1 and cin_g == 1
+
+
+def is_conv_anchor(n: Node) -> bool:
+    """A convolution the tile runs: a parameter weight, a parameter bias or none, a batched input (N, C, ...), not
+    depthwise."""
+    if n.op not in (*CONV_OPS, TRANSPOSED) or len(n.args) != 3 or not isinstance(n.args[0], str):
+        return False
+    weight, bias = n.args[1], n.args[2]
+    return (isinstance(weight, Param) and (bias is None or isinstance(bias, Param))
+            and len(n.shape) == n.attrs.get("dims", 0) + 2 and numel(n.shape) > 0 and not depthwise(n))
+
+
+def channel_operand(a: Arg, shape: tuple[int, ...], values: set[str]) -> bool:
+    """Can a fused op on the (pixels, channels) tile read this operand? Region values, numbers, and parameters that
+    broadcast along the channel dim (1) of `shape` alone, or have one element."""
+    if isinstance(a, str):
+        return a in values
+    if isinstance(a, Scalar):
+        return True
+    if isinstance(a, Param) and len(a.shape) <= len(shape):
+        aligned = (1,) * (len(shape) - len(a.shape)) + tuple(a.shape)
+        return aligned[1] in (1, shape[1]) and all(d == 1 for i, d in enumerate(aligned) if i != 1)
+    return False
+
+
+def conv_cost(anchor: Node, g: Graph, outs: int) -> str:
+    """What the region's kernel moves and computes at the problem's shape (fp32 x and outputs, fp16 hi + lo W)."""
+    x_numel = numel(g.shape_of(anchor.args[0]))
+    w_numel = numel(anchor.args[1].shape)
+    out_numel = numel(anchor.shape)
+    if anchor.op == TRANSPOSED:  # each input value: C_out/groups * kernel volume products (fewer at the borders)
+        flops = 2 * x_numel * w_numel // anchor.args[1].shape[0]
+    else:  # each output: C_in/groups * kernel volume products
+        flops = 2 * out_numel * w_numel // anchor.shape[1]
+    moved = 4 * (x_numel + w_numel + outs * out_numel)
+    plural = "s" if outs > 1 else ""
+    return (f"At the problem's shape: {flops / 1e9:.3g} GFLOP (three fp16 products of each on a GPU), "
+            f"{moved / 2 ** 20:.3g} MiB moved (x and W read once, {outs} output{plural} written once).")
+
+
+def tile_lines(form: ConvForm) -> list[str]:
+    """Kernel lines: the tile's accumulator, its pixel and channel offsets and masks (the names KernelArgs' vector
+    loads read: offs_n, mask_n), and the output offsets."""
+    return ["pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)",
+            *form.tile,
+            "offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # channels within group g",
+            "offs_n = g * COUT_G + offs_c  # the output channels",
+            "mask_n = offs_c < COUT_G",
+            "mask = mask_m[:, None] & mask_n[None, :]",
+            form.out_offs]
+
+
+def conv_kernel(form: ConvForm, name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str]) -> str:
+    decls: tuple[Decl, ...] = (*form.params, *plain(*[f"{o}_ptr" for o in outs]), *args.decls(), *form.sizes,
+                               *CONV_CONSTEXPRS)
+    lines = ["@triton.jit", f"def {name}_kernel({signature(decls)}):", docstring(doc),
+             *[f"    {ln}" for ln in (*tile_lines(form), *args.loads, *body)]]
+    return "\n".join(lines) + "\n"
+
+
+def conv_launcher(form: ConvForm, name: str, outs: list[str], args: KernelArgs, doc: str) -> str:
+    """fused_<name>(x, weight, <epilogue operands>, <geometry>): geometry, scheme, tile config and operands from the
+    kernels module (conv_plan or conv_transpose_plan), one launch, the outputs in x's layout and dtype."""
+    launch = call(f"{name}_kernel[{form.grid}(geo, cfg)]", ["*ops", *outs, *args.params, "*sizes"],
+                  ["BLOCK_M=cfg.block_m", "BLOCK_N=cfg.block_n", "BLOCK_K=cfg.block_k", "SCHEME=scheme",
+                   "num_warps=cfg.num_warps", "num_stages=cfg.num_stages"])
+    body = ["x = x.contiguous()",
+            f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
+            *[f"{o} = torch.empty(geo.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
+            "if geo.M:", *[f"    {ln}" for ln in launch.splitlines()],
+            f"return {', '.join(outs)}"]
+    return launcher(f"fused_{name}", ["x", "weight", *args.params, *form.geometry], body, doc)
+
+
+def geometry_code(anchor: Node) -> list[str]:
+    if anchor.op == TRANSPOSED:
+        return transposed_geometry_code(anchor.attrs, anchor.module)
+    return conv_geometry_code(anchor.attrs, anchor.module)
