@@ -90,3 +90,19 @@ def test_depthwise_stays_a_torch_call_and_is_verified(tmp_path, stem):
     assert result.contract.correct, result.contract.failures
     assert "conv_epilogue" not in [r.kind for r in result.compiled.regions]
     assert any("Conv" in u for u in result.compiled.unfused)
+
+
+# BatchNorm after the convolution (regions/conv_batchnorm.py): training-mode statistics over a strided Conv2d's row
+# tiles (32), over a ConvTranspose3d's stride phases with the spatial mean after it a torch call (33), and eval mode
+# as constructed, folded into the weights (35)
+BATCHNORM = {"32_conv2d_batchnorm_scale_odd": ["conv_batchnorm"],
+             "33_conv_transpose3d_batchnorm_subtract_mean": ["conv_batchnorm", "torch", "torch"],
+             "35_conv1d_batchnorm1d_eval_gelu": ["conv_batchnorm"]}
+
+
+@pytest.mark.parametrize("stem", BATCHNORM)
+def test_batchnorm_problem(tmp_path, stem):
+    path = CONV / f"{stem}.py"
+    result = optimize(load_problem(path), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert [r.kind for r in result.compiled.regions] == BATCHNORM[stem]

@@ -3,8 +3,8 @@ import torch.nn as nn
 
 
 class Model(nn.Module):
-    """Conv2d, BatchNorm2d (training: batch statistics, running statistics updated), ReLU. The BatchNorm epilogue
-    is issue 20's next kind: today the convolution is fused and the norm stays a torch call."""
+    """Conv2d, BatchNorm2d (training: batch statistics, running statistics updated), ReLU: one conv_batchnorm region
+    (the norm's statistics from the convolution tile's partials; eval mode folds the norm into the weights)."""
 
     def __init__(self, in_channels, out_channels, kernel_size):
         super().__init__()

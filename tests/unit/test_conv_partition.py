@@ -137,3 +137,23 @@ def test_gemm_regions_are_unchanged_beside_a_conv():
             return torch.relu(self.fc(torch.sigmoid(self.conv(x))))
     assert regions(ConvThenLinear(), X2) == [("conv_epilogue", ["conv", "sigmoid"]),
                                             ("gemm_epilogue", ["linear", "relu"])]
+
+
+def test_batchnorm_after_the_chain_takes_the_region_over():
+    """BatchNorm2d over the conv's channels: the conv_batchnorm kind (the ops before and after the norm join); an op
+    after the norm that reads a value from before it cannot run in the apply pass, so it ends the region."""
+    m = Chain(nn.Conv2d(4, 6, 3), lambda s, y: torch.relu(s.bn(y * 2.0)) + 1.0)
+    m.bn = nn.BatchNorm2d(6)
+    assert regions(m, X2) == [("conv_batchnorm", ["conv", "mul", "batch_norm", "relu", "add"])]
+    m = Chain(nn.Conv2d(4, 6, 3), lambda s, y: s.bn(y) + y)
+    m.bn = nn.BatchNorm2d(6)
+    assert regions(m, X2) == [("conv_batchnorm", ["conv", "batch_norm"]), ("torch", ["add"])]
+
+
+def test_batchnorm3d_after_a_transposed_conv_and_batchnorm1d_after_conv1d():
+    m = Chain(nn.ConvTranspose3d(4, 6, 2, stride=2), lambda s, y: s.bn(y))
+    m.bn = nn.BatchNorm3d(6)
+    assert regions(m, torch.randn(2, 4, 3, 4, 5)) == [("conv_batchnorm", ["conv_transpose", "batch_norm"])]
+    m = Chain(nn.Conv1d(4, 6, 3), lambda s, y: s.bn(y))
+    m.bn = nn.BatchNorm1d(6)
+    assert regions(m, torch.randn(2, 4, 9)) == [("conv_batchnorm", ["conv", "batch_norm"])]
