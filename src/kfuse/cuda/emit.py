@@ -35,7 +35,7 @@ from kfuse.regions.common import docstring, gemm_cost, kernel_name
 SCHEME_NOTES = {
     "fp16x3p": "fp16 hi/lo split of both operands, three WMMA tensor-core products per 32-deep K block, each "
                "block's partial added into an fp32 register accumulator",
-    "ieee": "fp32 FMAs on the CUDA cores",
+    "ieee": "fp32 operands on the CUDA cores, float64 products and sums rounded to fp32 once",
 }
 RUNTIME_MARK = "# --- emitted below ---"
 CUDA_MODULE = '''def cuda_module():
@@ -180,8 +180,8 @@ def header(problem_name: str, variants: Sequence[Variant], scheme: str, verified
         lines.append(f"#   Left as torch calls: {left}.")
         if v.rewrites:
             lines.append(f"#   Exact rewrites applied: {', '.join(v.rewrites)}.")
-    lines.append(f"# GEMM scheme: {scheme} ({SCHEME_NOTES.get(scheme, scheme)}); GEMMs of at most 16 rows: float64 "
-                 "sums on the CUDA cores.")
+    lines.append(f"# GEMM scheme: {scheme} ({SCHEME_NOTES.get(scheme, scheme)}); GEMMs of at most 16 rows: a GEMV "
+                 "kernel (W read once, float64 sums on the CUDA cores).")
     lines.append("# Training: each fused region is a torch.autograd.Function (used only when a gradient is needed).")
     lines += [f"# {ln}" for ln in verified]
     return [w for ln in lines for w in textwrap.wrap(ln, 118, subsequent_indent="#     ")]

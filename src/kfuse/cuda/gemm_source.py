@@ -17,9 +17,14 @@ cores, by the same split as the Triton tile (kfuse/kernels/gemm_core.py says why
                         Flops: 3 x 2 M N K on tensor cores. Bytes: x's and W's parts (2 + 2 bytes per element
                         each) read once per tile row / column (tiles in groups of 8 rows, so W's columns are
                         shared through L2), the outputs written once.
-  kf_gemm_cuda_core_kernel  the reference / fallback: 64 x 64 tiles on the CUDA cores, fp32 FMAs (scheme "ieee")
-                        or float64 products and sums rounded once (scheme "fp64": skinny GEMMs of <= 16 rows, where
-                        the split's ~3e-7 relative error is above cuBLAS's own GEMV error and W's read is the cost).
+  kf_gemm_cuda_core_kernel  scheme "ieee" with more than SKINNY_M rows: 64 x 64 tiles on the CUDA cores, the fp32
+                        operands widened to double in shared memory, each output one double FMA chain in k order,
+                        rounded to fp32 once (plain fp32 sums missed rule 3 against cuBLAS at 37 x 70 -> 129 on an
+                        H100: 6.68e-07 against a bound of 6.58e-07).
+  kf_gemv_kernel        GEMMs of at most SKINNY_M rows (a batch of 1), any scheme but fp16x3p's split (the Python
+                        launcher passes "fp64" for them): memory-bound on W, read once and coalesced, x's rows in
+                        shared memory, double sums per lane, a warp butterfly, fp32 rounding once, the epilogue.
+                        fp16x3p's ~3e-7 relative error failed rule 3 against cuBLAS's GEMV at batch 1.
 Edges are handled by clamping loads to the last row / column (their results are never stored) and masking the
 stores; any M, N, K works. Host glue: `kf_gemm` picks the kernel for a KfGemmArgs; each region adds its epilogue
 struct (spellings.py) and one launcher calling kf_gemm with it (region_sources).
@@ -34,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BLOCK_K = 32  # the GEMM's K block; split rows are zero-padded to a multiple of it
-SKINNY_M = 16  # GEMMs of at most this many rows run the float64 CUDA-core tile (the Triton path's SKINNY_M)
+SKINNY_M = 16  # GEMMs of at most this many rows run kf_gemv_kernel (float64 sums; the Triton path's SKINNY_M)
 SCHEME_IDS = {"fp16x3p": 0, "ieee": 1, "fp64": 2}  # KfGemmArgs.scheme
 
 # Shared by both translation units (identical text, so one definition as far as the linker cares).
@@ -42,7 +47,7 @@ COMMON = r"""
 #include <cuda_runtime_api.h>
 
 // The operands of one GEMM out = a @ b^T: scheme 0 (fp16x3p): a, a_lo (M, K) and b, b_lo (N, K) fp16 hi/lo parts
-// with per-row power-of-two scales, K a multiple of KF_BK; schemes 1 (fp32) and 2 (fp64 sums): a (M, K) and
+// with per-row power-of-two scales, K a multiple of KF_BK; schemes 1 and 2 (fp64 sums): a (M, K) and
 // b (N, K) fp32, the rest unused. All row-major and contiguous.
 struct KfGemmArgs {
   int scheme;
@@ -290,40 +295,43 @@ __global__ void __launch_bounds__(KF_THREADS) kf_gemm_fp16x3p_kernel(
 
 constexpr int KF_CB = 64, KF_CK = 16;  // CUDA-core tile: 64 x 64 outputs, K steps of 16, 256 threads x 4 x 4
 
-template <typename Acc, class Epi>
+// Schemes 1 and 2 with more than KF_GEMV_M rows: the fp32 operands are widened to double as they are staged in
+// shared memory (a product of two fp32 values is exact in double), each output is one double FMA chain in k order
+// (k = 0, 1, ..., K-1), rounded to fp32 once before the epilogue. tests/test_cuda_backend.py models this order.
+template <class Epi>
 __global__ void __launch_bounds__(256) kf_gemm_cuda_core_kernel(const float* __restrict__ a,
                                                                 const float* __restrict__ b, int M, int N,
                                                                 long long K, Epi epi) {
-  __shared__ float as[KF_CK][KF_CB + 4];
-  __shared__ float bs[KF_CK][KF_CB + 4];
+  __shared__ double as[KF_CK][KF_CB + 1];  // + 1: the staging stores (k fastest) hit distinct banks
+  __shared__ double bs[KF_CK][KF_CB + 1];
   const int tiles_n = (N + KF_CB - 1) / KF_CB;
   const int row0 = (blockIdx.x / tiles_n) * KF_CB, col0 = (blockIdx.x % tiles_n) * KF_CB;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  Acc acc[4][4];
+  double acc[4][4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = Acc(0);
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
   for (long long k0 = 0; k0 < K; k0 += KF_CK) {
     for (int e = threadIdx.x; e < KF_CB * KF_CK; e += 256) {
       const int r = e / KF_CK, k = e % KF_CK;
       const long long gk = k0 + k;
-      as[k][r] = (row0 + r < M && gk < K) ? a[(long long)(row0 + r) * K + gk] : 0.0f;
-      bs[k][r] = (col0 + r < N && gk < K) ? b[(long long)(col0 + r) * K + gk] : 0.0f;
+      as[k][r] = (row0 + r < M && gk < K) ? (double)a[(long long)(row0 + r) * K + gk] : 0.0;
+      bs[k][r] = (col0 + r < N && gk < K) ? (double)b[(long long)(col0 + r) * K + gk] : 0.0;
     }
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < KF_CK; ++k) {
-      Acc av[4], bv[4];
+      double av[4], bv[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        av[i] = static_cast<Acc>(as[k][ty + 16 * i]);
-        bv[i] = static_cast<Acc>(bs[k][tx + 16 * i]);
+        av[i] = as[k][ty + 16 * i];
+        bv[i] = bs[k][tx + 16 * i];
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = kf_fma(av[i], bv[j], acc[i][j]);
+        for (int j = 0; j < 4; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
     }
     __syncthreads();
   }
@@ -340,6 +348,97 @@ __global__ void __launch_bounds__(256) kf_gemm_cuda_core_kernel(const float* __r
   }
 }
 
+// GEMV for few rows (M <= KF_GEMV_M; schemes 1 and 2): out = x W^T, x (M, K), W (N, K) fp32, memory-bound on W.
+// Each warp owns KF_GV_R rows of W (output columns n0, n0 + 1) and reads each of them once, coalesced: lane l takes
+// the VEC-wide pieces k = VEC (l + 32 j) (float4 loads where K % 4 == 0 and both pointers are 16-byte aligned,
+// else single floats). x's rows, padded with zero rows to MT (1, 4 or 16), are staged in shared memory KC columns
+// at a time (MT * KC <= KF_GV_SMEM floats: 32 KiB; KC a multiple of 32 VEC, so lane l's pieces are the same in
+// every chunk) and read by all 8 warps. Each lane keeps MT x KF_GV_R double sums (products of fp32 values are
+// exact in double; FMAs in increasing k), then a butterfly of __shfl_xor_sync (offsets 16, 8, 4, 2, 1: a fixed
+// pairwise tree, every lane ends with the same bits) gives the totals, each rounded to fp32 once and passed to the
+// epilogue by one lane; stores masked to m < M, n < N. The same bits every run. tests/test_cuda_backend.py models
+// this order (gemv_model) and the GPU test compares the kernel with it bit for bit.
+constexpr int KF_GEMV_M = SKINNY_M_VALUE, KF_GV_THREADS = 256, KF_GV_WARPS = KF_GV_THREADS / 32, KF_GV_R = 2;
+constexpr int KF_GV_SMEM = 8192;  // floats of x staged per block (32 KiB: up to 7 blocks per SM)
+
+template <int MT, int VEC, class Epi>
+__global__ void __launch_bounds__(KF_GV_THREADS) kf_gemv_kernel(const float* __restrict__ x,
+                                                                const float* __restrict__ w, int M, int N,
+                                                                long long K, int KC, Epi epi) {
+  extern __shared__ __align__(16) float kf_xs[];  // MT x KC: x[:, k0:k0 + KC], rows M..MT-1 zero
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n0 = (blockIdx.x * KF_GV_WARPS + warp) * KF_GV_R;
+  const float* wr[KF_GV_R];
+#pragma unroll
+  for (int r = 0; r < KF_GV_R; ++r) wr[r] = w + (long long)min(n0 + r, N - 1) * K;  // past N: never stored
+  double acc[MT][KF_GV_R];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int r = 0; r < KF_GV_R; ++r) acc[m][r] = 0.0;
+
+  for (long long k0 = 0; k0 < K; k0 += KC) {
+    const int kc = (int)min((long long)KC, K - k0);
+    __syncthreads();  // every warp is done with the previous chunk
+#pragma unroll 4
+    for (int e = threadIdx.x * VEC; e < MT * KC; e += KF_GV_THREADS * VEC) {
+      const int m = e / KC, k = e % KC;  // VEC divides KC: a piece never crosses a row
+      if (VEC == 4) {
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (m < M && k < kc) v = __ldg(reinterpret_cast<const float4*>(x + (long long)m * K + k0 + k));
+        *reinterpret_cast<float4*>(kf_xs + e) = v;
+      } else {
+        kf_xs[e] = (m < M && k < kc) ? __ldg(x + (long long)m * K + k0 + k) : 0.0f;
+      }
+    }
+    __syncthreads();
+    if (n0 >= N) continue;  // a warp past the last row (whole warp: no shuffle divergence)
+#pragma unroll 2
+    for (int j = lane * VEC; j < kc; j += 32 * VEC) {
+      if (VEC == 4) {
+        float4 wv[KF_GV_R];
+#pragma unroll
+        for (int r = 0; r < KF_GV_R; ++r) wv[r] = __ldg(reinterpret_cast<const float4*>(wr[r] + k0 + j));
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          const float4 xv = *reinterpret_cast<const float4*>(kf_xs + m * KC + j);
+#pragma unroll
+          for (int r = 0; r < KF_GV_R; ++r) {
+            acc[m][r] = fma((double)xv.x, (double)wv[r].x, acc[m][r]);
+            acc[m][r] = fma((double)xv.y, (double)wv[r].y, acc[m][r]);
+            acc[m][r] = fma((double)xv.z, (double)wv[r].z, acc[m][r]);
+            acc[m][r] = fma((double)xv.w, (double)wv[r].w, acc[m][r]);
+          }
+        }
+      } else {
+        float wv[KF_GV_R];
+#pragma unroll
+        for (int r = 0; r < KF_GV_R; ++r) wv[r] = __ldg(wr[r] + k0 + j);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          const double xv = (double)kf_xs[m * KC + j];
+#pragma unroll
+          for (int r = 0; r < KF_GV_R; ++r) acc[m][r] = fma(xv, (double)wv[r], acc[m][r]);
+        }
+      }
+    }
+  }
+  if (n0 >= N) return;
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int r = 0; r < KF_GV_R; ++r)
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) acc[m][r] += __shfl_xor_sync(0xffffffffu, acc[m][r], off);
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int r = 0; r < KF_GV_R; ++r) {
+      const int n = n0 + r;
+      if (lane == (m * KF_GV_R + r) % 32 && m < M && n < N) epi(epi.column(n), m, n, static_cast<float>(acc[m][r]));
+    }
+}
+
 template <int STAGES, class Epi>
 cudaError_t kf_launch_fp16x3p(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
   auto kernel = kf_gemm_fp16x3p_kernel<STAGES, Epi>;
@@ -353,12 +452,44 @@ cudaError_t kf_launch_fp16x3p(const KfGemmArgs& g, const Epi& epi, cudaStream_t 
   return cudaGetLastError();
 }
 
-template <typename Acc, class Epi>
+template <class Epi>
 cudaError_t kf_launch_cuda_core(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
   const long long tiles = ((g.M + KF_CB - 1) / KF_CB) * ((g.N + KF_CB - 1) / KF_CB);
-  kf_gemm_cuda_core_kernel<Acc, Epi><<<(unsigned)tiles, 256, 0, stream>>>(
+  kf_gemm_cuda_core_kernel<Epi><<<(unsigned)tiles, 256, 0, stream>>>(
       static_cast<const float*>(g.a), static_cast<const float*>(g.b), (int)g.M, (int)g.N, g.K, epi);
   return cudaGetLastError();
+}
+
+// x's chunk width for MT padded rows of VEC-wide pieces: a multiple of 32 VEC, MT * KC <= KF_GV_SMEM, no wider
+// than K needs
+__host__ __device__ constexpr long long kf_gemv_chunk(int MT, int VEC, long long K) {
+  return (K + 32 * VEC - 1) / (32 * VEC) * (32 * VEC) < KF_GV_SMEM / MT / (32 * VEC) * (32 * VEC)
+             ? (K + 32 * VEC - 1) / (32 * VEC) * (32 * VEC)
+             : KF_GV_SMEM / MT / (32 * VEC) * (32 * VEC);
+}
+
+template <int MT, int VEC, class Epi>
+cudaError_t kf_launch_gemv_t(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
+  const long long kc = kf_gemv_chunk(MT, VEC, g.K);
+  const long long rows = (long long)KF_GV_WARPS * KF_GV_R;
+  kf_gemv_kernel<MT, VEC, Epi><<<(unsigned)((g.N + rows - 1) / rows), KF_GV_THREADS, MT * kc * sizeof(float),
+                                 stream>>>(static_cast<const float*>(g.a), static_cast<const float*>(g.b), (int)g.M,
+                                           (int)g.N, g.K, (int)kc, epi);
+  return cudaGetLastError();
+}
+
+template <int VEC, class Epi>
+cudaError_t kf_launch_gemv_v(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
+  if (g.M <= 1) return kf_launch_gemv_t<1, VEC>(g, epi, stream);
+  if (g.M <= 4) return kf_launch_gemv_t<4, VEC>(g, epi, stream);
+  return kf_launch_gemv_t<KF_GEMV_M, VEC>(g, epi, stream);
+}
+
+// float4 pieces where every row of x and W starts 16-byte aligned
+template <class Epi>
+cudaError_t kf_launch_gemv(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
+  const bool vec = g.K % 4 == 0 && reinterpret_cast<size_t>(g.a) % 16 == 0 && reinterpret_cast<size_t>(g.b) % 16 == 0;
+  return vec ? kf_launch_gemv_v<4>(g, epi, stream) : kf_launch_gemv_v<1>(g, epi, stream);
 }
 
 // The GEMM of `g` with epilogue `epi` on `stream`; 3 pipeline stages where the GPU lets a block have their
@@ -366,8 +497,8 @@ cudaError_t kf_launch_cuda_core(const KfGemmArgs& g, const Epi& epi, cudaStream_
 template <class Epi>
 int kf_gemm(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
   if (g.M == 0 || g.N == 0) return 0;
-  if (g.scheme == 1) return (int)kf_launch_cuda_core<float>(g, epi, stream);
-  if (g.scheme == 2) return (int)kf_launch_cuda_core<double>(g, epi, stream);
+  if (g.scheme != 0 && g.M <= KF_GEMV_M) return (int)kf_launch_gemv(g, epi, stream);
+  if (g.scheme != 0) return (int)kf_launch_cuda_core(g, epi, stream);
   int dev = 0, optin = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
@@ -375,7 +506,7 @@ int kf_gemm(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
   if ((size_t)optin >= kf_smem_bytes(3)) return (int)kf_launch_fp16x3p<3>(g, epi, stream);
   return (int)kf_launch_fp16x3p<2>(g, epi, stream);
 }
-""".replace("BLOCK_K_VALUE", str(BLOCK_K))
+""".replace("BLOCK_K_VALUE", str(BLOCK_K)).replace("SKINNY_M_VALUE", str(SKINNY_M))
 
 # The C++ translation unit's fixed part: its headers (load_inline, with no_implicit_headers on torch >= 2.8, adds
 # none), then COMMON, then these helpers; load_inline appends the bindings.

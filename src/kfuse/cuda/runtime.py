@@ -10,7 +10,8 @@ are serialised by load_inline's own lock in that folder.
 Operands (`gemm_operands`): x is split into fp16 hi/lo parts on every call (one CUDA kernel); the weight's parts
 are kept on the weight tensor until its storage, version counter (bumped by every in-place write: optimizer steps,
 load_state_dict, mul_ under no_grad), shape or strides change. Writes through `w.data` bypass the version counter:
-set `w._kfuse_cuda_cache = None` after one. GEMMs of at most SKINNY_M rows take the float64 CUDA-core tile.
+set `w._kfuse_cuda_cache = None` after one. GEMMs of at most SKINNY_M rows take the GEMV kernel (kf_gemv_kernel:
+W read once, float64 sums), whatever the scheme.
 
 Training (`CudaGemmFn`): the forward kernel also stores z = x W^T + b; backward differentiates the epilogue in
 float64 torch from z (each gradient rounded once), then dX = dZ W, dW = dZ^T X and db = sum(dZ) as fp32 torch
@@ -28,7 +29,7 @@ import os
 import torch
 
 # --- emitted below ---
-SKINNY_M = 16  # GEMMs of at most this many rows run in float64 on the CUDA cores (gemm_source.SKINNY_M)
+SKINNY_M = 16  # GEMMs of at most this many rows run the GEMV kernel, float64 sums (gemm_source.SKINNY_M)
 SCHEME_IDS = {"fp16x3p": 0, "ieee": 1, "fp64": 2}  # gemm_source.SCHEME_IDS
 CUDA_FLAGS = ("-O3",)  # no -std: torch adds the one its headers need (C++20 since torch 2.10)
 BUILT_MARK = "kfuse-built"
@@ -122,7 +123,8 @@ def weight_nk(weight: torch.Tensor, kn: bool) -> torch.Tensor:
 
 def gemm_operands(ext, x2: torch.Tensor, weight: torch.Tensor, kn: bool, scheme: str) -> tuple:
     """((a, a_lo, a_scale, b, b_lo, b_scale), scheme id) for the region functions of the extension: x2 (M, K) and
-    the weight split for "fp16x3p", else both fp32 (N, K) contiguous (the CUDA-core tiles; skinny GEMMs: "fp64")."""
+    the weight split for "fp16x3p", else both fp32 (N, K) contiguous (the CUDA-core tile; skinny GEMMs: "fp64",
+    the GEMV kernel)."""
     if x2.shape[0] <= SKINNY_M:
         scheme = "fp64"
     if scheme == "fp16x3p":
