@@ -154,7 +154,7 @@ def backend_kinds(backend: str) -> tuple[RegionKind, ...]:
 
 
 def backend_scheme(opts: Options) -> str:
-    """The GEMM scheme of the file: the CUDA backend runs fp16x3p (or its fp32 CUDA-core tile, --scheme ieee)
+    """The GEMM scheme of the file: the CUDA backend runs fp16x3p (or its CUDA-core tile, --scheme ieee)
     wherever the file runs; the Triton one picks by device (runtime.scheme_for)."""
     if opts.backend == "cuda":
         return opts.scheme or "fp16x3p"

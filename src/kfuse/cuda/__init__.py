@@ -5,7 +5,8 @@ compiled with `torch.utils.cpp_extension.load_inline`, no Triton.
                   stay torch calls
   spellings.py    each region's epilogue as a C++ functor, spelled from the pointwise table of kfuse/ops.py
   gemm_source.py  the fixed CUDA source: the fp16 hi/lo row split, the fp32-accurate WMMA GEMM tile (fp16x3p),
-                  the CUDA-core fp32 / fp64 tiles, and the host glue each region's functor plugs into
+                  the CUDA-core tile with float64 sums (--scheme ieee), the GEMV kernel for <= 16 rows, and the
+                  host glue each region's functor plugs into
   runtime.py      the Python the generated file carries: build once per machine (content-hashed extension under
                   the cache folder), the weight split cache, the autograd Function base
   emit.py         the standalone ModelNew file
