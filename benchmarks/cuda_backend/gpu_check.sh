@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check of `--backend cuda` (issue 22), on a GPU machine from the repository root:
 #     benchmarks/cuda_backend/gpu_check.sh OUT        (OUT: an output folder; default out/cuda_backend)
-# Under 8 minutes on an H100 even where every step runs to its `timeout` (180 + 80 + 70 + 130 s; a step cut short
-# still leaves what it wrote); about 4 minutes when none does:
+# Under 8 minutes on an H100 even where every step runs to its `timeout` (180 + 80 + 45 + 25 + 130 s; a step cut
+# short still leaves what it wrote); about 4 minutes when none does:
 #   1. kfuse optimize --backend cuda on the seeds and four problems/gemm files, in parallel (each builds its
 #      extension with nvcc: the builds dominate); the contract verdicts and ModelNew files go to OUT/cuda/;
 #      beside them, the GPU tests of tests/test_cuda_backend.py that those builds do not cover (odd sizes and
