@@ -131,6 +131,23 @@ def affine_lines(out: str, weight, bias, env: dict[str, str], args: KernelArgs) 
     return lines
 
 
+def bn_params(bn: Node, channels: int) -> tuple[Param | None, Param | None, Scalar]:
+    """A BatchNorm's affine weight and bias (None without affine) and eps, read from its module at run time."""
+    affine = bn.attrs.get("affine", True)
+    w = Param(f"{bn.module}.weight", (channels,)) if affine else None
+    b = Param(f"{bn.module}.bias", (channels,)) if affine else None
+    return w, b, Scalar(1e-5, f"{bn.module}.eps")
+
+
+def bn_normalize(out: str, centred: str, scale: str, w: Param | None, b: Param | None, env: dict[str, str],
+                 args: KernelArgs) -> list[str]:
+    """`out = centred * scale`, then the BatchNorm's affine where it has one."""
+    lines = [f"{out} = {centred} * {scale}"]
+    if w is not None:
+        lines.append(f"{out} = {out} * {args.operand(w, env)} + {args.operand(b, env)}")
+    return lines
+
+
 def assign(target: str, template: str, operands: list[str], origin: str) -> list[str]:
     """`target = template(operands)  # origin`; a spelling that repeats long operands (mish) reads them through
     short local names first, so the line stays short."""

@@ -22,11 +22,13 @@ and differentiated, as the convolution kinds do (kfuse/backward.py): correct, no
 
 from __future__ import annotations
 
-from kfuse.ir import Graph, Node, Param, Region, Scalar, attr_expr
+from kfuse.ir import Graph, Node, Param, Region, attr_expr
 from kfuse.ops import CONV_OPS
 from kfuse.regions.common import (
     KernelArgs,
     RegionCode,
+    bn_normalize,
+    bn_params,
     call,
     docstring,
     launcher,
@@ -68,13 +70,6 @@ def norm_node(region: Region) -> tuple[int, Node]:
     return next((i, n) for i, n in enumerate(region.nodes) if n.op == "batch_norm")
 
 
-def bn_params(bn: Node, channels: int) -> tuple[Param | None, Param | None, Scalar]:
-    """The norm's affine weight and bias (None without affine) and eps, read from its module at run time."""
-    affine = bn.attrs.get("affine", True)
-    w = Param(f"{bn.module}.weight", (channels,)) if affine else None
-    b = Param(f"{bn.module}.bias", (channels,)) if affine else None
-    return w, b, Scalar(1e-5, f"{bn.module}.eps")
-
 
 def can_fold(region: Region) -> bool:
     """Eval mode folds the norm into the convolution where that is exact and loses no value: running statistics,
@@ -84,13 +79,6 @@ def can_fold(region: Region) -> bool:
     return (at == 1 and bn.attrs.get("track_running_stats", True) and bn.args[0] == anchor.name
             and anchor.name not in region.outputs)
 
-
-def normalize(out: str, centred: str, scale: str, w: Param | None, b: Param | None, env: dict[str, str],
-              args: KernelArgs) -> list[str]:
-    lines = [f"{out} = {centred} * {scale}"]
-    if w is not None:
-        lines.append(f"{out} = {out} * {args.operand(w, env)} + {args.operand(b, env)}")
-    return lines
 
 
 def conv_bias(anchor: Node, env: dict[str, str], args: KernelArgs) -> list[str]:
@@ -167,7 +155,7 @@ def eval_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Parts,
     body = conv_bias(region.anchor, env, args) + pointwise_lines(p.before, env, args)
     rm = args.operand(Param(f"{p.bn.module}.running_mean", (channels,)), env)
     rv = args.operand(Param(f"{p.bn.module}.running_var", (channels,)), env)
-    body += normalize(var(p.bn.name), f"({env[p.y]} - {rm})", f"(1.0 / tl.sqrt({rv} + {args.operand(eps, env)}))",
+    body += bn_normalize(var(p.bn.name), f"({env[p.y]} - {rm})", f"(1.0 / tl.sqrt({rv} + {args.operand(eps, env)}))",
                       w, b, env, args)
     env[p.bn.name] = var(p.bn.name)
     body += pointwise_lines(p.after, env, args) + stores(p.pre_outs + p.post_outs, env)
@@ -192,7 +180,7 @@ def apply_pass(region: Region, name: str, doc: str, p: Parts,
     """Pass 3: normalize y with the batch statistics, then the ops after the norm."""
     args, env = KernelArgs(registry), {p.y: "v_y"}
     w, b, _ = bn_params(p.bn, region.anchor.shape[1])
-    body = normalize(var(p.bn.name), "(v_y - mean)", "rstd", w, b, env, args)
+    body = bn_normalize(var(p.bn.name), "(v_y - mean)", "rstd", w, b, env, args)
     env[p.bn.name] = var(p.bn.name)
     body += pointwise_lines(p.after, env, args) + stores(p.post_outs, env)
     return apply_kernel(name, doc, p.post_outs, args, body), args

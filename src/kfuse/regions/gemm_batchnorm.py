@@ -55,12 +55,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from kfuse.ir import Graph, Node, Param, Region, Scalar, attr_expr
+from kfuse.ir import Graph, Node, Param, Region, attr_expr
 from kfuse.regions.common import (
     KEPT,
     SAVE_Z_DOC,
     KernelArgs,
     RegionCode,
+    bn_normalize,
+    bn_params,
     call,
     constexpr,
     forward_calls,
@@ -140,20 +142,6 @@ STATS_LINES = (
 )
 
 
-def bn_params(bn: Node, n_cols: int) -> tuple[Param | None, Param | None, Scalar]:
-    path = bn.module
-    affine = bn.attrs.get("affine", True)
-    w = Param(f"{path}.weight", (n_cols,)) if affine else None
-    b = Param(f"{path}.bias", (n_cols,)) if affine else None
-    return w, b, Scalar(1e-5, f"{path}.eps")
-
-
-def _normalize(out: str, centred: str, scale: str, w: Param | None, b: Param | None, env: dict[str, str],
-               args: KernelArgs) -> list[str]:
-    lines = [f"{out} = {centred} * {scale}"]
-    if w is not None:
-        lines.append(f"{out} = {out} * {args.operand(w, env)} + {args.operand(b, env)}")
-    return lines
 
 
 def _stores(values: list[str], env: dict[str, str]) -> list[str]:
@@ -170,7 +158,7 @@ def _eval_kernel(region: Region, name: str, cost: str, bn: Node, before: list[No
     body = linear_bias(region.anchor, env, args) + pointwise_lines(before, env, args) + _stores(pre_outs, env)
     rm = args.operand(Param(f"{path}.running_mean", (n_cols,)), env)
     rv = args.operand(Param(f"{path}.running_var", (n_cols,)), env)
-    body += _normalize(var(bn.name), f"({env[y]} - {rm})", f"(1.0 / tl.sqrt({rv} + {args.operand(eps, env)}))",
+    body += bn_normalize(var(bn.name), f"({env[y]} - {rm})", f"(1.0 / tl.sqrt({rv} + {args.operand(eps, env)}))",
                        w, b, env, args)
     env[bn.name] = var(bn.name)
     body += pointwise_lines(after, env, args) + _stores(post_outs, env)
@@ -240,7 +228,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     again = pointwise_lines(before, env_z, a3)
     body3 = ["if FROM_Z:  # y_ptr holds z: the ops before the norm again, as the stats kernel ran them",
              f"    {var(region.anchor.name)} = v_y", *[f"    {ln}" for ln in again], f"    v_y = {env_z[y]}"]
-    body3 += _normalize(var(bn.name), "(v_y - mean)", "rstd", w, b, env3, a3)
+    body3 += bn_normalize(var(bn.name), "(v_y - mean)", "rstd", w, b, env3, a3)
     a3.loads += ["mean = tl.load(mean_ptr + offs_n, mask=mask_n, other=0.0)[None, :]",
                  "rstd = tl.load(rstd_ptr + offs_n, mask=mask_n, other=1.0)[None, :]"]
     env3[bn.name] = var(bn.name)
