@@ -244,10 +244,9 @@ class WorkerHandle:
         return elapsed
 
     def _spin_for_answer(self) -> None:
-        """Busy-wait until the answer is there (or the deadline passes). A thread asleep in poll() can take
-        milliseconds to be scheduled again once the answer arrives (seen on an H100 machine: 4-5 ms per timed
-        call, judge clock against CUDA events; benchmarks/judge/NOTES.md), and the judge's clock would count
-        them as the candidate's. Only for GPU work: on the CPU the worker needs the cores."""
+        """Busy-wait until the answer is there (or the deadline passes): a thread asleep in poll() is scheduled
+        again up to ~0.2 ms after the answer arrives (H200 machine, benchmarks/judge/wakeup_diag.py), and the
+        judge's clock would count it as the candidate's. Only for GPU work: on the CPU the worker needs the cores."""
         while not self._rx.poll(0):
             if time.monotonic() > self.deadline:
                 return

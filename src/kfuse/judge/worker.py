@@ -367,8 +367,9 @@ SPIN_S = 1.0
 
 def _await_next(rx: Connection, device: str) -> None:
     """On the GPU, busy-wait up to SPIN_S for the judge's next message while a timed call may come: a process
-    asleep in recv can take milliseconds to wake, and the judge's clock is running by then (ipc.WorkerHandle.
-    _spin_for_answer is the judge's side)."""
+    asleep in recv wakes up to ~0.2 ms later (H200 machine, benchmarks/judge/wakeup_diag.py), which the judge's
+    clock, running by then, would count (ipc.WorkerHandle._spin_for_answer is the judge's side). Not what made
+    timed calls milliseconds slow: that was the missing `next` exchange (benchmarks/judge/NOTES.md)."""
     if device != "cuda":
         return
     end = _real_perf_counter() + SPIN_S
