@@ -441,6 +441,17 @@ def test_cli_backend_errors_are_one_line(tmp_path, args, message):
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_bench_backend_error_is_one_line(monkeypatch):
+    """bench checks --backend as optimize does (the GPU check comes first, so a GPU is pretended here)."""
+    from typer.testing import CliRunner
+
+    from kfuse.cli import app
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    r = CliRunner().invoke(app, ["bench", str(SEEDS / "12_gemm_multiply_leakyrelu.py"), "--backend", "rocm"])
+    assert r.exit_code == 2 and r.output.strip() == "kfuse: error: --backend rocm: expected triton or cuda", r.output
+
+
 # ---- GPU ---------------------------------------------------------------------------------------------------------
 def _contract(path: Path, overrides: dict, trials: int = 3, scheme: str | None = None):
     from kfuse.verify import check_contract, run_in_process

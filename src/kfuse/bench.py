@@ -410,6 +410,7 @@ def bench_cmd(
     """Time eager fp32, torch.compile (default, max-autotune) and kfuse's ModelNew side by side on one GPU."""
     from rich.console import Console
 
+    from kfuse.commands import check_backend
     from kfuse.load import load_problem, parse_set
 
     console = Console(stderr=True)
@@ -422,9 +423,7 @@ def bench_cmd(
         typer.echo(f"kfuse: error: --baselines {unknown[0]}: expected eager, compile_default or compile_max_autotune",
                    err=True)
         raise typer.Exit(2)
-    if backend not in ("triton", "cuda"):
-        typer.echo(f"kfuse: error: --backend {backend}: expected triton or cuda", err=True)
-        raise typer.Exit(2)
+    check_backend(backend, None)  # optimize's check: a KfuseError, one line and exit 2 (cli.py)
     overrides = parse_set(set_)
     loaded = [load_problem(p, overrides) for p in problems]  # every file is checked before the long part
     command = command_line()
