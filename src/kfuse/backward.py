@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from kfuse.capture import transposed_geometry_code
 from kfuse.ir import Arg, Graph, Node, Param, Region, Scalar, attr_expr
-from kfuse.ops import CONV_OPS, POINTWISE, conv_geometry_code
+from kfuse.ops import CONV_OPS, POINTWISE, TRANSPOSED_GEOMETRY, conv_geometry_code
 from kfuse.regions import kind_of
 from kfuse.regions.common import RegionCode, docstring
 from kfuse.regions.pointwise_dz import dz_method
@@ -68,7 +67,7 @@ def op_spelling(n: Node) -> str | None:
         return (f"torch.nn.functional.conv{n.attrs['dims']}d({args[0]}, {args[1]}, {args[2]}, {stride}, {padding}, "
                 f"{dilation}, {groups})")
     if n.op == "conv_transpose":  # F.conv_transpose{1,2,3}d's order: stride, padding, output_padding, groups, dilation
-        geometry = ", ".join(transposed_geometry_code(n.attrs, n.module))
+        geometry = ", ".join(conv_geometry_code(n.attrs, n.module, TRANSPOSED_GEOMETRY))
         return f"torch.nn.functional.conv_transpose{n.attrs['dims']}d({args[0]}, {args[1]}, {args[2]}, {geometry})"
     if n.op == "group_norm":
         x, groups, w, b, eps = args

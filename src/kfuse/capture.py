@@ -364,17 +364,7 @@ def _f_conv(dims: int) -> Spec:
     return spec
 
 
-# ConvTranspose: op `conv_transpose`, args (x, weight, bias or None); attrs dims and these, in the order
-# F.conv_transpose{1,2,3}d takes them after the bias
-TRANSPOSED_GEOMETRY = ("stride", "padding", "output_padding", "groups", "dilation")
-
-
-def transposed_geometry_code(attrs: Mapping[str, Any], module: str | None) -> list[str]:
-    """A transposed convolution's geometry (TRANSPOSED_GEOMETRY) as generated code: read from its module when
-    ModelNew runs, else the functional call's literals (as ops.conv_geometry_code for convolutions)."""
-    if module:
-        return [f"{attr_expr(module)}.{a}" for a in TRANSPOSED_GEOMETRY]
-    return [repr(attrs[a]) for a in TRANSPOSED_GEOMETRY]
+# ConvTranspose: op `conv_transpose`, args (x, weight, bias or None); attrs dims and ops.TRANSPOSED_GEOMETRY
 
 
 def _transposed_attrs(dims: int, stride: Any, padding: Any, output_padding: Any, groups: Any,

@@ -109,14 +109,18 @@ VIEW_OPS = ("view",)  # unsqueeze / squeeze / flatten / view / reshape: the shap
 # conv{1,2,3}d: args (x, weight, bias or None); attrs dims, stride, padding, dilation, groups (capture's literals)
 CONV_OPS = ("conv",)
 CONV_GEOMETRY = ("stride", "padding", "dilation", "groups")
+# conv_transpose: the same args, attrs these too, in the order F.conv_transpose{1,2,3}d takes them after the bias
+TRANSPOSED_GEOMETRY = ("stride", "padding", "output_padding", "groups", "dilation")
 
 
-def conv_geometry_code(attrs: Mapping[str, Any], module: str | None) -> list[str]:
-    """A convolution's stride, padding, dilation and groups as generated code: read from its module when ModelNew
-    runs (a ModelNew built with other constructor arguments stays right), else the functional call's literals."""
+def conv_geometry_code(attrs: Mapping[str, Any], module: str | None,
+                       fields: tuple[str, ...] = CONV_GEOMETRY) -> list[str]:
+    """A convolution's geometry `fields` (default: stride, padding, dilation and groups; TRANSPOSED_GEOMETRY for a
+    transposed one) as generated code: read from its module when ModelNew runs (a ModelNew built with other
+    constructor arguments stays right), else the functional call's literals."""
     if module:
-        return [f"{attr_expr(module)}.{a}" for a in CONV_GEOMETRY]
-    return [repr(attrs[a]) for a in CONV_GEOMETRY]
+        return [f"{attr_expr(module)}.{a}" for a in fields]
+    return [repr(attrs[a]) for a in fields]
 
 
 def is_pointwise(op: str) -> bool:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kfuse.capture import transposed_geometry_code
 from kfuse.ir import Arg, Graph, Node, Param, Scalar
-from kfuse.ops import CONV_OPS, conv_geometry_code
+from kfuse.ops import CONV_OPS, TRANSPOSED_GEOMETRY, conv_geometry_code
 from kfuse.regions.common import (
     Decl,
     KernelArgs,
@@ -158,5 +157,5 @@ def conv_launcher(form: ConvForm, name: str, outs: list[str], args: KernelArgs, 
 
 def geometry_code(anchor: Node) -> list[str]:
     if anchor.op == TRANSPOSED:
-        return transposed_geometry_code(anchor.attrs, anchor.module)
+        return conv_geometry_code(anchor.attrs, anchor.module, TRANSPOSED_GEOMETRY)
     return conv_geometry_code(anchor.attrs, anchor.module)
