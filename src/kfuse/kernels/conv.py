@@ -254,14 +254,25 @@ def conv_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m
     g * COUT_G + pid_n * BLOCK_N + j of group g (no bias). Rows past M and channels past the group are computed from
     zeros or clamped reads: the caller masks its store. Operands by SCHEME: conv_operands."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < M
-    # output pixel -> its sample and the input corner its window starts at (before the kernel offsets)
     S_out = OD * OH * OW
-    n_idx = offs_m // S_out
     sp = offs_m % S_out
-    id0 = (sp // (OH * OW)) * SD - PD
-    ih0 = ((sp // OW) % OH) * SH - PH
-    iw0 = (sp % OW) * SW - PW
+    return conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, offs_m // S_out,
+                        sp // (OH * OW), (sp // OW) % OH, sp % OW, offs_m < M, pid_n, g,
+                        C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                        BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
+
+
+@triton.jit
+def conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_idx, od, oh, ow, mask_m, pid_n, g,
+                 C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
+    """conv_tile at any BLOCK_M output pixels: row i is pixel (od[i], oh[i], ow[i]) of sample n_idx[i], computed
+    where mask_m[i] (rows outside it read nothing and hold zeros). Any pixel: a pooling kind's rows are pooled
+    pixels, each program walking its windows' conv pixels (kernels/conv_pool.py)."""
+    # output pixel -> the input corner its window starts at (before the kernel offsets)
+    id0 = od * SD - PD
+    ih0 = oh * SH - PH
+    iw0 = ow * SW - PW
     plane = D * H * W
     # each row's pointer at its window's corner (may lie outside the input: such reads are masked); a K block then
     # adds one (BLOCK_K,) offset vector, and only the bounds checks are (BLOCK_M, BLOCK_K) integer work
