@@ -430,6 +430,102 @@ FUNCTIONS[F.avg_pool1d] = _f_avg_pool
 MODULES[nn.ReLU6] = _module_scalar("hardtanh", "min_val", "max_val")
 
 
+# ---- pools over a convolution's spatial dims (regions/conv_pool.py) ---------------------------------------------
+# `pool`: MaxPool/AvgPool 1d/2d/3d and F.max_pool/avg_pool{1,2,3}d at any literal geometry (a 1-d pool in
+# non-overlapping windows stays max_pool1d / avg_pool1d, which the GEMM's pooling kind reads); attrs say which
+# and where. `mean_dims`: a mean over several dims (x.mean((2, 3))) and AdaptiveAvgPool to one pixel.
+POOL_DEFAULTS = {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False, "count_include_pad": True,
+                 "divisor_override": None}
+
+
+def _literal_ints(v: Any) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool)) or (
+        isinstance(v, (tuple, list)) and all(isinstance(e, int) and not isinstance(e, bool) for e in v))
+
+
+def _pool_nd(mode: str, dims: int, kernel_size: Any, **geometry: Any) -> tuple:
+    """op `pool` (args: the input), its geometry as literals; computed values or return_indices: kept as written."""
+    attrs = {**POOL_DEFAULTS, **geometry, "mode": mode, "dims": dims, "kernel_size": _as_tuple(kernel_size)}
+    stride = attrs["stride"]
+    if not (_literal_ints(kernel_size) and (stride in (None, [], ()) or _literal_ints(stride))
+            and _literal_ints(attrs["padding"]) and _literal_ints(attrs["dilation"])
+            and isinstance(attrs["ceil_mode"], bool) and isinstance(attrs["count_include_pad"], bool)
+            and (attrs["divisor_override"] is None or _literal_ints(attrs["divisor_override"]))):
+        raise Reject
+    return "pool", {k: _as_tuple(v) for k, v in attrs.items()}
+
+
+def _module_pool(mode: str, dims: int, one_d: Callable[..., tuple] | None = None) -> Callable[..., tuple]:
+    def rule(path: str, m: nn.Module, x: Any) -> tuple:
+        if one_d is not None:
+            with contextlib.suppress(Reject):
+                return one_d(path, m, x)
+        if getattr(m, "return_indices", False):
+            raise Reject
+        geometry = {k: getattr(m, k) for k in POOL_DEFAULTS if hasattr(m, k)}
+        op, attrs = _pool_nd(mode, dims, m.kernel_size, **geometry)
+        return op, (x,), attrs
+    return rule
+
+
+def _f_pool(mode: str, dims: int, one_d: Spec | None = None) -> Spec:
+    def spec(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, *rest: Any, **kwargs: Any) -> tuple:
+        if one_d is not None:
+            with contextlib.suppress(Reject):
+                return one_d(input, kernel_size, stride, padding, *rest, **kwargs)
+        names = ("dilation", "ceil_mode", "return_indices") if mode == "max" else (
+            "ceil_mode", "count_include_pad", "divisor_override")
+        geometry = {**dict(zip(names, rest)), **kwargs, "stride": stride, "padding": padding}
+        if geometry.pop("return_indices", False) or set(geometry) - set(POOL_DEFAULTS):
+            raise Reject
+        op, attrs = _pool_nd(mode, dims, kernel_size, **geometry)
+        return op, (input,), attrs
+    return spec
+
+
+def _ones(size: Any, dims: int) -> bool:
+    return size == 1 or (isinstance(size, (tuple, list)) and len(size) == dims and all(s == 1 for s in size))
+
+
+def _module_adaptive_avg(dims: int) -> Callable[..., tuple]:
+    def rule(path: str, m: nn.Module, x: Any) -> tuple:
+        if not _ones(m.output_size, dims):
+            raise Reject
+        return "mean_dims", (x,), {"dims": tuple(range(2, 2 + dims)), "keepdim": True}
+    return rule
+
+
+def _f_adaptive_avg(dims: int) -> Spec:
+    def spec(input: Any, output_size: Any) -> tuple:
+        if not _ones(output_size, dims):
+            raise Reject
+        return "mean_dims", (input,), {"dims": tuple(range(2, 2 + dims)), "keepdim": True}
+    return spec
+
+
+def _mean_dims(one_dim: Spec) -> Spec:
+    """mean over one dim: `mean` as before; over several (literal ints): `mean_dims`."""
+    def spec(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None, out: Any = None) -> tuple:
+        if isinstance(dim, (tuple, list)) and len(dim) > 1 and _literal_ints(dim) and dtype is None and out is None:
+            return "mean_dims", (input,), {"dims": tuple(dim), "keepdim": bool(keepdim)}
+        return one_dim(input, dim, keepdim, dtype=dtype, out=out)
+    return spec
+
+
+for _d, _max, _avg in ((1, nn.MaxPool1d, nn.AvgPool1d), (2, nn.MaxPool2d, nn.AvgPool2d), (3, nn.MaxPool3d,
+                                                                                         nn.AvgPool3d)):
+    MODULES[_max] = _module_pool("max", _d, MODULES.get(_max))
+    MODULES[_avg] = _module_pool("avg", _d, MODULES.get(_avg))
+MODULES.update({nn.AdaptiveAvgPool1d: _module_adaptive_avg(1), nn.AdaptiveAvgPool2d: _module_adaptive_avg(2),
+                nn.AdaptiveAvgPool3d: _module_adaptive_avg(3)})
+FUNCTIONS.update({F.max_pool1d: _f_pool("max", 1, FUNCTIONS[F.max_pool1d]), F.max_pool2d: _f_pool("max", 2),
+                  F.max_pool3d: _f_pool("max", 3), F.avg_pool1d: _f_pool("avg", 1, FUNCTIONS[F.avg_pool1d]),
+                  F.avg_pool2d: _f_pool("avg", 2), F.avg_pool3d: _f_pool("avg", 3),
+                  F.adaptive_avg_pool1d: _f_adaptive_avg(1), F.adaptive_avg_pool2d: _f_adaptive_avg(2),
+                  F.adaptive_avg_pool3d: _f_adaptive_avg(3), torch.mean: _mean_dims(FUNCTIONS[torch.mean])})
+METHODS["mean"] = _mean_dims(METHODS["mean"])
+
+
 # ---- the trace -----------------------------------------------------------------------------------
 def numeric_attributes(model: nn.Module) -> dict[float, str | None]:
     """Plain number attributes of the root module (self.multiplier = 2.0) by value; None where two
