@@ -15,6 +15,7 @@ import torch
 from kfuse.bench import (
     MODELS,
     NO_GPU,
+    TABLE_COLUMNS,
     BenchResult,
     bench_problem,
     command_line,
@@ -77,7 +78,9 @@ def test_json_shape_speedups_table_and_plot(tmp_path):
     assert r1["compile_default_ms"] is None and r1["speedup_vs_compile_default"] is None
     json.loads(json.dumps(rep, allow_nan=False))
     rows = table_rows(results)
-    assert rows[0][0] == "12_gemm_multiply_leakyrelu" and "3.86x" in rows[0] and rows[1][8].startswith("NO")
+    correct_col = TABLE_COLUMNS.index("correct (max err)")
+    assert rows[0][0] == "12_gemm_multiply_leakyrelu" and "3.86x" in rows[0] and rows[1][correct_col].startswith("NO")
+    assert all(len(row) == len(TABLE_COLUMNS) for row in rows)
     png = write_plot(results, tmp_path / "b.png", "title")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -92,7 +95,7 @@ def test_a_broken_problem_is_reported_not_fatal(tmp_path):
     assert row["correct"] is False and row["kfuse_ms"] is None and row["errors"] == {
         "kfuse": "RuntimeError: triton: out of resources"}
     json.loads(json.dumps(rep, allow_nan=False))
-    assert table_rows([r])[0][8].startswith("NO")
+    assert table_rows([r])[0][TABLE_COLUMNS.index("correct (max err)")].startswith("NO")
     assert write_plot([r], tmp_path / "f.png").exists()
 
 
@@ -123,6 +126,28 @@ def test_bench_problem_flow_on_cpu(tmp_path, name):
     assert not math.isnan(r.speedup("compile_max_autotune"))
     assert any("first call" in m for m in msgs) and any("contract met" in m for m in msgs)
     assert r.constants["batch_size"] == 37
+    assert r.kernelbench_allclose is True and result_json(r)["kernelbench_allclose"] is True
+
+
+def test_eager_as_users_run_it_and_strict_eager_are_timed_under_their_flags(tmp_path):
+    """`eager`, torch.compile and kfuse run under torch's default flags (cuDNN TF32 allowed), `eager_strict`
+    with TF32 off everywhere: the flags are read inside each timed call."""
+    from kfuse.verify import DEFAULT_FLAGS, STRICT, BackendFlags
+
+    name = "12_gemm_multiply_leakyrelu"
+    prob = load_problem(SEEDS / f"{name}.py", SMALL[name])
+    seen: list = []
+
+    def timer(fn, **kw):
+        seen.append(BackendFlags.current())
+        return wall_timer(fn, **kw)
+
+    before = BackendFlags.current()
+    r = bench_problem(prob, device="cpu", timer=timer, compiler=lambda m, mode=None: m, trials=1, workdir=tmp_path)
+    assert seen == [STRICT if m == "eager_strict" else DEFAULT_FLAGS for m in MODELS]
+    assert BackendFlags.current() == before  # restored
+    row = result_json(r)
+    assert row["eager_strict_ms"] is not None and row["speedup_vs_eager_strict"] is not None
 
 
 @pytest.mark.parametrize("name", ["39_gemm_scale_batchnorm"])

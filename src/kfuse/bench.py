@@ -1,15 +1,19 @@
-"""`kfuse bench`: eager fp32, torch.compile (default and max-autotune) and kfuse's ModelNew, side by side.
+"""`kfuse bench`: eager (as users run it, and strict fp32), torch.compile (default and max-autotune) and kfuse's
+ModelNew, side by side.
 
 For each problem, in one process on one GPU and on the same inputs (DESIGN.md, "Timing"):
   1. kfuse compiles the problem (capture, rewrite, partition, emit) and loads the generated file;
   2. the ModelNew's first call is timed on its own (Triton compilation + autotuning: `kfuse_first_call_s`,
      with the autotuner's share in `tune_s`);
   3. the ModelNew is checked against the accuracy contract (verify.check_contract, fresh draws + one extra shape);
-  4. the four models are timed with timing.time_cuda: warm-up, >= 30 CUDA-event-timed runs with L2 flushed
+  4. the five models are timed with timing.time_cuda: warm-up, >= 30 CUDA-event-timed runs with L2 flushed
      before each, median and p10/p90. torch.compile's first call (compilation, autotuning) is timed separately.
 Every model is built under the same seed with the eager model's state loaded, and used as constructed (training
 mode: BatchNorm uses batch statistics and updates its running statistics at each call, the same for all four).
-Eager runs with TF32 off (torch.backends.cuda.matmul.allow_tf32 = False): the fp32 reference.
+`eager` runs under torch's default flags, as users run it (fp32 matmuls; cuDNN convolutions in TF32), and so do
+torch.compile and kfuse; `eager_strict` with TF32 off for matmuls and cuDNN, the contract's fp32 reference. For
+GEMM-only models the two are the same computation; for convolutions strict is 1-4x slower (facts). The contract's
+`kernelbench_allclose` (allclose to default-flags eager at 1e-4, KernelBench's check) is reported per problem.
 
 `--train` times a training step instead: parameters' gradients set to None, forward, backward for a fixed random
 upstream gradient (the optimizer step is left out: it is the same torch code for all four). Its check is the
@@ -39,9 +43,9 @@ import typer
 from kfuse.load import Problem
 from kfuse.timing import MIN_RUNS, Timing, time_cuda, timing_unavailable
 
-MODELS = ("eager", "compile_default", "compile_max_autotune", "kfuse")
-LABELS = {"eager": "eager fp32", "compile_default": "torch.compile", "compile_max_autotune": "max-autotune",
-          "kfuse": "kfuse"}
+MODELS = ("eager", "eager_strict", "compile_default", "compile_max_autotune", "kfuse")
+LABELS = {"eager": "eager", "eager_strict": "eager strict fp32", "compile_default": "torch.compile",
+          "compile_max_autotune": "max-autotune", "kfuse": "kfuse"}
 NO_GPU = "kfuse bench: no CUDA GPU available; benchmarks need one"
 
 Progress = Callable[[str], None]
@@ -66,6 +70,7 @@ class BenchResult:
     failures: list[str] = field(default_factory=list)  # the gradient contract's findings (--train)
     cuda_graph: bool | None = None  # whether kfuse's timed forward was a CUDA graph replay (kernels/graphs.py)
     gemm_configs: list[dict[str, Any]] = field(default_factory=list)  # every GEMM's tile config (TUNER's record)
+    kernelbench_allclose: bool | None = None  # the contract's: every output allclose to default-flags eager
 
     def ms(self, model: str) -> float:
         t = self.timings.get(model)
@@ -93,7 +98,10 @@ def result_json(r: BenchResult) -> dict[str, Any]:
         "max_abs_err": _num(r.max_abs_err),
     }
     out["ref_max_abs_err"] = _num(r.ref_max_abs_err)
+    out["kernelbench_allclose"] = r.kernelbench_allclose
+    out["eager_strict_ms"] = _num(r.ms("eager_strict"))
     out["speedup_vs_eager"] = _num(r.speedup("eager"))
+    out["speedup_vs_eager_strict"] = _num(r.speedup("eager_strict"))
     out["speedup_vs_compile_default"] = _num(r.speedup("compile_default"))
     out["speedup_vs_compile_max_autotune"] = _num(r.speedup("compile_max_autotune"))
     out["timings"] = {m: r.timings[m].to_json() for m in MODELS if m in r.timings}
@@ -127,7 +135,9 @@ def report_json(results: Sequence[BenchResult], command: str, runs: int, train: 
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "mode": "train" if train else "forward",
         "method": f"median of >= {runs} CUDA-event-timed calls after warm-up, 256 MB L2 flush before each; "
-                  "eager with allow_tf32=False; models in the mode the problem constructs them (training)"
+                  "eager, torch.compile and kfuse under torch's default flags (fp32 matmuls, TF32 cuDNN "
+                  "convolutions), eager_strict with TF32 off everywhere; models in the mode the problem "
+                  "constructs them (training)"
                   + ("; each call is a training step: grads set to None, forward, backward for a fixed upstream "
                      "gradient, no optimizer step" if train else ""),
         "results": [result_json(r) for r in results],
@@ -148,6 +158,10 @@ def _fmt_x(v: float) -> str:
     return "-" if math.isnan(v) else f"{v:.2f}x"
 
 
+def _fmt_bool(v: bool | None) -> str:
+    return "-" if v is None else "yes" if v else "no"
+
+
 def table_rows(results: Sequence[BenchResult]) -> list[list[str]]:
     """Rows of the printed table: ms (p10-p90) per model, kfuse's speedups, correctness and compile times."""
     rows = []
@@ -156,9 +170,9 @@ def table_rows(results: Sequence[BenchResult]) -> list[list[str]]:
         for m in MODELS:
             t = r.timings.get(m)
             cells.append("-" if t is None or not t.available else f"{t.median_ms:.3f} ({t.p10_ms:.3f}-{t.p90_ms:.3f})")
-        cells += [_fmt_x(r.speedup("eager")), _fmt_x(r.speedup("compile_default")),
+        cells += [_fmt_x(r.speedup("eager")), _fmt_x(r.speedup("eager_strict")), _fmt_x(r.speedup("compile_default")),
                   _fmt_x(r.speedup("compile_max_autotune")),
-                  f"{'yes' if r.correct else 'NO'} ({r.max_abs_err:.2g})",
+                  f"{'yes' if r.correct else 'NO'} ({r.max_abs_err:.2g})", _fmt_bool(r.kernelbench_allclose),
                   f"{r.kfuse_first_call_s:.1f} / {r.tune_s:.1f}",
                   " / ".join(f"{r.compile_s[m]:.0f}" for m in ("compile_default", "compile_max_autotune")
                              if m in r.compile_s)]
@@ -166,9 +180,9 @@ def table_rows(results: Sequence[BenchResult]) -> list[list[str]]:
     return rows
 
 
-TABLE_COLUMNS = ["problem", "eager ms (p10-p90)", "compile ms", "max-autotune ms", "kfuse ms",
-                 "vs eager", "vs compile", "vs max-autotune", "correct (max err)", "kfuse 1st call / tune s",
-                 "compile s (default / max-at)"]
+TABLE_COLUMNS = ["problem", "eager ms (p10-p90)", "strict ms", "compile ms", "max-autotune ms", "kfuse ms",
+                 "vs eager", "vs strict", "vs compile", "vs max-autotune", "correct (max err)", "KB allclose",
+                 "kfuse 1st call / tune s", "compile s (default / max-at)"]
 
 
 def render_table(results: Sequence[BenchResult], title: str = "kfuse bench"):
@@ -183,16 +197,16 @@ def render_table(results: Sequence[BenchResult], title: str = "kfuse bench"):
 
 
 def write_plot(results: Sequence[BenchResult], path: Path, title: str = "") -> Path:
-    """A PNG bar chart: one panel per problem (its own ms scale), four bars, kfuse's speedups written above."""
+    """A PNG bar chart: one panel per problem (its own ms scale), a bar per model, kfuse's speedups above."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     n = max(len(results), 1)
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 4.6), squeeze=False)
-    colors = {"eager": "#7f7f7f", "compile_default": "#1f77b4", "compile_max_autotune": "#9467bd",
-              "kfuse": "#2ca02c"}
+    fig, axes = plt.subplots(1, n, figsize=(4.8 * n, 4.6), squeeze=False)
+    colors = {"eager": "#7f7f7f", "eager_strict": "#bcbd22", "compile_default": "#1f77b4",
+              "compile_max_autotune": "#9467bd", "kfuse": "#2ca02c"}
     for ax, r in zip(axes[0], results):
         vals = [r.ms(m) for m in MODELS]
         xs = range(len(MODELS))
@@ -294,7 +308,7 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
     timing.time_cuda; `baselines` may leave models out (they are then reported as missing); `train` times
     training steps and adds the gradient contract; `autotune`: the generated module's tuner mode (load_kfuse)."""
     from kfuse.gradients import GradVerdict, gradient_contract
-    from kfuse.verify import check_contract, run_in_process
+    from kfuse.verify import DEFAULT_FLAGS, STRICT, backend_flags, check_contract, run_in_process
 
     compiler = compiler or torch.compile
     workdir = workdir or Path(tempfile.mkdtemp(prefix="kfuse-bench-"))
@@ -339,6 +353,10 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
     models: dict[str, Any] = {}
     if "eager" in baselines:
         models["eager"] = eager
+    if "eager_strict" in baselines:
+        strict = build()
+        strict.load_state_dict(state)
+        models["eager_strict"] = strict
     for key, mode in (("compile_default", None), ("compile_max_autotune", "max-autotune")):
         if key not in baselines:
             continue
@@ -347,10 +365,8 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
         models[key] = compiler(m) if mode is None else compiler(m, mode=mode)
     models["kfuse"] = fused
 
-    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        for key, model in models.items():
+    for key, model in models.items():
+        with backend_flags(STRICT if key == "eager_strict" else DEFAULT_FLAGS):
             fn = step_fn(model, inputs, ups)
             if key.startswith("compile"):
                 progress(f"{name}: {LABELS[key]}: compiling (first call; max-autotune takes tens of seconds)")
@@ -365,17 +381,16 @@ def bench_problem(problem: Problem, *, device: str = "cuda", runs: int = MIN_RUN
             progress(f"{name}: {LABELS[key]}: timing {runs} runs")
             timings[key] = timer(fn, warmup=warmup, runs=runs)
             progress(f"{name}: {LABELS[key]}: {_fmt_ms(timings[key].median_ms)} ms")
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
     constants = {k: v for k, v in problem.constants().items()}
     configs = module.TUNER.chosen_configs() if hasattr(module, "TUNER") else []
     if not train:
         return BenchResult(name, constants, timings, compile_s, first, tune_s, tuned, contract.correct,
                            contract.max_abs_err, contract.ref_max_abs_err, dict(contract.rules), errors,
-                           cuda_graph=graph_replayed(module, fused), gemm_configs=configs)
+                           cuda_graph=graph_replayed(module, fused), gemm_configs=configs,
+                           kernelbench_allclose=contract.kernelbench_allclose)
     return BenchResult(name, constants, timings, compile_s, first, tune_s, tuned, contract.correct and grads.correct,
                        grads.max_abs_err, grads.ref_max_abs_err, {**contract.rules, **grads.rules}, errors,
-                       grads.failures, gemm_configs=configs)
+                       grads.failures, gemm_configs=configs, kernelbench_allclose=contract.kernelbench_allclose)
 
 
 def failed_result(problem: Problem, err: BaseException) -> BenchResult:
@@ -402,8 +417,9 @@ def bench_cmd(
     train: bool = typer.Option(False, "--train", help="Time a training step (forward + backward, no optimizer "
                                                       "step) and check the gradient contract too."),
     baselines: str = typer.Option(",".join(m for m in MODELS if m != "kfuse"), "--baselines",
-                                  help="Comma-separated models timed beside kfuse (eager, compile_default, "
-                                       "compile_max_autotune); those left out are reported as missing."),
+                                  help="Comma-separated models timed beside kfuse (eager, eager_strict, "
+                                       "compile_default, compile_max_autotune); those left out are reported "
+                                       "as missing."),
     backend: str = typer.Option("triton", "--backend", help="kfuse's kernels: triton (default) or cuda (CUDA C++ "
                                 "built with load_inline; its build is part of the first call's time)."),
 ) -> None:
@@ -420,8 +436,8 @@ def bench_cmd(
     chosen = tuple(b.strip() for b in baselines.split(",") if b.strip())
     unknown = [b for b in chosen if b not in MODELS or b == "kfuse"]
     if unknown:
-        typer.echo(f"kfuse: error: --baselines {unknown[0]}: expected eager, compile_default or compile_max_autotune",
-                   err=True)
+        typer.echo(f"kfuse: error: --baselines {unknown[0]}: expected eager, eager_strict, compile_default or "
+                   "compile_max_autotune", err=True)
         raise typer.Exit(2)
     check_backend(backend, None)  # optimize's check: a KfuseError, one line and exit 2 (cli.py)
     overrides = parse_set(set_)
