@@ -42,10 +42,13 @@ from kfuse.regions.conv_common import (
     TRANSPOSED,
     ConvForm,
     channel_operand,
+    conv_bias,
     conv_cost,
     conv_kernel,
+    conv_launch,
     form_of,
     geometry_code,
+    stores,
 )
 from kfuse.regions.kind import RegionKind, Walk, pointwise_with, same_tile
 
@@ -81,19 +84,6 @@ def can_fold(region: Region) -> bool:
 
 
 
-def conv_bias(anchor: Node, env: dict[str, str], args: KernelArgs) -> list[str]:
-    """The convolution's own epilogue: its bias, if any."""
-    bias = anchor.args[2]
-    env[anchor.name] = var(anchor.name)
-    if bias is None:
-        return [f"{var(anchor.name)} = acc"]
-    return [f"{var(anchor.name)} = acc + {args.operand(bias, env)}  # bias of {anchor.origin}"]
-
-
-def stores(values: list[str], env: dict[str, str]) -> list[str]:
-    return [f"tl.store(buf_{v}_ptr + out_offs, {env[v]}, mask=mask)" for v in values]
-
-
 def apply_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str]) -> str:
     """`<name>_apply_kernel`: one pass over y (NC(D)HW, S pixels a channel plane) as (pixels, channels) tiles, the
     layout of the convolution's own tile (stores coalesced along the pixels); mean and rstd per channel."""
@@ -111,14 +101,6 @@ def apply_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: l
              *args.loads, *body]
     return "\n".join(["@triton.jit", f"def {name}_apply_kernel({signature(decls)}):", docstring(doc),
                       *[f"    {ln}" for ln in lines]]) + "\n"
-
-
-def conv_launch(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs) -> list[str]:
-    """Launcher lines: one launch of a conv-tile kernel of this region under `geo`, `cfg`, `scheme`."""
-    return ["if geo.M:", *[f"    {ln}" for ln in call(
-        f"{kernel}_kernel[{form.grid}(geo, cfg)]", ["*ops", *ptrs, *args.params, "*sizes"],
-        ["BLOCK_M=cfg.block_m", "BLOCK_N=cfg.block_n", "BLOCK_K=cfg.block_k", "SCHEME=scheme",
-         "num_warps=cfg.num_warps", "num_stages=cfg.num_stages"]).splitlines()]]
 
 
 class Parts:

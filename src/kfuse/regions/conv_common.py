@@ -19,6 +19,7 @@ from kfuse.regions.common import (
     launcher,
     plain,
     signature,
+    var,
 )
 from kfuse.regions.kind import numel
 
@@ -159,3 +160,25 @@ def geometry_code(anchor: Node) -> list[str]:
     if anchor.op == TRANSPOSED:
         return conv_geometry_code(anchor.attrs, anchor.module, TRANSPOSED_GEOMETRY)
     return conv_geometry_code(anchor.attrs, anchor.module)
+
+
+def conv_bias(anchor: Node, env: dict[str, str], args: KernelArgs) -> list[str]:
+    """The convolution's own epilogue: its bias, if any."""
+    bias = anchor.args[2]
+    env[anchor.name] = var(anchor.name)
+    if bias is None:
+        return [f"{var(anchor.name)} = acc"]
+    return [f"{var(anchor.name)} = acc + {args.operand(bias, env)}  # bias of {anchor.origin}"]
+
+
+def stores(values: list[str], env: dict[str, str]) -> list[str]:
+    """Kernel lines storing each value at the output offsets into buf_<value>."""
+    return [f"tl.store(buf_{v}_ptr + out_offs, {env[v]}, mask=mask)" for v in values]
+
+
+def conv_launch(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs) -> list[str]:
+    """Launcher lines: one launch of a conv-tile kernel of this region under `geo`, `cfg`, `scheme`."""
+    return ["if geo.M:", *[f"    {ln}" for ln in call(
+        f"{kernel}_kernel[{form.grid}(geo, cfg)]", ["*ops", *ptrs, *args.params, "*sizes"],
+        ["BLOCK_M=cfg.block_m", "BLOCK_N=cfg.block_n", "BLOCK_K=cfg.block_k", "SCHEME=scheme",
+         "num_warps=cfg.num_warps", "num_stages=cfg.num_stages"]).splitlines()]]

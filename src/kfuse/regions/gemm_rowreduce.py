@@ -52,6 +52,7 @@ from kfuse.regions.rowstats import (
     as_pointwise,
     finalize_kernel,
     merge_lines,
+    row_roles,
     row_store_names,
     shape_expr,
 )
@@ -77,30 +78,6 @@ def over_features(n: Node, g: Graph, anchor: Node) -> bool:
             return all(a is None or (isinstance(a, Param) and numel(a.shape) == 1) for a in n.args[1:3])
         return len(shape) == 2 and n.args[1] is None and n.args[2] is None
     return False
-
-
-def row_roles(nodes: list[Node], g: Graph) -> dict[str, str]:
-    """The phase of each member of a region of this kind (anchor first, one reduction or row norm R):
-      pre    full-width values not depending on R: computed in the GEMM epilogue
-      reduce R itself when it is a reduction (a per-row value), made by the finalize kernel from partials
-      row    per-row values computed from R (finalize kernel)
-      post   full-width values depending on R, and R itself when it is a row norm (apply kernel)"""
-    roles: dict[str, str] = {}
-    for i, n in enumerate(nodes):
-        reads = {roles[a] for a in n.value_args() if a in roles}
-        if i == 0:
-            roles[n.name] = "pre"
-        elif n.op in REDUCE_OPS:
-            roles[n.name] = "reduce"
-        elif n.op in ROW_NORM_OPS:
-            roles[n.name] = "post"
-        elif reads <= {"reduce", "row"}:
-            roles[n.name] = "row"
-        elif reads == {"pre"}:
-            roles[n.name] = "pre"
-        else:
-            roles[n.name] = "post"
-    return roles
 
 
 def joins_rows(walk: Walk, n: Node) -> bool:

@@ -8,8 +8,8 @@ for the moments), runs the per-row ops after the reduction and stores the per-ro
 
 from __future__ import annotations
 
-from kfuse.ir import Node
-from kfuse.ops import REDUCE_OPS, VIEW_OPS
+from kfuse.ir import Graph, Node
+from kfuse.ops import REDUCE_OPS, ROW_NORM_OPS, VIEW_OPS
 from kfuse.regions.common import KernelArgs, names, plain, pointwise_lines, signature, var
 
 # The statistic each reduction / row norm needs per tile: one or two partials.
@@ -136,3 +136,27 @@ def row_store_names(red: Node, row: list[Node], outputs: list[str], apply_row: l
     for v in [red.name, *[n.name for n in row]]:
         names += ([f"o_{v}"] if v in outputs else []) + ([f"k_{v}"] if v in apply_row else [])
     return names
+
+
+def row_roles(nodes: list[Node], g: Graph) -> dict[str, str]:
+    """The phase of each member of a two-phase region (anchor first, one reduction or row norm R):
+      pre    full-width values not depending on R: computed in the GEMM's (or convolution's) epilogue
+      reduce R itself when it is a reduction (a per-row value), made by the finalize kernel from partials
+      row    per-row values computed from R (finalize kernel)
+      post   full-width values depending on R, and R itself when it is a row norm (apply kernel)"""
+    roles: dict[str, str] = {}
+    for i, n in enumerate(nodes):
+        reads = {roles[a] for a in n.value_args() if a in roles}
+        if i == 0:
+            roles[n.name] = "pre"
+        elif n.op in REDUCE_OPS:
+            roles[n.name] = "reduce"
+        elif n.op in ROW_NORM_OPS:
+            roles[n.name] = "post"
+        elif reads <= {"reduce", "row"}:
+            roles[n.name] = "row"
+        elif reads == {"pre"}:
+            roles[n.name] = "pre"
+        else:
+            roles[n.name] = "post"
+    return roles

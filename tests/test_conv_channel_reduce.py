@@ -1,0 +1,117 @@
+"""The conv_channel_reduce kind in the interpreter at odd sizes: a convolution (or transposed one), pointwise ops, one
+reduction or softmax over the channels, pointwise ops, against float64 with the contract's bound (2 x eager fp32's
+own error). Channels wider than the interpreter's 64-wide column tile and grouped convolutions put a pixel's channels
+in several column tiles, so the two-phase merge is what is tested, not a single-tile shortcut."""
+
+from __future__ import annotations
+
+import copy
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from kfuse.gradients import gradient_contract
+from kfuse.load import load_problem
+from kfuse.optimize import Options, compile_problem, load_module
+
+TEMPLATE = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+{init}
+
+    def forward(self, x):
+{forward}
+
+
+batch_size = {batch}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, {x_shape})]
+
+
+def get_init_inputs():
+    return []
+'''
+
+# (name, __init__ body, forward body, batch, x's shape after the batch)
+CASES = [
+    # 70 channels: two interpreter column tiles; torch.min(...)[0] with keepdim, per-pixel ops after it
+    ("conv2d_wide_min_tanh", "self.conv = nn.Conv2d(5, 70, 3, padding=1)",
+     "return torch.tanh(torch.min(self.conv(x) * 2.0, dim=1, keepdim=True)[0])", 3, "5, 9, 7"),
+    # stride phases, two groups; softmax then a (C, 1, 1) bias, a scale and sigmoid in the apply pass
+    ("conv_transpose2d_grouped_softmax_bias_sigmoid",
+     "self.conv = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)\n"
+     "self.bias = nn.Parameter(torch.randn(6, 1, 1))",
+     "return torch.sigmoid((torch.softmax(self.conv(x), dim=1) + self.bias) * 2.0)", 2, "4, 5, 7"),
+    # batch 1 Conv3d, logsumexp with keepdim, per-pixel ops with a one-element parameter (L2 58's ops)
+    ("conv3d_batch1_logsumexp_hardswish",
+     "self.conv = nn.Conv3d(3, 7, (2, 3, 2))\nself.bias = nn.Parameter(torch.randn(1, 1, 1, 1))",
+     "y = torch.logsumexp(self.conv(x), dim=1, keepdim=True)\ny = y * torch.sigmoid(y + 3) / 6\n"
+     "return torch.clamp(y - self.bias, min=-1, max=1)", 1, "3, 4, 6, 5"),
+    # a full-width op reading both the conv's value and the per-pixel mean; the mean is returned too
+    ("conv1d_minus_channel_mean", "self.conv = nn.Conv1d(5, 9, 3, padding=2, dilation=2)",
+     "y = torch.relu(self.conv(x))\nm = y.mean(dim=1, keepdim=True)\nreturn y - m, m", 3, "5, 19"),
+    # a grouped Conv2d (3 groups of 25 channels, a column tile each), a float64 sum without keepdim; y returned too
+    ("conv2d_grouped_sum_two_outputs", "self.conv = nn.Conv2d(6, 75, 3, stride=2, groups=3, bias=False)",
+     "y = self.conv(x)\nreturn y, torch.sum(y, dim=1) * 0.5", 2, "6, 11, 8"),
+    # log_softmax over dim -3 (the channels of a 4-d value), batch 1, 130 channels: three column tiles
+    ("conv2d_batch1_log_softmax", "self.conv = nn.Conv2d(3, 130, 2)",
+     "return torch.log_softmax(self.conv(x), dim=-3)", 1, "3, 5, 6"),
+    # three stride phases of a transposed Conv1d; amax without keepdim
+    ("conv_transpose1d_amax", "self.conv = nn.ConvTranspose1d(4, 66, 3, stride=3, padding=1)",
+     "return self.conv(x).amax(dim=1) - 1.0", 2, "4, 7"),
+]
+CPU = Options(device="cpu", trials=2)
+
+
+def build(tmp_path: Path, name: str, init: str, forward: str, batch: int, x_shape: str):
+    """(problem, compiled, the ModelNew module) of a problem written from the case."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(TEMPLATE.format(init=textwrap.indent(init, " " * 8), forward=textwrap.indent(forward, " " * 8),
+                                    batch=batch, x_shape=x_shape))
+    prob = load_problem(path)
+    compiled = compile_problem(prob, CPU)
+    out = tmp_path / f"{name}_new.py"
+    out.write_text(compiled.source)
+    return prob, compiled, load_module(out)
+
+
+def outputs(out) -> tuple[torch.Tensor, ...]:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+@pytest.mark.parametrize("name, init, forward, batch, x_shape", CASES, ids=[c[0] for c in CASES])
+def test_against_float64(tmp_path, name, init, forward, batch, x_shape):
+    prob, compiled, module = build(tmp_path, name, init, forward, batch, x_shape)
+    assert [r.kind for r in compiled.regions] == ["conv_channel_reduce"] and compiled.unfused == []
+    torch.manual_seed(0)
+    ref = prob.build()
+    new = prob.build(cls=module.ModelNew)
+    new.load_state_dict(ref.state_dict())
+    f64 = copy.deepcopy(ref).double()
+    torch.manual_seed(1)
+    x = prob.inputs()[0]
+    with torch.no_grad():
+        got, eager, want = new(x), ref(x), f64(x.double())
+    for n, e, r in zip(outputs(got), outputs(eager), outputs(want)):
+        assert n.dtype == e.dtype and n.shape == e.shape
+        assert err(n, r) <= 2 * err(e, r) + 1e-6, (err(n, r), err(e, r))
+
+
+def test_gradients_through_the_softmax(tmp_path):
+    """Training-mode gradients (input and every parameter, rules 2 and 3), the region recomputed in float64."""
+    prob, _, module = build(tmp_path, *CASES[1])
+    verdict = gradient_contract(prob, module.ModelNew, draws=1)
+    assert verdict.correct, verdict.failures
