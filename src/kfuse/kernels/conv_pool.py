@@ -1,0 +1,276 @@
+"""A pool over a convolution's spatial dims, fused with it (plain Triton + torch; pasted into generated files).
+
+Windowed pools (MaxPool/AvgPool 1d/2d/3d at any kernel_size, stride, padding, dilation, ceil_mode, count_include_pad,
+divisor_override): the tile's rows are POOLED output pixels (n, qd, qh, qw). A program loops over its window's
+PKD * PKH * PKW positions; at each it computes the conv tile of those conv pixels (conv.py's conv_tile_at gathers any
+pixel), runs the ops before the pool on it, and max- or sum-combines. A window position in the pool's padding (or past
+the conv output under ceil_mode) is -inf for a max and left out of a sum, its divisor as torch's avg_pool: the window
+clipped to the padded input, or to the input itself when count_include_pad is False, or divisor_override.
+Bytes: x read (once per window position that covers a pixel: from L1/L2 after the first), W's hi + lo per row tile
+and window position, only the pooled output written; unfused, the conv output is written, read by each pointwise op
+and written again, then read by the pool. Flops: the conv's, times (window volume x pooled pixels) / conv pixels:
+1x for non-overlapping windows, (k / s)^dims for overlapping ones, less for the pixels a floor-mode pool drops.
+
+Global average pooling (AdaptiveAvgPool to 1, x.mean over every spatial dim): two phases, whatever the spatial size.
+`conv_mean_partial_kernel`-style kernels take rows = one sample's conv pixels (program_id(2) is the sample, so no
+tile straddles two samples) and store each (sample, pixel tile, channel) float64 sum; a finalize kernel adds a
+sample's T tiles per channel in float64, divides by the pixel count and rounds once. Bytes beyond the conv: 8 * N *
+T * C_out written and read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from kfuse.kernels.conv import ConvGeometry, _triple, conv_config, conv_plan, conv_tile_at, conv_tile_ids
+from kfuse.kernels.gemm_core import cdiv
+from kfuse.kernels.runtime import SETTINGS
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolGeometry:
+    """A pool over a conv output, as a 3-d one (unit leading dims for 1-d and 2-d). Fields M to DW are the kernels'
+    pool size arguments, in order (args())."""
+
+    M: int  # pooled pixels: N * QD * QH * QW
+    QD: int  # pooled output sizes
+    QH: int
+    QW: int
+    KD: int  # window
+    KH: int
+    KW: int
+    SD: int
+    SH: int
+    SW: int
+    PD: int
+    PH: int
+    PW: int
+    DD: int
+    DH: int
+    DW: int
+    out_shape: tuple[int, ...]
+
+    def args(self) -> tuple[int, ...]:
+        return tuple(dataclasses.astuple(self)[:16])
+
+
+def pooled_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """Output size of a pool along one dim, as torch's pooling_output_shape computes it."""
+    out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:  # the last window must start inside the input or its left pad
+        out -= 1
+    return out
+
+
+def pool_geometry(geo: ConvGeometry, kernel_size, stride, padding, dilation, ceil_mode: bool) -> PoolGeometry:
+    """The geometry of a pool (torch's argument forms; stride None or () = the window) over conv `geo`'s output."""
+    dims = len(geo.out_shape) - 2
+    k = _triple(kernel_size, dims, 1, "pool kernel_size")
+    s = k if stride is None or stride == () or stride == [] else _triple(stride, dims, 1, "pool stride")
+    p = _triple(padding, dims, 0, "pool padding")
+    d = _triple(dilation, dims, 1, "pool dilation")
+    if any(2 * pi > ki for pi, ki in zip(p, k)):
+        raise ValueError(f"pool: padding {padding} should be at most half of the kernel size {kernel_size}")
+    sizes = (geo.OD, geo.OH, geo.OW)
+    q = tuple(pooled_size(*a, ceil_mode) for a in zip(sizes, k, s, p, d))
+    if any(qi <= 0 for qi in q):
+        raise ValueError(f"pool: conv output {geo.out_shape} is smaller than the window {kernel_size}")
+    n = geo.out_shape[0]
+    return PoolGeometry(n * q[0] * q[1] * q[2], *q, *k, *s, *p, *d, (n, geo.C_out, *q[3 - dims:]))
+
+
+def pool_config(geo: ConvGeometry, rows: int, scheme: str):
+    """The conv's tile config (conv_config) for a grid of `rows` rows instead of the conv's pixels."""
+    return conv_config(dataclasses.replace(geo, M=rows), scheme, SETTINGS.interpret)
+
+
+def conv_pool_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int, kernel_size,
+                   pool_stride, pool_padding, pool_dilation, ceil_mode: bool, scheme: str | None = None) -> tuple:
+    """(geo, pool, scheme, cfg, ops, sizes) of a windowed conv-pool launch: conv_plan's, the pool's geometry, and
+    the tile config sized by the pooled pixels."""
+    geo, scheme, _, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups, scheme)
+    pool = pool_geometry(geo, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode)
+    return geo, pool, scheme, pool_config(geo, pool.M, scheme), ops, sizes
+
+
+def conv_pool_grid(geo: ConvGeometry, pool: PoolGeometry, cfg) -> tuple[int, int]:
+    return cdiv(pool.M, cfg.block_m) * cdiv(geo.COUT_G, cfg.block_n), geo.groups
+
+
+def conv_mean_grid(geo: ConvGeometry, cfg) -> tuple[int, int, int]:
+    """(pixel tiles of one sample x column tiles, groups, samples)."""
+    s = geo.OD * geo.OH * geo.OW
+    return cdiv(s, cfg.block_m) * cdiv(geo.COUT_G, cfg.block_n), geo.groups, geo.out_shape[0]
+
+
+# the kernels' helpers and the standalone kernels (the region kind's kernels call the helpers)
+@triton.jit
+def pool_rows(offs_m, QD, QH, QW):
+    """Pooled pixel index -> (sample, qd, qh, qw)."""
+    S = QD * QH * QW
+    sp = offs_m % S
+    return offs_m // S, sp // (QH * QW), (sp // QW) % QH, sp % QW
+
+
+@triton.jit
+def window_pixel(qd, qh, qw, w, OD, OH, OW, PKH, PKW, PSD, PSH, PSW, PPD, PPH, PPW, PDD, PDH, PDW):
+    """The conv pixel at position w (row-major over the window) of pooled pixels (qd, qh, qw), and whether it lies
+    inside the conv output (outside: the pool's padding, or past the end under ceil_mode)."""
+    od = qd * PSD - PPD + (w // (PKH * PKW)) * PDD
+    oh = qh * PSH - PPH + ((w // PKW) % PKH) * PDH
+    ow = qw * PSW - PPW + (w % PKW) * PDW
+    inside = (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
+    return od, oh, ow, inside
+
+
+@triton.jit
+def avg_divisor(qd, qh, qw, OD, OH, OW, PKD, PKH, PKW, PSD, PSH, PSW, PPD, PPH, PPW, DIVISOR,
+                COUNT_PAD: tl.constexpr):
+    """torch's avg_pool divisor per pooled pixel: the window clipped to the padded input (count_include_pad) or to
+    the input, or DIVISOR where it is not 0 (divisor_override)."""
+    d0 = qd * PSD - PPD
+    h0 = qh * PSH - PPH
+    w0 = qw * PSW - PPW
+    d1 = tl.minimum(d0 + PKD, OD + PPD)
+    h1 = tl.minimum(h0 + PKH, OH + PPH)
+    w1 = tl.minimum(w0 + PKW, OW + PPW)
+    if not COUNT_PAD:
+        d0, h0, w0 = tl.maximum(d0, 0), tl.maximum(h0, 0), tl.maximum(w0, 0)
+        d1, h1, w1 = tl.minimum(d1, OD), tl.minimum(h1, OH), tl.minimum(w1, OW)
+    size = ((d1 - d0) * (h1 - h0) * (w1 - w0)).to(tl.float32)
+    return tl.where(DIVISOR != 0, DIVISOR * 1.0, size)
+
+
+@triton.jit
+def conv_pool_bias_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias_ptr, out_ptr, stride_wn,
+                          M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW,
+                          DD, DH, DW, PM, QD, QH, QW, PKD, PKH, PKW, PSD, PSH, PSW, PPD, PPH, PPW, PDD, PDH, PDW,
+                          DIVISOR, HAS_BIAS: tl.constexpr, MAX: tl.constexpr, COUNT_PAD: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
+    """out = pool(conv(x, w) + bias): rows are pooled pixels, each window position's conv tile computed in turn
+    (the region kind's kernels are this one with the ops before and after the pool)."""
+    pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < PM
+    n_idx, qd, qh, qw = pool_rows(offs_m, QD, QH, QW)
+    offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = g * COUT_G + offs_c
+    mask_n = offs_c < COUT_G
+    if MAX:
+        pooled = tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32)
+    else:
+        pooled = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for w in range(0, PKD * PKH * PKW):
+        od, oh, ow, inside = window_pixel(qd, qh, qw, w, OD, OH, OW, PKH, PKW, PSD, PSH, PSW, PPD, PPH, PPW,
+                                          PDD, PDH, PDW)
+        acc = conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_idx, od, oh, ow,
+                           mask_m & inside, pid_n, g, C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW,
+                           PD, PH, PW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
+        if HAS_BIAS:
+            acc = acc + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        if MAX:  # a NaN wins, as in torch's max_pool
+            pooled = tl.maximum(pooled, tl.where(inside[:, None], acc, float("-inf")),
+                                propagate_nan=tl.PropagateNan.ALL)
+        else:
+            pooled += tl.where(inside[:, None], acc, 0.0)
+    if not MAX:
+        pooled = pooled / avg_divisor(qd, qh, qw, OD, OH, OW, PKD, PKH, PKW, PSD, PSH, PSW, PPD, PPH, PPW, DIVISOR,
+                                      COUNT_PAD)[:, None]
+    out_offs = (n_idx.to(tl.int64) * C_out * (QD * QH * QW) + offs_m % (QD * QH * QW))[:, None] + (
+        offs_n.to(tl.int64) * (QD * QH * QW))[None, :]
+    tl.store(out_ptr + out_offs, pooled, mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def conv_mean_partial_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias_ptr, part_ptr, stride_wn,
+                             M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW,
+                             DD, DH, DW, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
+    """Phase 1 of mean(conv(x, w) + bias) over the spatial dims: per (sample, pixel tile, channel), the float64 sum
+    of the tile's conv values (one sample's pixels per program: program_id(2) is the sample)."""
+    pid_t, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)
+    S = OD * OH * OW
+    sp = pid_t * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = sp < S
+    n_idx = tl.zeros((BLOCK_M,), tl.int32) + tl.program_id(2)
+    acc = conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_idx, sp // (OH * OW),
+                       (sp // OW) % OH, sp % OW, mask_m, pid_n, g, C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH,
+                       SW, PD, PH, PW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
+    offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = g * COUT_G + offs_c
+    mask_n = offs_c < COUT_G
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    part = tl.sum(tl.where(mask_m[:, None], acc, 0.0).to(tl.float64), axis=0)
+    tile = tl.program_id(2).to(tl.int64) * tl.cdiv(S, BLOCK_M) + pid_t
+    tl.store(part_ptr + tile * C_out + offs_n, part, mask=mask_n)
+
+
+@triton.jit
+def conv_mean_finalize_kernel(part_ptr, out_ptr, N, C_out, T, S, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Phase 2: out[n, c] = sum over the T tiles of sample n / S, in float64, rounded once."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m < N)[:, None] & (offs_n < C_out)[None, :]
+    total = tl.zeros((BLOCK_M, BLOCK_N), tl.float64)
+    for t in range(0, T):
+        total += tl.load(part_ptr + (offs_m[:, None].to(tl.int64) * T + t) * C_out + offs_n[None, :], mask=mask,
+                         other=0.0)
+    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * C_out + offs_n[None, :], (total / S).to(tl.float32), mask=mask)
+
+
+# direct use and tests
+def conv_pool_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding, dilation,
+                      groups: int, mode: str, kernel_size, pool_stride=None, pool_padding=0, pool_dilation=1,
+                      ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None,
+                      scheme: str | None = None) -> torch.Tensor:
+    """{max,avg}_pool{1,2,3}d(conv{1,2,3}d(x, weight, bias, ...), ...) by conv_pool_bias_kernel; no autograd."""
+    x = x.contiguous()
+    geo, pool, scheme, cfg, ops, sizes = conv_pool_plan(x, weight, stride, padding, dilation, groups, kernel_size,
+                                                        pool_stride, pool_padding, pool_dilation, ceil_mode, scheme)
+    out = torch.empty(pool.out_shape, device=x.device, dtype=x.dtype)
+    if pool.M:
+        conv_pool_bias_kernel[conv_pool_grid(geo, pool, cfg)](
+            *ops, out if bias is None else bias, out, *sizes, *pool.args(), int(divisor_override or 0),
+            HAS_BIAS=bias is not None, MAX=mode == "max", COUNT_PAD=count_include_pad, BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
+    return out
+
+
+def conv_mean_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding, dilation,
+                      groups: int, scheme: str | None = None) -> torch.Tensor:
+    """conv(x, ...).mean(spatial dims) as (N, C_out), two phases; no autograd."""
+    x = x.contiguous()
+    geo, scheme, _, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups, scheme)
+    s = geo.OD * geo.OH * geo.OW
+    cfg = pool_config(geo, s, scheme)
+    n, c = geo.out_shape[:2]
+    t = cdiv(s, cfg.block_m)
+    part = torch.empty((n * t, c), device=x.device, dtype=torch.float64)
+    conv_mean_partial_kernel[conv_mean_grid(geo, cfg)](
+        *ops, part if bias is None else bias, part, *sizes, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    out = torch.empty((n, c), device=x.device, dtype=x.dtype)
+    conv_mean_finalize_kernel[(cdiv(n, 16), cdiv(c, 64))](part, out, n, c, t, s, BLOCK_M=16, BLOCK_N=64)
+    return out
+
+
+def conv_pool_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding, dilation,
+                  groups: int, mode: str, kernel_size, pool_stride=None, pool_padding=0, pool_dilation=1,
+                  ceil_mode: bool = False, count_include_pad: bool = True,
+                  divisor_override: int | None = None) -> torch.Tensor:
+    """Plain torch reference (in x's dtype; "mean" pools every spatial dim to (N, C))."""
+    dims = x.dim() - 2
+    y = getattr(torch.nn.functional, f"conv{dims}d")(x, weight, bias, stride, padding, dilation, groups)
+    if mode == "mean":
+        return y.mean(tuple(range(2, y.dim())))
+    if mode == "max":
+        return getattr(torch.nn.functional, f"max_pool{dims}d")(y, kernel_size, pool_stride, pool_padding,
+                                                                pool_dilation, ceil_mode)
+    return getattr(torch.nn.functional, f"avg_pool{dims}d")(y, kernel_size, pool_stride, pool_padding, ceil_mode,
+                                                            count_include_pad, divisor_override)

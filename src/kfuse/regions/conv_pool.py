@@ -1,0 +1,272 @@
+"""Region kind `conv_pool`: convolution -> pointwise ops -> a pool over the spatial dims -> pointwise ops, the
+convolution's output never stored (kernels/conv_pool.py).
+
+Pools: MaxPool/AvgPool 1d/2d/3d and F.max_pool/avg_pool{1,2,3}d at any geometry torch takes (capture's `pool`, and
+its `max_pool1d` / `avg_pool1d` of non-overlapping 1-d windows), without return_indices; AdaptiveAvgPool to one pixel
+and a mean over every spatial dim (capture's `mean_dims`, or `mean` over the one spatial dim of a Conv1d).
+Windowed pools: one kernel whose rows are pooled pixels, looping over each window's conv pixels (the ops before the
+pool run on each conv pixel, then max / sum), then the ops after the pool on the pooled tile, stored as NC(D)HW.
+Global means: two kernels, per-(sample, pixel tile, channel) float64 sums of the ops before the mean, then a finalize
+that adds a sample's tiles, divides, and runs the ops after the mean.
+Anchors: a (non-transposed) convolution that conv_epilogue takes; the kind takes its walk over at the pool, where
+nothing outside the region reads a value before the pool (the pool's rows never see the whole conv output, so such a
+value could not be stored). The ops after the pool read the pooled values, numbers and per-channel parameters.
+Backward: the region recomputed in float64 torch (the pool by its own call, as written) and differentiated.
+"""
+
+from __future__ import annotations
+
+from kfuse.ir import Graph, Node, Region, Scalar
+from kfuse.ops import CONV_OPS
+from kfuse.regions.common import (
+    KernelArgs,
+    RegionCode,
+    call,
+    constexpr,
+    docstring,
+    launcher,
+    operand_code,
+    plain,
+    pointwise_lines,
+    signature,
+    var,
+)
+from kfuse.regions.conv_batchnorm import conv_bias
+from kfuse.regions.conv_common import CONV, CONV_CONSTEXPRS, channel_operand, geometry_code
+from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with
+
+WINDOWED = ("pool", "max_pool1d", "avg_pool1d")
+POOL_SIZES = plain("PM", "QD", "QH", "QW", "PKD", "PKH", "PKW", "PSD", "PSH", "PSW", "PPD", "PPH", "PPW", "PDD", "PDH",
+                   "PDW", "DIVISOR")
+# the conv tile at the rows' conv pixels (od, oh, ow) of samples n_idx, where `valid`
+TILE_AT = call("acc = conv_tile_at", ["x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr", "stride_wn", "n_idx",
+                                      "od", "oh", "ow", "valid", "pid_n", "g"],
+               ["C_in", "D", "H", "W", "CIN_G", "COUT_G", "KD", "KH", "KW", "SD", "SH", "SW", "PD", "PH", "PW", "DD",
+                "DH", "DW", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"], width=112, indent=8)
+COLUMNS = ["offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # channels within group g",
+           "offs_n = g * COUT_G + offs_c  # the output channels",
+           "mask_n = offs_c < COUT_G",
+           "mask = mask_m[:, None] & mask_n[None, :]"]
+
+
+def spatial_dims(n: Node, g: Graph) -> tuple[int, ...]:
+    """The dims a mean node reduces, normalized to non-negative."""
+    rank = len(g.shape_of(n.args[0]))
+    dims = n.attrs.get("dims", (n.attrs.get("dim"),))
+    return tuple(sorted(d % rank for d in dims if isinstance(d, int)))
+
+
+def is_global_mean(n: Node, g: Graph) -> bool:
+    if n.op not in ("mean_dims", "mean") or not n.args or not isinstance(n.args[0], str):
+        return False
+    rank = len(g.shape_of(n.args[0]))
+    return rank >= 3 and spatial_dims(n, g) == tuple(range(2, rank))
+
+
+def is_windowed(n: Node, dims: int) -> bool:
+    if n.op == "pool":
+        return n.attrs.get("dims") == dims
+    return n.op in ("max_pool1d", "avg_pool1d") and dims == 1 and len(n.args) == 2 and isinstance(n.args[1], Scalar)
+
+
+def pool_at(members: list[Node]) -> int:
+    return next(i for i, m in enumerate(members) if m.op in (*WINDOWED, "mean_dims", "mean"))
+
+
+def pool_after_conv(walk: Walk, n: Node) -> bool:
+    """A pool of a value of the walk (at the conv's shape), nothing before it read outside the region."""
+    anchor, g = walk.anchor, walk.g
+    if anchor.op not in CONV_OPS or not n.args or n.args[0] not in walk.values:
+        return False
+    if g.shape_of(n.args[0]) != anchor.shape or numel(n.shape) == 0:
+        return False
+    if not (is_windowed(n, anchor.attrs.get("dims", 0)) or is_global_mean(n, g)):
+        return False
+    inside = walk.values | {n.name}
+    return all(m.name not in g.outputs and all(u.name in inside for u in g.users(m.name)) for m in walk.members)
+
+
+def pool_code(n: Node) -> list[str]:
+    """kernel_size, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override as generated code:
+    read from the module when ModelNew runs (as the conv's geometry), else the call's literals."""
+    fields = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "count_include_pad", "divisor_override")
+    if n.op != "pool":  # max_pool1d / avg_pool1d: non-overlapping windows of k
+        k = n.args[1]
+        base = {"kernel_size": k.expr(), "stride": "None", "padding": "0", "dilation": "1", "ceil_mode": "False",
+                "count_include_pad": "True", "divisor_override": "None"}
+        if n.module:
+            base.update({f: f"self.{n.module}.{f}" for f in ("kernel_size", "stride", "padding", "ceil_mode")})
+        return [base[f] for f in fields]
+    mode = n.attrs["mode"]
+    owned = ("dilation",) if mode == "max" else ("count_include_pad", "divisor_override")
+    return [f"self.{n.module}.{f}" if n.module and (f in owned or f in fields[:3] or f == "ceil_mode")
+            else repr(n.attrs[f]) for f in fields]
+
+
+def is_max(n: Node) -> bool:
+    return n.op == "max_pool1d" or (n.op == "pool" and n.attrs["mode"] == "max")
+
+
+def frame(name: str, doc: str, ptrs: list[str], args: KernelArgs, extra: tuple, lines: list[str]) -> str:
+    decls = (*CONV.params, *plain(*[f"{p}_ptr" for p in ptrs]), *args.decls(), *CONV.sizes, *extra,
+             *CONV_CONSTEXPRS)
+    return "\n".join(["@triton.jit", f"def {name}({signature(decls)}):", docstring(doc),
+                      *[f"    {ln}" for ln in lines]]) + "\n"
+
+
+def windowed_kernel(region: Region, stem: str, doc: str, outs: list[str]) -> tuple[str, KernelArgs]:
+    """Rows = pooled pixels; each window position's conv tile, the ops before the pool, max / sum; then the ops
+    after it."""
+    nodes, args, env = list(region.nodes), KernelArgs(), {}
+    at = pool_at(nodes)
+    pool = nodes[at]
+    pre = conv_bias(region.anchor, env, args) + pointwise_lines(nodes[1:at], env, args)
+    y = env[pool.args[0]]
+    if is_max(pool):
+        start = "pooled = tl.full((BLOCK_M, BLOCK_N), float('-inf'), tl.float32)"
+        combine = [f"y = tl.where(inside[:, None], {y}, float('-inf'))  # the pool's padding: -inf",
+                   "pooled = tl.maximum(pooled, y, propagate_nan=tl.PropagateNan.ALL)  # a NaN wins, as in torch"]
+        finish = [f"{var(pool.name)} = pooled  # {pool.origin}"]
+    else:
+        start = "pooled = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)"
+        combine = [f"pooled += tl.where(inside[:, None], {y}, 0.0)"]
+        finish = [f"{var(pool.name)} = pooled / avg_divisor(qd, qh, qw, OD, OH, OW, PKD, PKH, PKW, PSD, PSH, PSW, "
+                  f"PPD, PPH, PPW, DIVISOR, COUNT_PAD)[:, None]  # {pool.origin}"]
+    env[pool.name] = var(pool.name)
+    post = pointwise_lines(nodes[at + 1:], env, args)
+    window = ["od, oh, ow, inside = window_pixel(qd, qh, qw, w, OD, OH, OW, PKH, PKW, PSD, PSH, PSW, PPD, PPH, PPW, "
+              "PDD, PDH, PDW)", "valid = mask_m & inside  # pool padding: no conv pixel, nothing read",
+              *TILE_AT.splitlines(), *pre, *combine]
+    lines = ["pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)",
+             "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # pooled pixels",
+             "mask_m = offs_m < PM",
+             "n_idx, qd, qh, qw = pool_rows(offs_m, QD, QH, QW)", *COLUMNS, *args.loads, start,
+             "for w in range(0, PKD * PKH * PKW):  # the window's conv pixels",
+             *[f"    {ln}" for ln in window], *finish, *post,
+             "out_offs = conv_out_offsets(offs_m, offs_n, QD, QH, QW, C_out)",
+             *[f"tl.store({o}_ptr + out_offs, {env[v]}, mask=mask)" for o, v in zip(outs, region.outputs)]]
+    return frame(f"{stem}_kernel", doc, outs, args, (*POOL_SIZES, constexpr("COUNT_PAD")), lines), args
+
+
+def mean_kernels(region: Region, stem: str, doc: str,
+                 outs: list[str]) -> tuple[tuple[str, str], KernelArgs, KernelArgs]:
+    """Phase 1 (`<stem>_partial_kernel`): one sample's pixel tile, the ops before the mean, float64 column sums.
+    Phase 2 (`<stem>_finalize_kernel`): a sample's tiles added, / S, the ops after the mean, (samples, channels)."""
+    nodes, registry, env = list(region.nodes), {}, {}
+    at = pool_at(nodes)
+    mean = nodes[at]
+    a1 = KernelArgs(registry)
+    pre = conv_bias(region.anchor, env, a1) + pointwise_lines(nodes[1:at], env, a1)
+    lines = ["pid_t, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)",
+             "S = OD * OH * OW",
+             "sp = pid_t * BLOCK_M + tl.arange(0, BLOCK_M)  # this sample's conv pixels",
+             "mask_m = sp < S",
+             "n_idx = tl.zeros((BLOCK_M,), tl.int32) + tl.program_id(2)",
+             "od, oh, ow, valid = sp // (OH * OW), (sp // OW) % OH, sp % OW, mask_m", *TILE_AT.splitlines(), *COLUMNS,
+             *a1.loads, *pre,
+             f"part = tl.sum(tl.where(mask, {env[mean.args[0]]}, 0.0).to(tl.float64), axis=0)  # {mean.origin}",
+             "tile = tl.program_id(2).to(tl.int64) * tl.cdiv(S, BLOCK_M) + pid_t",
+             "tl.store(part_ptr + tile * C_out + offs_n, part, mask=mask_n)"]
+    partial = frame(f"{stem}_partial_kernel", f"Phase 1 of: {doc}", ["part"], a1, (), lines)
+    a2, env2 = KernelArgs(registry), {mean.name: var(mean.name)}
+    post = pointwise_lines(nodes[at + 1:], env2, a2)
+    body = ["offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # samples",
+            "offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # channels",
+            "mask_n = offs_n < C_out",
+            "mask = (offs_m < N)[:, None] & mask_n[None, :]", *a2.loads,
+            "total = tl.zeros((BLOCK_M, BLOCK_N), tl.float64)",
+            "for t in range(0, T):",
+            "    total += tl.load(part_ptr + (offs_m[:, None].to(tl.int64) * T + t) * C_out + offs_n[None, :], "
+            "mask=mask, other=0.0)",
+            f"{var(mean.name)} = (total / S).to(tl.float32)  # {mean.origin}", *post,
+            *[f"tl.store({o}_ptr + offs_m[:, None].to(tl.int64) * C_out + offs_n[None, :], {env2[v]}, mask=mask)"
+              for o, v in zip(outs, region.outputs)]]
+    decls = (*plain("part_ptr", *[f"{o}_ptr" for o in outs]), *a2.decls(), *plain("N", "C_out", "T", "S"),
+             constexpr("BLOCK_M"), constexpr("BLOCK_N"))
+    finalize = "\n".join(["@triton.jit", f"def {stem}_finalize_kernel({signature(decls)}):",
+                          docstring(f"Phase 2 of: {doc}"), *[f"    {ln}" for ln in body]]) + "\n"
+    return (partial, finalize), a1, a2
+
+
+TILE_TAIL = ["BLOCK_M=cfg.block_m", "BLOCK_N=cfg.block_n", "BLOCK_K=cfg.block_k", "SCHEME=scheme",
+             "num_warps=cfg.num_warps", "num_stages=cfg.num_stages"]
+POOL_PARAMS = ["kernel_size", "pool_stride", "pool_padding", "pool_dilation", "ceil_mode", "count_include_pad",
+               "divisor_override"]
+
+
+def cost(region: Region, g: Graph, pool: Node) -> str:
+    anchor = region.anchor
+    x_numel, w_numel = numel(g.shape_of(anchor.args[0])), numel(anchor.args[1].shape)
+    flops = 2 * numel(anchor.shape) * w_numel // anchor.shape[1]
+    moved = 4 * (x_numel + w_numel + len(region.outputs) * numel(pool.shape))
+    return (f"At the problem's shape: {flops / 1e9:.3g} GFLOP for the conv (times window volume x pooled pixels / "
+            f"conv pixels for a windowed pool), {moved / 2 ** 20:.3g} MiB moved (x and W read once, only the pooled "
+            f"outputs written).")
+
+
+def generate(region: Region, g: Graph, stem: str) -> RegionCode:
+    anchor = region.anchor
+    pool = region.nodes[pool_at(list(region.nodes))]
+    outs = [f"out{i}" for i in range(len(region.outputs))]
+    replaced = ", ".join(n.origin for n in region.nodes)
+    doc = f"Fused: {replaced}. {cost(region, g, pool)}"
+    plan = "geo, scheme, cfg, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups)"
+    if pool.op in WINDOWED:
+        kernel, args = windowed_kernel(region, stem, doc, outs)
+        kernels: tuple[str, ...] = (kernel,)
+        lines = ["x = x.contiguous()",
+                 "geo, pool, scheme, cfg, ops, sizes = conv_pool_plan(x, weight, stride, padding, dilation, groups, "
+                 "kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode)",
+                 *[f"{o} = torch.empty(pool.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
+                 "if pool.M:",
+                 *[f"    {ln}" for ln in call(f"{stem}_kernel[conv_pool_grid(geo, pool, cfg)]",
+                                              ["*ops", *outs, *args.params, "*sizes", "*pool.args()",
+                                               "int(divisor_override or 0)"],
+                                              ["COUNT_PAD=bool(count_include_pad)", *TILE_TAIL]).splitlines()]]
+    else:
+        kernels, a1, args = mean_kernels(region, stem, doc, outs)
+        ones = ", ".join(["1"] * (len(pool.shape) - 2))
+        lines = ["x = x.contiguous()", plan,
+                 "S = geo.OD * geo.OH * geo.OW  # conv pixels per sample and channel",
+                 "cfg = pool_config(geo, S, scheme)",
+                 "N, C = geo.out_shape[:2]",
+                 "T = cdiv(S, cfg.block_m)",
+                 "part = torch.empty((N * T, C), device=x.device, dtype=torch.float64)",
+                 *[f"{o} = torch.empty((N, C{', ' + ones if ones else ''}), device=x.device, dtype=x.dtype)"
+                   for o in outs],
+                 "if geo.M:",
+                 *[f"    {ln}" for ln in call(f"{stem}_partial_kernel[conv_mean_grid(geo, cfg)]",
+                                              ["*ops", "part", *a1.params, "*sizes"],
+                                              TILE_TAIL).splitlines()],
+                 *[f"    {ln}" for ln in call(f"{stem}_finalize_kernel[(cdiv(N, 16), cdiv(C, 64))]",
+                                              ["part", *outs, *args.params, "N", "C", "T", "S"],
+                                              ["BLOCK_M=16", "BLOCK_N=64"]).splitlines()]]
+    lines.append(f"return {', '.join(outs)}")
+    pool_params = POOL_PARAMS if pool.op in WINDOWED else []
+    params = [n for n, _ in args.registry.values()]  # every kernel's (one registry)
+    src = launcher(f"fused_{stem}", ["x", "weight", *params, *CONV.geometry, *pool_params], lines, doc)
+    call_args = [anchor.args[0], operand_code(anchor.args[1]), *args.registry, *geometry_code(anchor),
+                 *(pool_code(pool) if pool.op in WINDOWED else [])]
+    return RegionCode(kernels, src, (f"{', '.join(region.outputs)} = {call(f'fused_{stem}', call_args)}",))
+
+
+class ConvPool(RegionKind):
+    name = "conv_pool"
+    kernel_modules = ("conv", "conv_pool")
+
+    def enters(self, walk: Walk, n: Node) -> bool:
+        return pool_after_conv(walk, n)
+
+    def joins(self, walk: Walk, n: Node) -> bool:
+        """After the pool: pointwise ops on the pooled shape reading pooled values, numbers, per-channel params."""
+        at = pool_at(walk.members)
+        shape = walk.members[at].shape
+        readable = {m.name for m in walk.members[at:]}
+        return n.shape == shape and bool(n.value_args()) and pointwise_with(
+            n, lambda a: channel_operand(a, shape, readable))
+
+    def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
+        return generate(region, g, stem)
+
+
+KIND = ConvPool()
