@@ -31,8 +31,7 @@ from kfuse.regions.common import (
     signature,
     var,
 )
-from kfuse.regions.conv_batchnorm import conv_bias
-from kfuse.regions.conv_common import CONV, CONV_CONSTEXPRS, channel_operand, geometry_code
+from kfuse.regions.conv_common import CONV, CONV_CONSTEXPRS, channel_operand, conv_bias, geometry_code
 from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with
 
 WINDOWED = ("pool", "max_pool1d", "avg_pool1d")
