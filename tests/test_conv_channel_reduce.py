@@ -14,7 +14,8 @@ import torch
 
 from kfuse.gradients import gradient_contract
 from kfuse.load import load_problem
-from kfuse.optimize import Options, compile_problem, load_module
+from kfuse.optimize import Options, compile_problem, load_module, optimize
+from kfuse_testing import ROOT
 
 TEMPLATE = '''
 import torch
@@ -115,3 +116,17 @@ def test_gradients_through_the_softmax(tmp_path):
     prob, _, module = build(tmp_path, *CASES[1])
     verdict = gradient_contract(prob, module.ModelNew, draws=1)
     assert verdict.correct, verdict.failures
+
+
+# problems/conv 40-43 through the contract at their own odd sizes: 136 channels (min), a batch-1 Conv3d softmax, a
+# grouped Conv2d logsumexp, two Conv3d branches (max without keepdim, a float64 sum with keepdim)
+PROBLEMS = {"40_conv2d_wide_scale_channel_min_tanh": 1, "41_conv3d_batch1_softmax_bias_sigmoid": 1,
+            "42_conv2d_grouped_logsumexp_hardswish_clamp": 1, "43_conv3d_two_branches_channel_max_sum": 2}
+
+
+@pytest.mark.parametrize("stem", PROBLEMS)
+def test_problem(tmp_path, stem):
+    result = optimize(load_problem(ROOT / "problems" / "conv" / f"{stem}.py"), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert [r.kind for r in result.compiled.regions] == ["conv_channel_reduce"] * PROBLEMS[stem]
+    assert result.compiled.unfused == []
