@@ -96,6 +96,14 @@ def _group_norm(input: Any, num_groups: int, weight: Any = None, bias: Any = Non
     return "group_norm", (input, num_groups, weight, bias, eps), {}
 
 
+def _instance_norm(input: Any, running_mean: Any = None, running_var: Any = None, weight: Any = None, bias: Any = None,
+                   use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5) -> tuple:
+    """F.instance_norm with the input's own statistics and no running ones on (N, C, spatial...); else kept."""
+    if running_mean is not None or running_var is not None or use_input_stats is not True or len(_shape(input)) < 3:
+        raise Reject
+    return "instance_norm", (input, weight, bias, eps), {}
+
+
 def _dim(dim: Any) -> int:
     if isinstance(dim, (tuple, list)) and len(dim) == 1:
         dim = dim[0]
@@ -200,7 +208,7 @@ FUNCTIONS: dict[Any, Spec] = {
     torch.exp: _unary("exp"), torch.abs: _unary("abs"),
     F.linear: _linear, torch.matmul: _matmul, operator.matmul: _matmul, torch.mm: _matmul, torch.bmm: _matmul,
     torch.einsum: _einsum, torch.transpose: _alias, torch.t: _alias, torch.permute: _alias,
-    F.group_norm: _group_norm,
+    F.group_norm: _group_norm, F.instance_norm: _instance_norm,
     torch.sum: _reduce("sum"), torch.mean: _reduce("mean"), torch.amax: _reduce("amax"), torch.amin: _reduce("amin"),
     torch.logsumexp: _reduce("logsumexp"), torch.max: _max_dim("amax"), torch.min: _max_dim("amin"),
     torch.softmax: _softmax("softmax"), F.softmax: _softmax("softmax"),
@@ -293,6 +301,16 @@ def _module_instance_norm(path: str, m: nn.InstanceNorm1d, x: Any) -> tuple:
     w = Param(f"{path}.weight", tuple(m.weight.shape)) if m.affine else None
     b = Param(f"{path}.bias", tuple(m.bias.shape)) if m.affine else None
     return "instance_norm", (x, w, b, Scalar(m.eps, f"{path}.eps")), {}
+
+
+def _module_instance_norm_nd(rank: int) -> Callable[..., tuple]:
+    """InstanceNorm2d/3d on a batched input (N, C, spatial...): per (sample, channel) over the spatial dims. An
+    unbatched one (a rank lower) normalizes another way: kept as a torch call."""
+    def rule(path: str, m: nn.Module, x: Any) -> tuple:
+        if len(_shape(x)) != rank:
+            raise Reject
+        return _module_instance_norm(path, m, x)
+    return rule
 
 
 def _pool(op: str, k: Any, stride: Any, padding: Any, ceil_mode: Any, extra_ok: bool, k_attr: str | None) -> tuple:
@@ -417,6 +435,7 @@ MODULES: dict[type, Callable[..., tuple]] = {
     nn.Softmax: _module_softmax("softmax"), nn.LogSoftmax: _module_softmax("log_softmax"),
     nn.MaxPool1d: _module_max_pool, nn.AvgPool1d: _module_avg_pool,
     nn.LayerNorm: _module_layer_norm, nn.InstanceNorm1d: _module_instance_norm, nn.Flatten: _module_flatten,
+    nn.InstanceNorm2d: _module_instance_norm_nd(4), nn.InstanceNorm3d: _module_instance_norm_nd(5),
 }
 FUNCTIONS.update({F.conv1d: _f_conv(1), F.conv2d: _f_conv(2), F.conv3d: _f_conv(3)})
 MODULES.update({nn.Conv1d: _module_conv, nn.Conv2d: _module_conv, nn.Conv3d: _module_conv})

@@ -13,6 +13,16 @@ running_var, running = (1 - momentum) running + momentum batch; num_batches_trac
 kernels/batchnorm.py's batch_norm_momentum).
 Bytes: 2 * 8 * tiles * C read, negligible next to the convolution (tiles = row tiles x phases).
 
+GroupNorm and InstanceNorm (= GroupNorm with one channel a group) after a convolution (regions/conv_groupnorm.py).
+Statistics are per (sample, group) over the group's channels x every spatial position. A row tile of the convolution
+(rows = n * S + s, S output pixels a sample, or a stride phase's pixels) may hold the end of one sample and the start
+of the next, so the tile's partials are segmented by sample: for each sample the tile holds (at most `slots`), its
+rows' per-channel mean and centred M2 in float64 and their count, stored under entry (sample, phase, j), j = the
+tile's index among the tiles touching that sample (at most J). Entries no tile wrote keep count 0 (the buffers start
+at zero), so `conv_gn_finalize_kernel` merges per (sample, group) every entry of the sample times every channel of
+the group, with no geometry: groups of any width, samples of any size (Chan's combination in float64, two passes).
+Bytes: 2 * 8 * N * E * C read (E = phases * J entries a sample), negligible next to the convolution.
+
 Eval mode (`bn-eval-fold`): BatchNorm of conv(x, W) + b with running statistics is the convolution with
     W' = W * g (per output channel),  b' = (b - running_mean) * g + beta,  g = gamma / sqrt(running_var + eps),
 exact in real arithmetic, computed in float64 and rounded once. A transposed convolution's weight is
@@ -33,6 +43,13 @@ def conv_bn_stats_ref(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain torch reference: per-channel mean and biased variance of y (N, C, ...) over every other dim."""
     dims = [0, *range(2, y.dim())]
     return y.mean(dims), y.var(dims, unbiased=False)
+
+
+def conv_gn_stats_ref(y: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain torch reference: (N, groups) mean and biased variance of y (N, C, ...), each over a group's channels
+    and every spatial position."""
+    flat = y.reshape(y.shape[0], groups, -1)
+    return flat.mean(2), flat.var(2, unbiased=False)
 
 
 # --- emitted below ---
@@ -135,3 +152,74 @@ def conv_bn_eval_fold(weight: torch.Tensor, bias: torch.Tensor | None, bn: torch
         folded = (torch.nn.Parameter(w, requires_grad=False), b)
     weight._kfuse_conv_bn_fold = (key, folded)
     return folded
+
+
+def conv_gn_layout(geo, block_m: int) -> tuple[int, int, int]:
+    """(phases, J, slots) of the GroupNorm partials of a convolution (ConvGeometry) or a transposed one
+    (TransposedGeometry, one row space per stride phase) tiled in `block_m` rows: J bounds the row tiles touching
+    one sample's S rows (cdiv(S - 1, block_m) + 1, S of the largest phase), slots the samples one tile touches
+    (cdiv(block_m - 1, S) + 1, S of the smallest phase that has pixels; at most N)."""
+    n = geo.out_shape[0]
+    phases = getattr(geo, "n_phases", 1)
+    s_max = max(geo.M // max(n, 1), 1)
+    s_min = s_max
+    if hasattr(geo, "n_phases"):  # a phase's pixels per dim: ceil((O - r) / stride), at least floor(O / stride)
+        s_min = 1
+        for o, st in ((geo.OD, geo.SD), (geo.OH, geo.SH), (geo.OW, geo.SW)):
+            s_min *= max(o // st, 1)
+    return phases, cdiv(s_max - 1, block_m) + 1, min(n, cdiv(block_m - 1, s_min) + 1)
+
+
+@triton.jit
+def conv_gn_finalize_kernel(mean_part_ptr, m2_part_ptr, count_ptr, mean_ptr, rstd_ptr, C, E, GROUP, NUM_GROUPS, eps,
+                            BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
+    """One program per (sample n, group g): the (N, E, C) float64 partials of n's E entries and g's GROUP channels
+    merged in float64 (two passes: the centring needs the group's mean), mean and 1/std stored in fp32 at
+    (n, g). Entries with count 0 (no tile wrote them) add nothing."""
+    n = tl.program_id(0)
+    g = tl.program_id(1)
+    base = n.to(tl.int64) * E
+    c_lo = g * GROUP
+    rows = tl.zeros((BLOCK_E,), dtype=tl.float64)
+    total = tl.zeros((BLOCK_C,), dtype=tl.float64)
+    for e0 in range(0, E, BLOCK_E):
+        e = e0 + tl.arange(0, BLOCK_E)
+        n_e = tl.load(count_ptr + base + e, mask=e < E, other=0.0).to(tl.float64)
+        rows += n_e
+        for c0 in range(0, GROUP, BLOCK_C):
+            c = c0 + tl.arange(0, BLOCK_C)
+            mask = (e < E)[:, None] & (c < GROUP)[None, :]
+            at = (base + e)[:, None] * C + (c_lo + c)[None, :]
+            total += tl.sum(n_e[:, None] * tl.load(mean_part_ptr + at, mask=mask, other=0.0).to(tl.float64), axis=0)
+    count = tl.sum(rows, axis=0) * GROUP
+    mean = tl.sum(total, axis=0) / count
+    m2 = tl.zeros((BLOCK_C,), dtype=tl.float64)
+    for e0 in range(0, E, BLOCK_E):
+        e = e0 + tl.arange(0, BLOCK_E)
+        n_e = tl.load(count_ptr + base + e, mask=e < E, other=0.0).to(tl.float64)
+        for c0 in range(0, GROUP, BLOCK_C):
+            c = c0 + tl.arange(0, BLOCK_C)
+            mask = (e < E)[:, None] & (c < GROUP)[None, :]
+            at = (base + e)[:, None] * C + (c_lo + c)[None, :]
+            dev = tl.load(mean_part_ptr + at, mask=mask, other=0.0).to(tl.float64) - mean
+            m2_t = tl.load(m2_part_ptr + at, mask=mask, other=0.0).to(tl.float64)
+            m2 += tl.sum(tl.where(mask, m2_t + n_e[:, None] * dev * dev, 0.0), axis=0)
+    var = tl.sum(m2, axis=0) / count
+    out = n * NUM_GROUPS + g
+    tl.store(mean_ptr + out, mean.to(tl.float32))
+    tl.store(rstd_ptr + out, (1.0 / tl.sqrt(var + eps)).to(tl.float32))
+
+
+def conv_gn_stats(mean_part: torch.Tensor, m2_part: torch.Tensor, counts: torch.Tensor, groups: int,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, groups) mean and 1/sqrt(var + eps) (fp32) from the (N, E, C) partials and (N, E) counts of the
+    GroupNorm stats kernel (conv_gn_layout's entries), C channels in `groups` groups of C // groups."""
+    n, e, c = mean_part.shape
+    mean = torch.empty((n, groups), device=mean_part.device, dtype=torch.float32)
+    rstd = torch.empty_like(mean)
+    group = c // groups
+    if n:
+        conv_gn_finalize_kernel[(n, groups)](mean_part, m2_part, counts, mean, rstd, c, e, group, groups, float(eps),
+                                             BLOCK_E=min(triton.next_power_of_2(e), 32),
+                                             BLOCK_C=min(triton.next_power_of_2(group), 64))
+    return mean, rstd

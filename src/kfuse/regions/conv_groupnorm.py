@@ -1,0 +1,255 @@
+"""Region kind `conv_groupnorm`: convolution -> pointwise ops -> GroupNorm or InstanceNorm1d/2d/3d (GroupNorm with
+one channel a group) -> pointwise ops, the convolution on kernels/conv.py's tile (or kernels/conv_transpose.py's
+stride phases).
+
+Each (sample, group)'s mean and variance are over the group's channels and every output pixel of the sample. A row
+tile of the convolution (rows = n * S + s) may end inside one sample and start the next, and a group may span many
+row tiles and several column tiles, so no tile sees a group whole: the statistics are two-phase. Three launches
+(kernels/conv_norm.py):
+  1. `<name>_stats_kernel`: the convolution and the ops before the norm; stores y (the norm's input) and, for each
+     sample among the tile's rows (at most `slots`), that sample's per-channel mean and centred M2 over those rows in
+     float64 and their count, under entry (sample, phase, j) (conv_gn_layout);
+  2. `conv_gn_finalize_kernel`: merges per (sample, group) every entry of the sample x every channel of the group
+     (Chan's combination, float64): mean and 1/std;
+  3. `<name>_apply_kernel`: one pass over y: (y - mean) * rstd [* weight + bias], then the ops after the norm (which
+     may also read y itself: a residual `conv + f(norm(conv))`).
+The group count is read from the module when ModelNew runs; eps too. GroupNorm and InstanceNorm without running
+statistics act alike in training and eval mode (capture keeps an InstanceNorm that tracks running statistics a torch
+call).
+Bytes beyond the convolution: y written once and read once (8 bytes per output element at fp32), the outputs written
+once; torch would write the conv's output, read it twice for the norm, write the norm's output, and read and write it
+again for each pointwise op after it.
+Backward: the region recomputed in float64 torch (F.group_norm / F.instance_norm) and differentiated, as the
+convolution kinds do (kfuse/backward.py): correct, not fast.
+"""
+
+from __future__ import annotations
+
+from kfuse.ir import Graph, Node, Param, Region
+from kfuse.ops import CONV_OPS
+from kfuse.regions.common import (
+    KernelArgs,
+    RegionCode,
+    affine_lines,
+    call,
+    docstring,
+    launcher,
+    operand_code,
+    plain,
+    pointwise_lines,
+    signature,
+    var,
+)
+from kfuse.regions.conv_common import (
+    CONV_CONSTEXPRS,
+    TRANSPOSED,
+    ConvForm,
+    channel_operand,
+    conv_bias,
+    conv_cost,
+    conv_launch,
+    form_of,
+    geometry_code,
+    stores,
+    tile_lines,
+)
+from kfuse.regions.kind import RegionKind, Walk, group_size, pointwise_with, same_tile
+
+NORMS = ("group_norm", "instance_norm")
+# stats-kernel sizes beyond the convolution's: samples a tile may touch, entries a sample has per phase
+LAYOUT = ("SLOTS", "J")
+
+# Rows of the tile's GEMM a sample has (S): the output's pixels, or the phase's (conv_transpose_tile's td * th * tw).
+SAMPLE_ROWS = {
+    "conv_plan": ("S_rows = OD * OH * OW  # rows a sample has",),
+    "conv_transpose_plan": (
+        "ph = phase_ptr + tl.program_id(2) * 10  # this phase's row of the phase table: rd, rh, rw first",
+        "S_rows = ((OD - tl.load(ph) + SD - 1) // SD) * ((OH - tl.load(ph + 1) + SH - 1) // SH)",
+        "S_rows = tl.maximum(S_rows * ((OW - tl.load(ph + 2) + SW - 1) // SW), 1)  # rows a sample has in this phase",
+    ),
+}
+
+# For each sample among the tile's rows: its rows' per-channel mean and centred M2 (float64) and their count, stored
+# under entry (sample, phase, j), j = this tile's index among the row tiles touching the sample. {y}: the norm's input.
+STATS_LINES = (
+    "# per-(sample, channel) partial statistics of this row tile (float64, centred on the segment's own mean)",
+    "r_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # the tile's rows (of its phase)",
+    "n_row = r_m // S_rows",
+    "n_first = (pid_m * BLOCK_M) // S_rows",
+    "t_y = tl.where(mask, {y}, 0.0).to(tl.float64)",
+    "for s in range(SLOTS):",
+    "    n_s = n_first + s",
+    "    in_s = mask_m & (n_row == n_s)",
+    "    s_rows = tl.sum(in_s.to(tl.int32), axis=0)",
+    "    keep = s_rows > 0  # an int comparison: the interpreter cannot AND a float64 one with a mask",
+    "    s_count = s_rows.to(tl.float64)",
+    "    s_mean = tl.sum(tl.where(in_s[:, None], t_y, 0.0), axis=0) / tl.maximum(s_count, 1.0)",
+    "    s_dev = tl.where(in_s[:, None] & mask_n[None, :], t_y - s_mean[None, :], 0.0)",
+    "    entry = (n_s.to(tl.int64) * tl.num_programs(2) + tl.program_id(2)) * J + (pid_m - (n_s * S_rows) // BLOCK_M)",
+    "    tl.store(mean_part_ptr + entry * C_out + offs_n, s_mean, mask=mask_n & keep)",
+    "    tl.store(m2_part_ptr + entry * C_out + offs_n, tl.sum(s_dev * s_dev, axis=0), mask=mask_n & keep)",
+    "    tl.store(count_ptr + entry, s_count, mask=keep)",
+)
+
+
+def norm_args(n: Node) -> tuple[object, Param | None, Param | None, object]:
+    """(groups or None for one channel a group, weight, bias, eps) of a GroupNorm or InstanceNorm node."""
+    if n.op == "group_norm":
+        _x, groups, w, b, eps = n.args
+        return groups, w, b, eps
+    _x, w, b, eps = n.args
+    return None, w, b, eps
+
+
+class Parts:
+    """The region cut at its norm: the ops before it, after it, and which region outputs each side stores."""
+
+    def __init__(self, region: Region) -> None:
+        self.at, self.norm = next((i, n) for i, n in enumerate(region.nodes) if n.op in NORMS)
+        self.before, self.after = list(region.nodes[1:self.at]), list(region.nodes[self.at + 1:])
+        pre = {n.name for n in region.nodes[:self.at]}
+        self.pre_outs = [v for v in region.outputs if v in pre]
+        self.post_outs = [v for v in region.outputs if v not in pre]
+        self.y = self.norm.args[0]
+        self.stored = list(dict.fromkeys([self.y, *self.pre_outs]))  # what pass 1 writes
+
+
+def stats_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Parts,
+                 registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+    """Pass 1: the convolution and the ops before the norm; y, the region outputs before the norm, the partials."""
+    args, env = KernelArgs(registry), {}
+    body = conv_bias(region.anchor, env, args) + pointwise_lines(p.before, env, args)
+    body += stores(p.stored, env) + list(SAMPLE_ROWS[form.plan]) + [ln.format(y=env[p.y]) for ln in STATS_LINES]
+    outs = [f"buf_{v}" for v in p.stored] + ["mean_part", "m2_part", "count"]
+    decls = (*form.params, *plain(*[f"{o}_ptr" for o in outs]), *plain(*LAYOUT), *args.decls(), *form.sizes,
+             *CONV_CONSTEXPRS)
+    lines = ["@triton.jit", f"def {name}_stats_kernel({signature(decls)}):", docstring(doc),
+             *[f"    {ln}" for ln in (*tile_lines(form), *args.loads, *body)]]
+    return "\n".join(lines) + "\n", args
+
+
+def apply_kernel(region: Region, name: str, doc: str, p: Parts,
+                 registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+    """Pass 3: one pass over y (NC(D)HW, S pixels a channel plane) as (pixels, channels) tiles, the layout of the
+    convolution's own tile; mean and rstd per (sample, group), then the affine and the ops after the norm."""
+    args, env = KernelArgs(registry), {p.y: "v_y"}
+    _groups, w, b, _eps = norm_args(p.norm)
+    out = var(p.norm.name)
+    body = [f"{out} = (v_y - g_mean) * g_rstd  # {p.norm.origin}", *affine_lines(out, w, b, env, args)]
+    env[p.norm.name] = out
+    body += pointwise_lines(p.after, env, args) + stores(p.post_outs, env)
+    decls = (*plain("y_ptr", "g_mean_ptr", "g_rstd_ptr", *[f"buf_{o}_ptr" for o in p.post_outs]), *args.decls(),
+             *plain("M", "C_out", "S", "GROUP", "NUM_GROUPS"), ("BLOCK_M", "BLOCK_M: tl.constexpr"),
+             ("BLOCK_N", "BLOCK_N: tl.constexpr"))
+    lines = ["offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
+             "offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
+             "mask_m = offs_m < M",
+             "mask_n = offs_n < C_out",
+             "mask = mask_m[:, None] & mask_n[None, :]",
+             "out_offs = conv_out_offsets(offs_m, offs_n, 1, 1, S, C_out)",
+             "v_y = tl.load(y_ptr + out_offs, mask=mask, other=0.0).to(tl.float32)",
+             "g_at = (offs_m // S).to(tl.int64)[:, None] * NUM_GROUPS + (offs_n // GROUP)[None, :]",
+             "g_mean = tl.load(g_mean_ptr + g_at, mask=mask, other=0.0)",
+             "g_rstd = tl.load(g_rstd_ptr + g_at, mask=mask, other=1.0)",
+             *args.loads, *body]
+    src = "\n".join(["@triton.jit", f"def {name}_apply_kernel({signature(decls)}):", docstring(doc),
+                     *[f"    {ln}" for ln in lines]]) + "\n"
+    return src, args
+
+
+def launcher_lines(region: Region, form: ConvForm, stem: str, p: Parts, a1: KernelArgs, a3: KernelArgs) -> list[str]:
+    def empty(v: str, dtype: str = "x.dtype") -> str:
+        return f"buf_{v} = torch.empty(geo.out_shape, device=x.device, dtype={dtype})"
+
+    y_dtype = "x.dtype" if p.y in region.outputs else "torch.float32"  # y stays fp32 when only pass 3 reads it
+    lines = ["x = x.contiguous()",
+             f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
+             "N, C = geo.out_shape[0], geo.C_out",
+             "S = torch.Size(geo.out_shape[2:]).numel()  # pixels a channel plane",
+             "norm_groups = C if norm_groups is None else norm_groups  # InstanceNorm: one channel a group",
+             "if norm_groups <= 0 or C % norm_groups:",
+             "    raise ValueError(f'GroupNorm: {C} channels are not divisible into {norm_groups} groups')"]
+    if p.norm.op == "instance_norm":  # torch's F.instance_norm check
+        lines += ["if S == 1:",
+                  "    raise ValueError(f'Expected more than 1 spatial element when training, got input size "
+                  "{tuple(geo.out_shape)}')"]
+    lines += ["phases, J, slots = conv_gn_layout(geo, cfg.block_m)",
+              "mean_part = torch.zeros((N, phases * J, C), device=x.device, dtype=torch.float64)",
+              "m2_part = torch.zeros_like(mean_part)",
+              "count = torch.zeros((N, phases * J), device=x.device, dtype=torch.float64)",
+              empty(p.y, y_dtype), *[empty(v) for v in p.pre_outs if v != p.y],
+              *conv_launch(form, f"{stem}_stats", [f"buf_{v}" for v in p.stored] + ["mean_part", "m2_part", "count",
+                                                                                      "slots", "J"], a1),
+              "g_mean, g_rstd = conv_gn_stats(mean_part, m2_part, count, norm_groups, norm_eps)",
+              *[empty(v) for v in p.post_outs],
+              "M = N * S",
+              "bm, bn_ = (min(triton.next_power_of_2(max(M, 1)), 8192), 64) if interpreting() else (128, 32)",
+              "if M:",
+              "    " + call(f"{stem}_apply_kernel[(cdiv(M, bm), cdiv(C, bn_))]",
+                            [f"buf_{p.y}", "g_mean", "g_rstd", *[f"buf_{v}" for v in p.post_outs], *a3.params],
+                            ["M", "C", "S", "C // norm_groups", "norm_groups", "BLOCK_M=bm", "BLOCK_N=bn_",
+                             "num_warps=4"],
+                            indent=12),
+              f"return {', '.join(f'buf_{v}' for v in region.outputs)}"]
+    return lines
+
+
+def generate(region: Region, g: Graph, stem: str) -> RegionCode:
+    anchor, form, p = region.anchor, form_of(region.anchor), Parts(region)
+    registry: dict[str, tuple[str, bool]] = {}
+    replaced = ", ".join(n.origin for n in region.nodes)
+    stats, a1 = stats_kernel(region, form, stem, f"Pass 1 of: {replaced}. {conv_cost(anchor, g, 1)}", p, registry)
+    apply, a3 = apply_kernel(region, stem, f"Pass 3 of: {replaced}.", p, registry)
+    params = [n for n, _ in registry.values()]
+    src = launcher(f"fused_{stem}", ["x", "weight", "norm_groups", "norm_eps", *params, *form.geometry],
+                   launcher_lines(region, form, stem, p, a1, a3),
+                   f"Fused: {replaced}. Statistics per (sample, group) from per-tile partials segmented by sample.")
+    groups, _w, _b, eps = norm_args(p.norm)
+    call_args = [anchor.args[0], operand_code(anchor.args[1]), "None" if groups is None else f"int({groups.expr()})",
+                 f"float({eps.expr()})", *registry, *geometry_code(anchor)]
+    return RegionCode((stats, apply), src, (f"{', '.join(region.outputs)} = {call(f'fused_{stem}', call_args)}",))
+
+
+def per_channel(a: object, channels: int) -> bool:
+    return a is None or (isinstance(a, Param) and a.shape == (channels,))
+
+
+def norm_after_conv(walk: Walk, n: Node) -> bool:
+    """A GroupNorm (groups dividing the channels) or InstanceNorm over a convolution's whole output, the walk's first
+    norm, its affine per channel."""
+    anchor = walk.anchor
+    if (anchor.op not in (*CONV_OPS, TRANSPOSED) or n.op not in NORMS or n.shape != anchor.shape or len(n.shape) < 3
+            or not (isinstance(n.args[0], str) and n.args[0] in walk.values)
+            or any(m.op in (*NORMS, "batch_norm") for m in walk.members)):
+        return False
+    channels = anchor.shape[1]
+    if n.op == "group_norm":
+        return group_size(n, channels) is not None
+    return len(n.args) == 4 and per_channel(n.args[1], channels) and per_channel(n.args[2], channels)
+
+
+class ConvGroupNorm(RegionKind):
+    name = "conv_groupnorm"
+    kernel_modules = ("conv", "conv_transpose", "conv_norm")
+
+    def enters(self, walk: Walk, n: Node) -> bool:
+        return norm_after_conv(walk, n)
+
+    def joins(self, walk: Walk, n: Node) -> bool:
+        """After the norm, pointwise ops on the output's shape that read the norm's input, the norm's value or what
+        follows it (the apply pass holds nothing else), numbers and per-channel parameters."""
+        shape = walk.anchor.shape
+        if n.shape != shape or not n.value_args():
+            return False
+        at = next(i for i, m in enumerate(walk.members) if m.op in NORMS)
+        readable = {m.name for m in walk.members[at:]} | {walk.members[at].args[0]}
+        return pointwise_with(n, lambda a: channel_operand(a, shape, readable))
+
+    def finish(self, walk: Walk) -> list[Node]:
+        return same_tile(walk)
+
+    def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
+        return generate(region, g, stem)
+
+
+KIND = ConvGroupNorm()

@@ -1,0 +1,165 @@
+"""The conv_groupnorm kind in the interpreter at odd sizes: a convolution (or transposed one) with GroupNorm or
+InstanceNorm after it, against float64 with the contract's bound (2 x eager fp32's own error), at the interpreter's
+default tile (one row tile holding several samples) and at 16 x 16 tiles (a sample over several row tiles, a tile
+holding the end of one sample and the start of the next, a group straddling column tiles); the finalize kernel
+against its torch reference from partials of uneven segments."""
+
+from __future__ import annotations
+
+import copy
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from kfuse.gradients import gradient_contract
+from kfuse.kernels.conv_norm import conv_gn_stats, conv_gn_stats_ref
+from kfuse.load import load_problem
+from kfuse.optimize import Options, compile_problem, load_module
+
+TEMPLATE = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+{init}
+
+    def forward(self, x):
+{forward}
+
+
+batch_size = {batch}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, {x_shape})]
+
+
+def get_init_inputs():
+    return []
+'''
+
+# (name, __init__ body, forward body, batch, x's shape after the batch)
+CASES = [
+    ("conv2d_groupnorm_tanh",
+     "self.conv = nn.Conv2d(5, 12, 3, stride=(1, 2), padding=1)\nself.gn = nn.GroupNorm(3, 12)",
+     "return torch.tanh(self.gn(self.conv(x))) * 2.0", 3, "5, 9, 11"),
+    # stride phases of different sizes, each with its own samples-per-tile
+    ("conv_transpose2d_instancenorm_relu",
+     "self.conv = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)\n"
+     "self.norm = nn.InstanceNorm2d(6, affine=True)",
+     "return torch.relu(self.norm(self.conv(x)))", 2, "4, 5, 3"),
+    # norm groups of 2 channels across conv groups of 3; no conv bias, no affine; an op before the norm
+    ("conv3d_grouped_scale_groupnorm",
+     "self.conv = nn.Conv3d(4, 6, (2, 3, 2), groups=2, bias=False)\nself.gn = nn.GroupNorm(3, 6, affine=False)",
+     "return self.gn(self.conv(x) * 1.5) + 0.5", 2, "4, 4, 5, 6"),
+    # the conv's own value read outside the region: stored by the stats kernel too; batch 1
+    ("conv1d_instancenorm1d_two_outputs",
+     "self.conv = nn.Conv1d(5, 7, 3, padding=2, dilation=2)\nself.norm = nn.InstanceNorm1d(7)",
+     "y = self.conv(x)\nreturn y, torch.sigmoid(self.norm(y))", 1, "5, 19"),
+    # functional, groups of 20 channels over 16-wide column tiles, and a residual of the norm's input
+    ("functional_groupnorm_wide_residual",
+     "self.conv = nn.Conv2d(3, 40, 3)\nself.w = nn.Parameter(torch.randn(40))\nself.b = nn.Parameter(torch.randn(40))",
+     "y = self.conv(x)\nreturn y + F.group_norm(y, 2, self.w, self.b, 1e-4)", 3, "3, 7, 8"),
+]
+CPU = Options(device="cpu", trials=2)
+
+
+def build(tmp_path: Path, name: str, init: str, forward: str, batch: int, x_shape: str):
+    """(problem, compiled, the ModelNew module) of a problem written from the case."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(TEMPLATE.format(init=textwrap.indent(init, " " * 8), forward=textwrap.indent(forward, " " * 8),
+                                    batch=batch, x_shape=x_shape))
+    prob = load_problem(path)
+    compiled = compile_problem(prob, CPU)
+    out = tmp_path / f"{name}_new.py"
+    out.write_text(compiled.source)
+    return prob, compiled, load_module(out)
+
+
+def outputs(out) -> tuple[torch.Tensor, ...]:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+def check_against_float64(prob, module) -> None:
+    """Rule 3 (2 x eager fp32's error against float64 + a small floor) for each output, on two draws."""
+    torch.manual_seed(0)
+    ref = prob.build()
+    new = prob.build(cls=module.ModelNew)
+    new.load_state_dict(ref.state_dict())
+    f64 = copy.deepcopy(ref).double()
+    for draw in range(2):
+        torch.manual_seed(10 + draw)
+        x = prob.inputs()[0]
+        with torch.no_grad():
+            for n, e, r in zip(outputs(new(x)), outputs(ref(x)), outputs(f64(x.double()))):
+                assert n.dtype == e.dtype and n.shape == e.shape
+                assert err(n, r) <= 2 * err(e, r) + 1e-6, (err(n, r), err(e, r))
+
+
+def small_tiles(module, monkeypatch) -> None:
+    """16 x 16 x 16 tiles for every convolution of the generated module (conv_plan and conv_transpose_plan read
+    conv_config from the module's globals)."""
+    monkeypatch.setattr(module, "conv_config", lambda geo, scheme, interpret: module.ConvConfig(16, 16, 16, 4, 1))
+
+
+@pytest.mark.parametrize("tiles", ["default", "16x16"])
+@pytest.mark.parametrize("name, init, forward, batch, x_shape", CASES, ids=[c[0] for c in CASES])
+def test_forward_against_float64(tmp_path, monkeypatch, name, init, forward, batch, x_shape, tiles):
+    prob, compiled, module = build(tmp_path, name, init, forward, batch, x_shape)
+    assert [r.kind for r in compiled.regions] == ["conv_groupnorm"] and compiled.unfused == []
+    if tiles == "16x16":
+        small_tiles(module, monkeypatch)
+    check_against_float64(prob, module)
+
+
+def test_eval_mode_normalizes_as_training(tmp_path):
+    """GroupNorm has no running statistics: eval mode runs the same three passes."""
+    prob, _, module = build(tmp_path, *CASES[0])
+    torch.manual_seed(0)
+    new = prob.build(cls=module.ModelNew)
+    x = prob.inputs()[0]
+    with torch.no_grad():
+        train = new(x)
+        new.eval()
+        assert torch.equal(new(x), train)
+
+
+def test_gradients_through_the_norm(tmp_path):
+    """Gradients (input and every parameter, rules 2 and 3), the region recomputed in float64."""
+    prob, _, module = build(tmp_path, *CASES[1])
+    verdict = gradient_contract(prob, module.ModelNew, draws=1)
+    assert verdict.correct, verdict.failures
+
+
+@pytest.mark.parametrize("n, c, groups, spatial", [(3, 12, 4, 37), (1, 7, 7, 5), (2, 150, 2, 9)])
+def test_finalize_merges_uneven_segments(n, c, groups, spatial):
+    """conv_gn_stats from partials of each sample's pixels cut into uneven segments (some entries empty) against
+    conv_gn_stats_ref, in float64 to 1e-6 relative."""
+    torch.manual_seed(0)
+    y = torch.randn(n, c, spatial, dtype=torch.float64) * 3 + 5
+    cuts = [0, 1, spatial // 3, spatial // 3, spatial - 1, spatial]  # one repeated cut: an empty entry
+    e = len(cuts) - 1
+    mean_part = torch.zeros(n, e, c, dtype=torch.float64)
+    m2_part = torch.zeros_like(mean_part)
+    count = torch.zeros(n, e, dtype=torch.float64)
+    for i, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
+        if hi > lo:
+            seg = y[:, :, lo:hi]
+            mean_part[:, i] = seg.mean(2)
+            m2_part[:, i] = ((seg - seg.mean(2, keepdim=True)) ** 2).sum(2)
+            count[:, i] = hi - lo
+    eps = 1e-5
+    mean, rstd = conv_gn_stats(mean_part, m2_part, count, groups, eps)
+    ref_mean, ref_var = conv_gn_stats_ref(y, groups)
+    torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rstd.double(), (ref_var + eps).rsqrt(), rtol=1e-6, atol=1e-6)
