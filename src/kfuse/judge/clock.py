@@ -81,12 +81,12 @@ def timed_calls(worker: WorkerHandle, key: str, calls: Sequence[int], draw: Draw
     ahead = 0.0
     if cfg.batch_staging:
         t0 = time.perf_counter()
-        worker.request("stage", key=key, inputs_list=[draw(i) for i in calls], reserve=reserve)
+        worker.stage(key, list(calls), draw, reserve)
         ahead = (time.perf_counter() - t0) * 1e3 / max(len(calls), 1)
     for n, i in enumerate(calls):
         t0 = time.perf_counter()
         if not cfg.batch_staging:
-            worker.request("stage", key=key, inputs_list=[draw(i)], reserve=reserve if n == 0 else 0)
+            worker.stage(key, [i], draw, reserve if n == 0 else 0)
         worker.quick(INLINE_NEXT)
         stage.append(ahead + (time.perf_counter() - t0) * 1e3)
         raw.append(worker.quick(INLINE_GO) * 1e3)

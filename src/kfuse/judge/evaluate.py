@@ -526,10 +526,11 @@ def reference_behaviour(pristine: torch.nn.Module, inputs: Sequence[torch.Tensor
 
 
 def timed_draw(ctx: Context, shape: Shape, i: int) -> list[torch.Tensor]:
-    """Timed call i's fresh inputs (negative i: warm-up), on the CPU, from the judge's own seed."""
+    """Timed call i's fresh inputs (negative i: warm-up), from the judge's own seed; drawn on the GPU where the
+    judge runs there (staging copies them from the device straight into the worker's file)."""
     device = ctx.cfg.device if ctx.cfg.device == "cuda" else None
     with _REFERENCE_LOCK:
-        return [t.cpu() for t in seeded_inputs(shape.problem, derive(ctx.seed, "timed", i), device=device)]
+        return seeded_inputs(shape.problem, derive(ctx.seed, "timed", i), device=device)
 
 
 def clock_config(ctx: Context, plan: PlannedShape) -> ClockConfig:
@@ -574,7 +575,7 @@ def _open_baselines(plan: PlannedShape, ctx: Context, workers: ExitStack) -> dic
             if not built["ok"]:
                 out[name] = Baseline(k, timing_unavailable(f"baseline failed: {built.get('error')}").to_json())
                 continue
-            worker.request("stage", key=shape.label, inputs_list=[timed_draw(ctx, shape, -1000)])
+            worker.stage(shape.label, [-1000], lambda i: timed_draw(ctx, shape, i))
             worker.quick(INLINE_NEXT)
             worker.quick(INLINE_GO)  # the first call: torch.compile compiles here, off the device lock
             worker.request("kept", indices=[])

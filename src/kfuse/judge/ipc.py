@@ -22,14 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kfuse.judge import sandbox
+from kfuse.judge import sandbox, staging
 
 LOG_TAIL_BYTES = 1500
 ANSWER_FLOOR_BYTES = 8 << 20  # load/build answers and small outputs
@@ -215,6 +215,18 @@ class WorkerHandle:
             return check_answer(op, self._receive(cap))
         finally:
             path.unlink(missing_ok=True)
+
+    def stage(self, key: str, calls: Sequence[int], draw: Callable[[int], list[Any]], reserve: int = 0) -> None:
+        """The input sets of a batch of timed calls (`draw(i)` for each i in `calls`) put on the worker's device,
+        untimed: written raw into one file (staging.py) that the worker maps."""
+        self._n += 1
+        data = self.io_dir / f"stage{self._n}.bin"
+        try:
+            manifest = staging.write_sets(data, (draw(i) for i in calls))
+            self.request("stage", key=key, reserve=reserve, data=f"{self.worker_io}/{data.name}",
+                         manifest=manifest.to_json())
+        finally:
+            data.unlink(missing_ok=True)
 
     def send(self, op: str, **fields: Any) -> Path:
         self._n += 1

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from kfuse import timing  # noqa: F401 - imported for its captured references, before any candidate
-from kfuse.judge import cheats
+from kfuse.judge import cheats, staging
 from kfuse.verify import DTYPES, cast_inputs, flatten
 
 _real_perf_counter = time.perf_counter
@@ -200,7 +200,8 @@ class Worker:
         nothing of the model runs. `reserve` (the bytes of the outputs the batch keeps) is taken from the
         device once and handed to the allocator's cache, so keeping a timed call's output never waits for
         cudaMalloc on the judge's clock."""
-        self.queue = (req["key"], [cast_inputs(xs, self.device, self.dtype) for xs in req["inputs_list"]])
+        sets = staging.read_sets(req["data"], req["manifest"])
+        self.queue = (req["key"], [cast_inputs(xs, self.device, self.dtype) for xs in sets])
         if self.device == "cuda":
             if req.get("reserve") and not self.kept:
                 torch.empty(int(req["reserve"]), dtype=torch.uint8, device="cuda")  # freed at once, kept cached
