@@ -227,11 +227,13 @@ def conv_mean_finalize_kernel(part_ptr, out_ptr, N, C_out, T, S, BLOCK_M: tl.con
 def conv_pool_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding, dilation,
                       groups: int, mode: str, kernel_size, pool_stride=None, pool_padding=0, pool_dilation=1,
                       ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None,
-                      scheme: str | None = None) -> torch.Tensor:
-    """{max,avg}_pool{1,2,3}d(conv{1,2,3}d(x, weight, bias, ...), ...) by conv_pool_bias_kernel; no autograd."""
+                      scheme: str | None = None, cfg=None) -> torch.Tensor:
+    """{max,avg}_pool{1,2,3}d(conv{1,2,3}d(x, weight, bias, ...), ...) by conv_pool_bias_kernel; no autograd.
+    `cfg`: a ConvConfig instead of the plan's (tests: several row tiles at small sizes)."""
     x = x.contiguous()
-    geo, pool, scheme, cfg, ops, sizes = conv_pool_plan(x, weight, stride, padding, dilation, groups, kernel_size,
-                                                        pool_stride, pool_padding, pool_dilation, ceil_mode, scheme)
+    geo, pool, scheme, planned, ops, sizes = conv_pool_plan(x, weight, stride, padding, dilation, groups, kernel_size,
+                                                            pool_stride, pool_padding, pool_dilation, ceil_mode, scheme)
+    cfg = cfg or planned
     out = torch.empty(pool.out_shape, device=x.device, dtype=x.dtype)
     if pool.M:
         conv_pool_bias_kernel[conv_pool_grid(geo, pool, cfg)](
@@ -243,12 +245,12 @@ def conv_pool_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 
 def conv_mean_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding, dilation,
-                      groups: int, scheme: str | None = None) -> torch.Tensor:
-    """conv(x, ...).mean(spatial dims) as (N, C_out), two phases; no autograd."""
+                      groups: int, scheme: str | None = None, cfg=None) -> torch.Tensor:
+    """conv(x, ...).mean(spatial dims) as (N, C_out), two phases; no autograd. `cfg` as conv_pool_forward's."""
     x = x.contiguous()
     geo, scheme, _, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups, scheme)
     s = geo.OD * geo.OH * geo.OW
-    cfg = pool_config(geo, s, scheme)
+    cfg = cfg or pool_config(geo, s, scheme)
     n, c = geo.out_shape[:2]
     t = cdiv(s, cfg.block_m)
     part = torch.empty((n * t, c), device=x.device, dtype=torch.float64)
@@ -272,5 +274,6 @@ def conv_pool_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if mode == "max":
         return getattr(torch.nn.functional, f"max_pool{dims}d")(y, kernel_size, pool_stride, pool_padding,
                                                                 pool_dilation, ceil_mode)
+    extra = (divisor_override,) if dims > 1 else ()  # avg_pool1d takes no divisor_override
     return getattr(torch.nn.functional, f"avg_pool{dims}d")(y, kernel_size, pool_stride, pool_padding, ceil_mode,
-                                                            count_include_pad, divisor_override)
+                                                            count_include_pad, *extra)

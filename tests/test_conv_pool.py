@@ -1,0 +1,143 @@
+"""Pools after a convolution (kernels/conv_pool.py, regions/conv_pool.py) at odd sizes: the kernels against float64
+with the contract's bound (2 x eager fp32's own error), in the interpreter and, where there is one, on the GPU; the
+problems of problems/conv 44-47 through the accuracy contract and one through the gradient contract."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kfuse.gradients import gradient_contract
+from kfuse.kernels.conv import ConvConfig
+from kfuse.kernels.conv_pool import conv_mean_forward, conv_pool_forward, conv_pool_ref, pooled_size
+from kfuse.load import load_problem
+from kfuse.optimize import Options, compile_problem, load_module, optimize
+from kfuse_testing import ROOT
+
+CONV = ROOT / "problems" / "conv"
+SMALL_TILE = ConvConfig(16, 16, 16, 4, 1)  # several row and column tiles at these sizes (slow in the interpreter)
+TILED = ("max2d_nonoverlap_floor", "max1d_dilated_ceil", "avg2d_ceil_nocount")
+
+# (id, x shape, (C_out, C_in/groups, kernel...), conv geometry (stride, padding, dilation, groups), pool mode,
+#  pool geometry (kernel_size, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override))
+CASES = [
+    ("max2d_overlap_pad", (3, 5, 15, 13), (11, 5, 3, 3), (1, 1, 1, 1), "max", (3, 2, 1, 1, False, True, None)),
+    ("max2d_nonoverlap_floor", (2, 4, 9, 11), (6, 2, 2, 3), (1, 0, 1, 2), "max", (2, None, 0, 1, False, True, None)),
+    ("max1d_dilated_ceil", (1, 3, 29), (7, 3, 3), (2, 1, 1, 1), "max", (3, 2, 1, 2, True, True, None)),
+    ("max3d_batch1", (1, 3, 6, 7, 5), (5, 3, 2, 3, 2), (1, 1, 1, 1), "max", ((2, 3, 2), (1, 2, 2), 0, 1, False, True,
+                                                                              None)),
+    ("avg2d_pad_divisor", (2, 3, 13, 10), (9, 3, 3, 3), (1, 0, 1, 1), "avg", (3, 2, 1, 1, False, True, 5)),
+    ("avg2d_ceil_nocount", (3, 4, 12, 9), (5, 4, 3, 2), ((2, 1), 1, 1, 1), "avg", ((3, 2), 2, 1, 1, True, False, None)),
+    ("avg3d_nonoverlap", (2, 3, 7, 9, 8), (6, 3, 3, 3, 3), (1, 1, 1, 1), "avg", (2, None, 0, 1, False, True, None)),
+    ("avg1d_ceil_pad_count", (2, 5, 23), (4, 5, 4), (1, 2, 1, 1), "avg", (4, 3, 2, 1, True, True, None)),
+]
+
+
+def _pool_args(pool: tuple) -> dict:
+    k, s, p, d, ceil, count, div = pool
+    return dict(kernel_size=k, pool_stride=s, pool_padding=p, pool_dilation=d, ceil_mode=ceil,
+                count_include_pad=count, divisor_override=div)
+
+
+def err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+def _operands(x_shape, w_shape, groups, device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(x_shape, generator=g)
+    w = torch.randn((w_shape[0] * 1, *w_shape[1:]), generator=g) * 0.3
+    b = torch.randn(w_shape[0], generator=g)
+    return x.to(device), w.to(device), b.to(device)
+
+
+def _check(x, w, b, conv, mode, pool, cfg=None, scheme=None):
+    stride, padding, dilation, groups = conv
+    kw = _pool_args(pool)
+    out = conv_pool_forward(x, w, b, stride, padding, dilation, groups, mode, scheme=scheme, cfg=cfg, **kw)
+    eager = conv_pool_ref(x, w, b, stride, padding, dilation, groups, mode, **kw)
+    f64 = conv_pool_ref(x.double(), w.double(), b.double(), stride, padding, dilation, groups, mode, **kw)
+    assert out.shape == eager.shape and out.dtype == eager.dtype
+    assert err(out, f64) <= 2 * err(eager, f64) + 1e-6, (err(out, f64), err(eager, f64))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_conv_pool_kernel_against_float64(case):
+    _, x_shape, w_shape, conv, mode, pool = case
+    x, w, b = _operands(x_shape, w_shape, conv[3])
+    _check(x, w, b, conv, mode, pool, cfg=SMALL_TILE if case[0] in TILED else None)
+
+
+def test_conv_pool_kernel_default_tile_and_fp16_split():
+    """The interpreter's one-tile config, and the GPU's fp16 hi/lo products (the interpreter runs them too)."""
+    _, x_shape, w_shape, conv, mode, pool = CASES[0]
+    x, w, b = _operands(x_shape, w_shape, conv[3])
+    _check(x, w, b, conv, mode, pool)
+    _check(x, w, b, conv, mode, pool, scheme="fp16x3p")
+
+
+def test_max_pool_propagates_nan_as_torch():
+    _, x_shape, w_shape, conv, mode, pool = CASES[0]
+    x, w, b = _operands(x_shape, w_shape, conv[3])
+    x[1, 2, 7, 4] = float("nan")
+    kw = _pool_args(pool)
+    out = conv_pool_forward(x, w, b, *conv, mode, **kw)
+    ref = conv_pool_ref(x, w, b, *conv, mode, **kw)
+    assert torch.equal(out.isnan(), ref.isnan()) and out.isnan().any()
+
+
+@pytest.mark.parametrize("x_shape, w_shape, conv, cfg", [
+    ((3, 4, 13, 11), (9, 4, 3, 3), (1, 0, 1, 1), SMALL_TILE),  # 11 x 9 pixels: 7 row tiles of 16 a sample
+    ((2, 3, 5, 9, 7), (6, 1, 2, 2, 2), (1, 1, 1, 3), None),  # grouped 3-d
+    ((1, 6, 41), (4, 6, 5), (2, 2, 1, 1), None),  # batch 1, 1-d, strided
+])
+def test_conv_mean_two_phases_against_float64(x_shape, w_shape, conv, cfg):
+    x, w, b = _operands(x_shape, w_shape, conv[3])
+    out = conv_mean_forward(x, w, b, *conv, cfg=cfg)
+    eager = conv_pool_ref(x, w, b, *conv, "mean", None)
+    f64 = conv_pool_ref(x.double(), w.double(), b.double(), *conv, "mean", None)
+    assert out.shape == eager.shape
+    assert err(out, f64) <= 2 * err(eager, f64) + 1e-7, (err(out, f64), err(eager, f64))
+
+
+def test_pooled_size_matches_torch():
+    for size, k, s, p, d, ceil in [(10, 3, 2, 1, 1, True), (11, 4, 3, 2, 1, True), (7, 2, 2, 0, 1, True),
+                                   (9, 3, 2, 1, 2, False), (5, 5, 1, 2, 1, True)]:
+        y = torch.nn.functional.max_pool1d(torch.zeros(1, 1, size), k, s, p, d, ceil)
+        assert pooled_size(size, k, s, p, d, ceil) == y.shape[-1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels need a GPU")
+@pytest.mark.parametrize("case", [CASES[0], CASES[5], CASES[6]], ids=lambda c: c[0])
+def test_conv_pool_kernel_on_gpu(case):
+    _, x_shape, w_shape, conv, mode, pool = case
+    x, w, b = _operands(x_shape, w_shape, conv[3], "cuda")
+    torch.backends.cudnn.allow_tf32 = False
+    _check(x, w, b, conv, mode, pool)
+    out = conv_mean_forward(x, w, b, *conv)
+    f64 = conv_pool_ref(x.double(), w.double(), b.double(), *conv, "mean", None)
+    assert err(out, f64) <= 2 * err(conv_pool_ref(x, w, b, *conv, "mean", None), f64) + 1e-7
+
+
+CPU = Options(device="cpu", trials=2)
+
+
+@pytest.mark.parametrize("stem", ["44_conv2d_hardswish_maxpool_overlapping_mish", "46_conv2d_gelu_global_avgpool_scale",
+                                  "47_conv1d_batch1_avgpool_ceil_nopad_count"])
+def test_pool_problem(tmp_path, stem):
+    path = CONV / f"{stem}.py"
+    result = optimize(load_problem(path), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert [r.kind for r in result.compiled.regions] == ["conv_pool"] and result.compiled.unfused == []
+
+
+def test_pool_problem_trains(tmp_path):
+    """problems/conv/45 (Conv3d, AvgPool3d, a channel bias after it): gradients against eager and float64."""
+    path = CONV / "45_conv3d_avgpool3d_sigmoid_bias.py"
+    prob = load_problem(path)
+    compiled = compile_problem(prob, CPU)
+    assert [r.kind for r in compiled.regions] == ["conv_pool"]
+    out = tmp_path / "new.py"
+    out.write_text(compiled.source)
+    verdict = gradient_contract(prob, load_module(out).ModelNew, draws=1)
+    assert verdict.correct, verdict.failures
