@@ -15,7 +15,7 @@ import torch
 from kfuse.gradients import gradient_contract
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module, optimize
-from kfuse_testing import ROOT
+from kfuse_testing import ROOT, requires_cuda
 
 TEMPLATE = '''
 import torch
@@ -130,3 +130,28 @@ def test_problem(tmp_path, stem):
     assert result.contract.correct, result.contract.failures
     assert [r.kind for r in result.compiled.regions] == ["conv_channel_reduce"] * PROBLEMS[stem]
     assert result.compiled.unfused == []
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("stem", PROBLEMS)
+def test_problem_compiled_on_a_gpu(tmp_path, stem):
+    """The compiled kernels (128-wide column tiles: problem 40's 136 channels take two) through the contract."""
+    result = optimize(load_problem(ROOT / "problems" / "conv" / f"{stem}.py"), Options(device="cuda", trials=2),
+                      workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+
+
+def test_transposed_partials_and_softmax_apply_compile_for_sm90(tmp_path):
+    """Compiled for sm_90 without a GPU (Triton's bundled ptxas): the partials kernel of a transposed convolution
+    (conv_pixels, logsumexp pairs) at the GPU's default tile and the apply pass at its launch tile (128 x 32) lower
+    and fit without spilling. The interpreter accepts code the compiler would not; the results are a GPU test's."""
+    from kfuse.kernels.conv import ConvConfig
+    from test_conv_kernel import compile_sm90
+
+    _, compiled, _ = build(tmp_path, *CASES[1])
+    path = tmp_path / "generated.py"
+    path.write_text(compiled.source)
+    stem = "conv_transpose_softmax_add_mul_sigmoid"
+    assert compile_sm90(str(path), f"{stem}_kernel", "fp16x3p", ConvConfig(64, 128, 32, 4, 3))["spill"] == 0
+    assert compile_sm90(str(path), f"{stem}_apply_kernel", "fp16x3p", ConvConfig(128, 32, 32, 4, 1))["spill"] == 0
