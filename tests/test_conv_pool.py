@@ -1,4 +1,4 @@
-"""Pools after a convolution (kernels/conv_pool.py, regions/conv_pool.py) at odd sizes: the kernels against float64
+"""Pools after a convolution (kernels/pooling.py, regions/conv_pool.py) at odd sizes: the kernels against float64
 with the contract's bound (2 x eager fp32's own error), in the interpreter and, where there is one, on the GPU; the
 problems of problems/conv 44-47 through the accuracy contract and one through the gradient contract."""
 
@@ -9,7 +9,7 @@ import torch
 
 from kfuse.gradients import gradient_contract
 from kfuse.kernels.conv import ConvConfig
-from kfuse.kernels.conv_pool import conv_mean_forward, conv_pool_forward, conv_pool_ref, pooled_size
+from kfuse.kernels.pooling import conv_mean_forward, conv_pool_forward, conv_pool_ref, pooled_size
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module, optimize
 from kfuse_testing import ROOT

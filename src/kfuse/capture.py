@@ -449,7 +449,7 @@ FUNCTIONS[F.avg_pool1d] = _f_avg_pool
 MODULES[nn.ReLU6] = _module_scalar("hardtanh", "min_val", "max_val")
 
 
-# ---- pools over a convolution's spatial dims (regions/conv_pool.py) ---------------------------------------------
+# ---- pools over a convolution's spatial dims (a region kind fuses them with it: kernels/pooling.py) -------------
 # `pool`: MaxPool/AvgPool 1d/2d/3d and F.max_pool/avg_pool{1,2,3}d at any literal geometry (a 1-d pool in
 # non-overlapping windows stays max_pool1d / avg_pool1d, which the GEMM's pooling kind reads); attrs say which
 # and where. `mean_dims`: a mean over several dims (x.mean((2, 3))) and AdaptiveAvgPool to one pixel.

@@ -29,7 +29,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("conv_transpose", "transposed convolutions: the stride-phase tile"),
     ("batchnorm", "BatchNorm's statistics and eval fold"),
     ("conv_norm", "BatchNorm after a convolution: counted statistics, eval fold"),
-    ("conv_pool", "pools after a convolution: rows of pooled pixels, global means"),
+    ("pooling", "pools after a convolution: rows of pooled pixels, global means"),
     ("conv_reduce", "reductions over a convolution's channels: the pixel of a phase row"),
     ("backward_ops", "training: epilogue backward launcher"),
     ("backward", "training: autograd bases, backward GEMM"),

@@ -268,7 +268,7 @@ def conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
     """conv_tile at any BLOCK_M output pixels: row i is pixel (od[i], oh[i], ow[i]) of sample n_idx[i], computed
     where mask_m[i] (rows outside it read nothing and hold zeros). Any pixel: a pooling kind's rows are pooled
-    pixels, each program walking its windows' conv pixels (kernels/conv_pool.py)."""
+    pixels, each program walking its windows' conv pixels (kernels/pooling.py)."""
     # output pixel -> the input corner its window starts at (before the kernel offsets)
     id0 = od * SD - PD
     ih0 = oh * SH - PH

@@ -1,5 +1,5 @@
 """Region kind `conv_pool`: convolution -> pointwise ops -> a pool over the spatial dims -> pointwise ops, the
-convolution's output never stored (kernels/conv_pool.py).
+convolution's output never stored (kernels/pooling.py).
 
 Pools: MaxPool/AvgPool 1d/2d/3d and F.max_pool/avg_pool{1,2,3}d at any geometry torch takes (capture's `pool`, and
 its `max_pool1d` / `avg_pool1d` of non-overlapping 1-d windows), without return_indices; AdaptiveAvgPool to one pixel
@@ -8,7 +8,7 @@ Windowed pools: one kernel whose rows are pooled pixels, looping over each windo
 pool run on each conv pixel, then max / sum), then the ops after the pool on the pooled tile, stored as NC(D)HW.
 Global means: two kernels, per-(sample, pixel tile, channel) float64 sums of the ops before the mean, then a finalize
 that adds a sample's tiles, divides, and runs the ops after the mean.
-Anchors: a (non-transposed) convolution that conv_epilogue takes; the kind takes its walk over at the pool, where
+Anchors: a (non-transposed) convolution's pointwise region; the kind takes its walk over at the pool, where
 nothing outside the region reads a value before the pool (the pool's rows never see the whole conv output, so such a
 value could not be stored). The ops after the pool read the pooled values, numbers and per-channel parameters.
 Backward: the region recomputed in float64 torch (the pool by its own call, as written) and differentiated.
@@ -251,7 +251,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
 
 class ConvPool(RegionKind):
     name = "conv_pool"
-    kernel_modules = ("conv", "conv_pool")
+    kernel_modules = ("conv", "pooling")
 
     def enters(self, walk: Walk, n: Node) -> bool:
         return pool_after_conv(walk, n)
