@@ -187,21 +187,77 @@ def dtype(returned: bool) -> str:
     return "x.dtype" if returned else "torch.float32"
 
 
+# the reduction's value from the one tile's PARTIAL_LINES, where the tile holds every channel of its pixels
+ONE_TILE_RESULT = {"sum": "part_a", "mean": "part_a / C_out", "amax": "part_a", "amin": "part_a",
+                   "logsumexp": "part_a + tl.log(part_b)", "softmax": "part_a + tl.log(part_b)",
+                   "log_softmax": "part_a + tl.log(part_b)"}
+
+
+def one_tile_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Parts,
+                    registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+    """One group whose channels fit one column tile (T = 1): the whole region in the convolution's epilogue, the
+    reduction over the tile's columns, no partials, no second pass over the output. The same arithmetic as the
+    two phases at T = 1 (float64 sums, the per-pixel ops in float64)."""
+    args, env = KernelArgs(registry), {}
+    body = conv_bias(region.anchor, env, args) + pointwise_lines(as_pointwise(p.pre), env, args)
+    body += [f"# {p.red.origin}: this tile holds every channel of its pixels",
+             *[ln.format(y=env[p.y]) for ln in PARTIAL_LINES[STAT[p.red.op]]]]
+    if p.red.op in SOFTMAX_OPS:
+        body.append(f"lse = ({ONE_TILE_RESULT[p.red.op]})[:, None]")
+        formula = "tl.exp({y} - lse)" if p.red.op == "softmax" else "{y} - lse"
+        body.append(f"{var(p.red.name)} = {formula.format(y=env[p.y])}  # {p.red.origin}")
+    else:
+        body.append(f"{var(p.red.name)} = ({ONE_TILE_RESULT[p.red.op]}).to(tl.float64)  # {p.red.origin}")
+        body += pointwise_lines(as_pointwise(p.row), {**env, p.red.name: var(p.red.name)}, args)
+    env.update({n.name: var(n.name) for n in [p.red, *p.row]})
+    body += [f"{var(v)}_2d = {var(v)}.to(tl.float32)[:, None]  # broadcast along the channels" for v in p.apply_row]
+    body += pointwise_lines(as_pointwise([n for n in p.post if n is not p.red]),
+                            {**env, **{v: f"{var(v)}_2d" for v in p.apply_row}}, args)
+    env.update({n.name: var(n.name) for n in p.post})
+    outs = [v for v in region.outputs if p.roles[v] in ("pre", "post")]
+    rows = [v for v in region.outputs if p.roles[v] not in ("pre", "post")]
+    if rows:
+        body.append(PIXEL[region.anchor.op == TRANSPOSED])
+    body += [f"tl.store({buffer(v, p)}_ptr + out_offs, {env[v]}, mask=mask)" for v in outs]
+    body += [f"tl.store(o_{v}_ptr + pix, {env[v]}, mask=mask_m)" for v in rows]
+    return conv_kernel(form, f"{name}_one_tile", doc, [buffer(v, p) for v in outs + rows], args, body), args
+
+
+def buffer(v: str, p: Parts) -> str:
+    """The launcher's tensor for region output v: buf_<v> for values before the reduction, o_<v> after it."""
+    return f"buf_{v}" if p.roles[v] == "pre" else f"o_{v}"
+
+
+def alloc(v: str, p: Parts) -> str:
+    shape = "geo.out_shape" if p.roles[v] in ("pre", "post") else "(P,)"
+    return f"{buffer(v, p)} = torch.empty({shape}, device=x.device, dtype=x.dtype)"
+
+
 def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     anchor, form, p = region.anchor, form_of(region.anchor), Parts(region, g)
     stat = STAT[p.red.op]
     registry: dict[str, tuple[str, bool]] = {}
     replaced = ", ".join(n.origin for n in region.nodes)
     outputs = list(region.outputs)
-    kernel1, a1 = partials_kernel(region, form, stem, f"Phase 1 of: {replaced}. {conv_cost(anchor, g, len(p.full))}",
-                                  p, registry)
+    cost = conv_cost(anchor, g, len(outputs))
+    one, a0 = one_tile_kernel(region, form, stem, f"Fused, one column tile a pixel: {replaced}. {cost}", p, registry)
+    kernel1, a1 = partials_kernel(region, form, stem, f"Phase 1 of: {replaced}. {cost}", p, registry)
     finalize, row_stores, a2 = finalize_kernel(stem, p.red, p.row, outputs, p.apply_row, registry)
-    kernels = [kernel1, finalize]
+    kernels = [one, kernel1, finalize]
+    by_name = {n.name: n for n in region.nodes}
+    rets = ", ".join(buffer(v, p) if p.roles[v] in ("pre", "post") else
+                     f"o_{v}.reshape({row_shape_code(by_name[v], anchor)})" for v in outputs)
     plan = f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})"
     lines = ["x = x.contiguous()", plan,
              "P = geo.out_shape[0] * torch.Size(geo.out_shape[2:]).numel()  # output pixels",
              "C = geo.out_shape[1]",
              "T = geo.groups * cdiv(geo.COUT_G, cfg.block_n)  # column tiles over all groups",
+             "if T == 1:  # each pixel's channels in one tile: one kernel",
+             *[f"    {alloc(v, p)}" for v in outputs],
+             *[f"    {ln}" for ln in conv_launch(form, f"{stem}_one_tile", [buffer(v, p) for v in outputs
+                                                                             if p.roles[v] in ("pre", "post")]
+                                             + [f"o_{v}" for v in outputs if p.roles[v] not in ("pre", "post")], a0)],
+             f"    return {rets}",
              f"pa = torch.empty((P, T), device=x.device, dtype={PARTIAL_DTYPE[stat]})",
              "pb = torch.empty_like(pa)" if stat in TWO_PARTIALS else "pb = pa"]
     lines += [f"buf_{v} = torch.empty(geo.out_shape, device=x.device, dtype={dtype(v in outputs)})" for v in p.full]
@@ -223,14 +279,11 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
                               [f"o_{v}" for v in p.post_outs], a3.params,
                               ["P", "C", "P // geo.out_shape[0]", "BLOCK_M=bm", "BLOCK_N=bn_", "num_warps=4"],
                               indent=12)]
-    by_name = {n.name: n for n in region.nodes}
-    rets = [f"buf_{v}" if v in p.full else f"o_{v}" if p.roles[v] == "post" else
-            f"o_{v}.reshape({row_shape_code(by_name[v], anchor)})" for v in outputs]
-    lines.append(f"return {', '.join(rets)}")
+    lines.append(f"return {rets}")
     params = [n for n, _ in registry.values()]
     src = launcher(f"fused_{stem}", ["x", "weight", *params, *form.geometry], lines,
-                   f"Fused: {replaced}. Two-phase {p.red.op} over the channels: per column-tile partials, a per-pixel "
-                   "merge.")
+                   f"Fused: {replaced}. {p.red.op} over the channels: in the convolution's epilogue where one column "
+                   "tile holds them, else in two phases (per column-tile partials, a per-pixel merge).")
     call_args = [anchor.args[0], operand_code(anchor.args[1]), *registry, *geometry_code(anchor)]
     return RegionCode(tuple(kernels), src, (f"{', '.join(outputs)} = {call(f'fused_{stem}', call_args)}",))
 
