@@ -1,8 +1,8 @@
 """The conv_groupnorm kind in the interpreter at odd sizes: a convolution (or transposed one) with GroupNorm or
 InstanceNorm after it, against float64 with the contract's bound (2 x eager fp32's own error), at the interpreter's
 default tile (one row tile holding several samples) and at 16 x 16 tiles (a sample over several row tiles, a tile
-holding the end of one sample and the start of the next, a group straddling column tiles); the finalize kernel
-against its torch reference from partials of uneven segments."""
+holding the end of one sample and the start of the next, a group straddling column tiles); the merge kernels
+against their torch reference from partials of uneven segments."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import torch
 from kfuse.gradients import gradient_contract
 from kfuse.kernels.conv_norm import conv_gn_stats, conv_gn_stats_ref
 from kfuse.load import load_problem
-from kfuse.optimize import Options, compile_problem, load_module
+from kfuse.optimize import Options, compile_problem, load_module, optimize
+from kfuse_testing import ROOT, requires_cuda
 
 TEMPLATE = '''
 import torch
@@ -68,6 +69,11 @@ CASES = [
      "y = self.conv(x)\nreturn y + F.group_norm(y, 2, self.w, self.b, 1e-4)", 3, "3, 7, 8"),
 ]
 CPU = Options(device="cpu", trials=2)
+PROBLEMS = ROOT / "problems" / "conv"
+# problems/conv with a GroupNorm or InstanceNorm: a residual of the norm's input (36), InstanceNorm2d at batch 1 (37),
+# ConvTranspose3d's stride phases (38), F.group_norm over groups of 75 channels (39)
+GROUPNORM_PROBLEMS = ["36_conv2d_groupnorm_tanh_residual", "37_conv2d_instancenorm2d_divide_batch1",
+                      "38_conv_transpose3d_relu_groupnorm_hardswish", "39_conv1d_groupnorm_wide_group"]
 
 
 def build(tmp_path: Path, name: str, init: str, forward: str, batch: int, x_shape: str):
@@ -142,7 +148,7 @@ def test_gradients_through_the_norm(tmp_path):
 
 
 @pytest.mark.parametrize("n, c, groups, spatial", [(3, 12, 4, 37), (1, 7, 7, 5), (2, 150, 2, 9)])
-def test_finalize_merges_uneven_segments(n, c, groups, spatial):
+def test_merge_of_uneven_segments(n, c, groups, spatial):
     """conv_gn_stats from partials of each sample's pixels cut into uneven segments (some entries empty) against
     conv_gn_stats_ref, in float64 to 1e-6 relative."""
     torch.manual_seed(0)
@@ -163,3 +169,23 @@ def test_finalize_merges_uneven_segments(n, c, groups, spatial):
     ref_mean, ref_var = conv_gn_stats_ref(y, groups)
     torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(rstd.double(), (ref_var + eps).rsqrt(), rtol=1e-6, atol=1e-6)
+
+
+def contract(tmp_path: Path, stem: str, opts: Options) -> None:
+    """The problem at its own sizes through `kfuse optimize`'s accuracy contract, the norm in the fused region."""
+    result = optimize(load_problem(PROBLEMS / f"{stem}.py"), opts, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert [r.kind for r in result.compiled.regions] == ["conv_groupnorm"] and result.compiled.unfused == []
+
+
+@pytest.mark.parametrize("stem", GROUPNORM_PROBLEMS[2:])
+def test_problem_through_the_contract(tmp_path, stem):
+    contract(tmp_path, stem, CPU)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("stem", GROUPNORM_PROBLEMS)
+def test_problem_compiled_on_a_gpu(tmp_path, stem):
+    """The compiled kernels (64-row tiles: samples straddle them) through the contract."""
+    contract(tmp_path, stem, Options(device="cuda", trials=2))

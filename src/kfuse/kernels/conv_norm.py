@@ -13,14 +13,15 @@ running_var, running = (1 - momentum) running + momentum batch; num_batches_trac
 kernels/batchnorm.py's batch_norm_momentum).
 Bytes: 2 * 8 * tiles * C read, negligible next to the convolution (tiles = row tiles x phases).
 
-GroupNorm and InstanceNorm (= GroupNorm with one channel a group) after a convolution (regions/conv_groupnorm.py).
+GroupNorm and InstanceNorm (= GroupNorm with one channel a group) after a convolution (its region kind).
 Statistics are per (sample, group) over the group's channels x every spatial position. A row tile of the convolution
 (rows = n * S + s, S output pixels a sample, or a stride phase's pixels) may hold the end of one sample and the start
 of the next, so the tile's partials are segmented by sample: for each sample the tile holds (at most `slots`), its
 rows' per-channel mean and centred M2 in float64 and their count, stored under entry (sample, phase, j), j = the
 tile's index among the tiles touching that sample (at most J). Entries no tile wrote keep count 0 (the buffers start
-at zero), so `conv_gn_finalize_kernel` merges per (sample, group) every entry of the sample times every channel of
-the group, with no geometry: groups of any width, samples of any size (Chan's combination in float64, two passes).
+at zero), so the merge needs no geometry: `conv_gn_channel_kernel` merges each (sample, channel)'s entries, then
+`conv_gn_group_kernel` each (sample, group)'s channels (equal counts), both Chan's combination in float64 with two
+passes: groups of any width, samples of any size.
 Bytes: 2 * 8 * N * E * C read (E = phases * J entries a sample), negligible next to the convolution.
 
 Eval mode (`bn-eval-fold`): BatchNorm of conv(x, W) + b with running statistics is the convolution with
@@ -171,55 +172,93 @@ def conv_gn_layout(geo, block_m: int) -> tuple[int, int, int]:
 
 
 @triton.jit
-def conv_gn_finalize_kernel(mean_part_ptr, m2_part_ptr, count_ptr, mean_ptr, rstd_ptr, C, E, GROUP, NUM_GROUPS, eps,
-                            BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
-    """One program per (sample n, group g): the (N, E, C) float64 partials of n's E entries and g's GROUP channels
-    merged in float64 (two passes: the centring needs the group's mean), mean and 1/std stored in fp32 at
-    (n, g). Entries with count 0 (no tile wrote them) add nothing."""
+def conv_gn_channel_kernel(mean_part_ptr, m2_part_ptr, count_ptr, ch_mean_ptr, ch_m2_ptr, C, E,
+                           BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Stage 1 of the GroupNorm merge, one program per (sample n, BLOCK_C channels): the (N, E, C) float64 partials
+    of n's E entries merged per channel (Chan's combination, two passes: the centring needs the channel's mean) into
+    (N, C) float64 mean and M2. Entries with count 0 (no tile wrote them) add nothing."""
     n = tl.program_id(0)
-    g = tl.program_id(1)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = cols < C
     base = n.to(tl.int64) * E
-    c_lo = g * GROUP
     rows = tl.zeros((BLOCK_E,), dtype=tl.float64)
     total = tl.zeros((BLOCK_C,), dtype=tl.float64)
     for e0 in range(0, E, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
         n_e = tl.load(count_ptr + base + e, mask=e < E, other=0.0).to(tl.float64)
         rows += n_e
-        for c0 in range(0, GROUP, BLOCK_C):
-            c = c0 + tl.arange(0, BLOCK_C)
-            mask = (e < E)[:, None] & (c < GROUP)[None, :]
-            at = (base + e)[:, None] * C + (c_lo + c)[None, :]
-            total += tl.sum(n_e[:, None] * tl.load(mean_part_ptr + at, mask=mask, other=0.0).to(tl.float64), axis=0)
-    count = tl.sum(rows, axis=0) * GROUP
-    mean = tl.sum(total, axis=0) / count
+        at = (base + e)[:, None] * C + cols[None, :]
+        mean_t = tl.load(mean_part_ptr + at, mask=(e < E)[:, None] & mask_c[None, :], other=0.0).to(tl.float64)
+        total += tl.sum(n_e[:, None] * mean_t, axis=0)
+    mean = total / tl.maximum(tl.sum(rows, axis=0), 1.0)
     m2 = tl.zeros((BLOCK_C,), dtype=tl.float64)
     for e0 in range(0, E, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
+        mask = (e < E)[:, None] & mask_c[None, :]
         n_e = tl.load(count_ptr + base + e, mask=e < E, other=0.0).to(tl.float64)
-        for c0 in range(0, GROUP, BLOCK_C):
-            c = c0 + tl.arange(0, BLOCK_C)
-            mask = (e < E)[:, None] & (c < GROUP)[None, :]
-            at = (base + e)[:, None] * C + (c_lo + c)[None, :]
-            dev = tl.load(mean_part_ptr + at, mask=mask, other=0.0).to(tl.float64) - mean
-            m2_t = tl.load(m2_part_ptr + at, mask=mask, other=0.0).to(tl.float64)
-            m2 += tl.sum(tl.where(mask, m2_t + n_e[:, None] * dev * dev, 0.0), axis=0)
-    var = tl.sum(m2, axis=0) / count
-    out = n * NUM_GROUPS + g
-    tl.store(mean_ptr + out, mean.to(tl.float32))
-    tl.store(rstd_ptr + out, (1.0 / tl.sqrt(var + eps)).to(tl.float32))
+        at = (base + e)[:, None] * C + cols[None, :]
+        dev = tl.load(mean_part_ptr + at, mask=mask, other=0.0).to(tl.float64) - mean[None, :]
+        m2_t = tl.load(m2_part_ptr + at, mask=mask, other=0.0).to(tl.float64)
+        m2 += tl.sum(tl.where(mask, m2_t + n_e[:, None] * dev * dev, 0.0), axis=0)
+    tl.store(ch_mean_ptr + n.to(tl.int64) * C + cols, mean, mask=mask_c)
+    tl.store(ch_m2_ptr + n.to(tl.int64) * C + cols, m2, mask=mask_c)
+
+
+@triton.jit
+def conv_gn_group_kernel(ch_mean_ptr, ch_m2_ptr, count_ptr, mean_ptr, rstd_ptr, C, E, GROUP, NUM_GROUPS, eps,
+                         BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr):
+    """Stage 2, one program per (sample n, BLOCK_G groups): each group's GROUP channels merged from stage 1's
+    per-channel mean and M2 (every channel of a sample has the same count, the sample's rows), in float64; mean and
+    1/sqrt(var + eps) stored in fp32 at (n, group)."""
+    n = tl.program_id(0)
+    gs = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
+    mask_g = gs < NUM_GROUPS
+    base = n.to(tl.int64) * E
+    rows = tl.zeros((BLOCK_E,), dtype=tl.float64)
+    for e0 in range(0, E, BLOCK_E):
+        e = e0 + tl.arange(0, BLOCK_E)
+        rows += tl.load(count_ptr + base + e, mask=e < E, other=0.0).to(tl.float64)
+    per_channel = tl.sum(rows, axis=0)
+    total = tl.zeros((BLOCK_G,), dtype=tl.float64)
+    for j0 in range(0, GROUP, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        mask = mask_g[:, None] & (j < GROUP)[None, :]
+        at = n.to(tl.int64) * C + gs[:, None] * GROUP + j[None, :]
+        total += tl.sum(tl.load(ch_mean_ptr + at, mask=mask, other=0.0), axis=1)
+    mean = total / GROUP
+    m2 = tl.zeros((BLOCK_G,), dtype=tl.float64)
+    for j0 in range(0, GROUP, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        mask = mask_g[:, None] & (j < GROUP)[None, :]
+        at = n.to(tl.int64) * C + gs[:, None] * GROUP + j[None, :]
+        dev = tl.load(ch_mean_ptr + at, mask=mask, other=0.0) - mean[:, None]
+        m2_c = tl.load(ch_m2_ptr + at, mask=mask, other=0.0)
+        m2 += tl.sum(tl.where(mask, m2_c + per_channel * dev * dev, 0.0), axis=1)
+    var = m2 / (per_channel * GROUP)
+    out = n * NUM_GROUPS + gs
+    tl.store(mean_ptr + out, mean.to(tl.float32), mask=mask_g)
+    tl.store(rstd_ptr + out, (1.0 / tl.sqrt(var + eps)).to(tl.float32), mask=mask_g)
 
 
 def conv_gn_stats(mean_part: torch.Tensor, m2_part: torch.Tensor, counts: torch.Tensor, groups: int,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, groups) mean and 1/sqrt(var + eps) (fp32) from the (N, E, C) partials and (N, E) counts of the
-    GroupNorm stats kernel (conv_gn_layout's entries), C channels in `groups` groups of C // groups."""
+    GroupNorm stats kernel (conv_gn_layout's entries), C channels in `groups` groups of C // groups: per channel
+    first (conv_gn_channel_kernel), then per group (conv_gn_group_kernel). Two small launches rather than one
+    program per (sample, group): the interpreter's cost is per program, and InstanceNorm has a group per channel."""
     n, e, c = mean_part.shape
     mean = torch.empty((n, groups), device=mean_part.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
+    if not n:
+        return mean, rstd
+    ch_mean = torch.empty((n, c), device=mean_part.device, dtype=torch.float64)
+    ch_m2 = torch.empty_like(ch_mean)
+    block_e = min(triton.next_power_of_2(e), 32)
+    conv_gn_channel_kernel[(n, cdiv(c, 64))](mean_part, m2_part, counts, ch_mean, ch_m2, c, e,
+                                            BLOCK_E=block_e, BLOCK_C=64)
     group = c // groups
-    if n:
-        conv_gn_finalize_kernel[(n, groups)](mean_part, m2_part, counts, mean, rstd, c, e, group, groups, float(eps),
-                                             BLOCK_E=min(triton.next_power_of_2(e), 32),
-                                             BLOCK_C=min(triton.next_power_of_2(group), 64))
+    block_g = min(triton.next_power_of_2(groups), 64)
+    conv_gn_group_kernel[(n, cdiv(groups, block_g))](ch_mean, ch_m2, counts, mean, rstd, c, e, group, groups,
+                                                     float(eps), BLOCK_E=block_e, BLOCK_G=block_g,
+                                                     BLOCK_J=min(triton.next_power_of_2(group), 64))
     return mean, rstd

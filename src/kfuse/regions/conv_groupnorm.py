@@ -9,8 +9,8 @@ row tiles and several column tiles, so no tile sees a group whole: the statistic
   1. `<name>_stats_kernel`: the convolution and the ops before the norm; stores y (the norm's input) and, for each
      sample among the tile's rows (at most `slots`), that sample's per-channel mean and centred M2 over those rows in
      float64 and their count, under entry (sample, phase, j) (conv_gn_layout);
-  2. `conv_gn_finalize_kernel`: merges per (sample, group) every entry of the sample x every channel of the group
-     (Chan's combination, float64): mean and 1/std;
+  2. `conv_gn_stats`: merges each (sample, channel)'s entries, then each (sample, group)'s channels (Chan's
+     combination, float64): mean and 1/std per (sample, group);
   3. `<name>_apply_kernel`: one pass over y: (y - mean) * rstd [* weight + bias], then the ops after the norm (which
      may also read y itself: a residual `conv + f(norm(conv))`).
 The group count is read from the module when ModelNew runs; eps too. GroupNorm and InstanceNorm without running
@@ -76,15 +76,16 @@ STATS_LINES = (
     "r_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # the tile's rows (of its phase)",
     "n_row = r_m // S_rows",
     "n_first = (pid_m * BLOCK_M) // S_rows",
-    "t_y = tl.where(mask, {y}, 0.0).to(tl.float64)",
-    "for s in range(SLOTS):",
+    "for s in range(SLOTS):  # float64 only inside: a whole (BLOCK_M, BLOCK_N) float64 tile would stay live",
     "    n_s = n_first + s",
     "    in_s = mask_m & (n_row == n_s)",
     "    s_rows = tl.sum(in_s.to(tl.int32), axis=0)",
     "    keep = s_rows > 0  # an int comparison: the interpreter cannot AND a float64 one with a mask",
     "    s_count = s_rows.to(tl.float64)",
-    "    s_mean = tl.sum(tl.where(in_s[:, None], t_y, 0.0), axis=0) / tl.maximum(s_count, 1.0)",
-    "    s_dev = tl.where(in_s[:, None] & mask_n[None, :], t_y - s_mean[None, :], 0.0)",
+    "    s_in = in_s[:, None] & mask_n[None, :]",
+    "    s_y = tl.where(s_in, {y}, 0.0).to(tl.float64)",
+    "    s_mean = tl.sum(s_y, axis=0) / tl.maximum(s_count, 1.0)",
+    "    s_dev = tl.where(s_in, s_y - s_mean[None, :], 0.0)",
     "    entry = (n_s.to(tl.int64) * tl.num_programs(2) + tl.program_id(2)) * J + (pid_m - (n_s * S_rows) // BLOCK_M)",
     "    tl.store(mean_part_ptr + entry * C_out + offs_n, s_mean, mask=mask_n & keep)",
     "    tl.store(m2_part_ptr + entry * C_out + offs_n, tl.sum(s_dev * s_dev, axis=0), mask=mask_n & keep)",
