@@ -2,13 +2,14 @@
 # GPU check of reductions over a convolution's channels (regions/conv_channel_reduce.py, kernels/conv_reduce.py), from
 # the repository root on an H100 / H200:
 #   benchmarks/conv/gpu_channel_reduce.sh [OUT]          (default OUT: benchmarks/conv/gpu-channel-reduce)
-# 1. `kfuse optimize --device cuda` on problems/conv 40-43 at their own (odd, small) sizes: the compiled partials
-#    kernel (float64 sums, max/min, logsumexp pairs over 136 channels = two 128-wide column tiles, three groups' tiles,
-#    two Conv3d regions in one file), the per-pixel finalize and the softmax apply pass through the accuracy contract,
-#    45 s each;
+# 1. `kfuse optimize --device cuda` on problems/conv 40-43 at their own (odd, small) sizes through the accuracy
+#    contract, 45 s each: the two phases (partials, per-pixel finalize) where a pixel's channels span column tiles
+#    (40: 136 channels = two 128-wide tiles; 42: three groups' tiles), the one-tile kernel (the reduction in the
+#    convolution's epilogue) elsewhere (41: softmax + bias + sigmoid over 19 channels; 43: max and a float64 sum over
+#    67);
 # 2. `kfuse bench --baselines eager` at full size on KernelBench level 2 problems 25 (Conv2d + min over the channels
-#    + tanh + tanh), 91 (ConvTranspose2d + softmax over 128 channels + bias + scale + sigmoid: the apply pass) and 58
-#    (ConvTranspose3d + logsumexp over the channels + per-pixel ops), 75 s each. Under 5 minutes as a rule (the
+#    + tanh + tanh), 91 (ConvTranspose2d + softmax over 128 channels + bias + scale + sigmoid) and 58 (ConvTranspose3d
+#    + logsumexp over 16 channels + per-pixel ops), 75 s each: all three one-tile (C_out <= 128, one group). Under 5 minutes as a rule (the
 #    limits add up to 6.5). The log's first lines name the GPU, the versions and the commit.
 set -uo pipefail
 out="${1:-benchmarks/conv/gpu-channel-reduce}"

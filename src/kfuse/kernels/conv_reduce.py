@@ -6,8 +6,9 @@ A convolution's tile is (output pixels, channels of one group), so a pixel's C_o
 of every group: T = groups * cdiv(C_out / groups, BLOCK_N) tiles. Whatever the widths, phase 1 stores per (pixel,
 column tile) the tile's partial (sum in float64, max, min, or the pair (max m_t, sum exp(y - m_t)) in fp32) into a
 (P, T) buffer, P = N * OD * OH * OW pixels row-major as the output's (n, spatial) dims; phase 2 merges each pixel's
-T partials (regions/rowstats.py's MERGE_LINES, shared with the GEMM kinds). Never a single-tile assumption: one
-column tile is the case T = 1 of the same code.
+T partials (regions/rowstats.py's MERGE_LINES, shared with the GEMM kinds). Where T = 1 the region's one-tile kernel
+reduces in the epilogue instead (the same per-tile lines, no merge); the launcher decides by T at run time, so a
+wider output never meets a single-tile assumption.
 
 A convolution's tile rows are the pixels themselves (offs_m); a transposed convolution's tile rows are one stride
 phase's pixels, known by their output offsets at channel 0 (`rows` = n * C_out * S + s): conv_pixels maps them back.

@@ -2,19 +2,24 @@
 mean, max/amax, min/amin, logsumexp, keepdim or not) or softmax / log_softmax over dim 1 -> pointwise ops, on
 kernels/conv.py's tile (or kernels/conv_transpose.py's stride phases).
 
-A pixel's channels span every column tile of every group, so no tile sees them all: two phases whatever the widths
-(kernels/conv_reduce.py), up to three launches:
+The launcher picks by T, the column tiles a pixel's channels span (groups * cdiv(C_out / groups, BLOCK_N)):
+  T = 1 (one group whose channels fit a column tile; on a GPU every KernelBench level 2 channel reduction):
+     `<name>_one_tile_kernel`: the whole region in the convolution's epilogue, the reduction over the tile's
+     columns (float64 sums, the per-pixel ops in float64), softmax = exp(y - logsumexp) and the ops after it there
+     too. One launch; only the region's outputs are written.
+  T > 1: no tile sees a pixel's channels, so two phases (kernels/conv_reduce.py), up to three launches:
   1. `<name>_kernel`: the convolution and the full-width ops before the reduction ("pre"); per (pixel, column
      tile) the tile's partials into a (P, T) buffer (regions/rowstats.py's PARTIAL_LINES: sum in float64, max,
      min, or logsumexp's (max, sum of exp)); the pre values the apply pass reads (softmax's input), in fp32;
-  2. `<name>_finalize_kernel` (rowstats.finalize_kernel, shared with the GEMM's row reductions): per pixel, merges the T
-     partials, runs the per-pixel ops after a reduction ("row", in float64) and stores the (P,) results;
+  2. `<name>_finalize_kernel` (rowstats.finalize_kernel, shared with the GEMM's row reductions): per pixel, merges
+     the T partials, runs the per-pixel ops after a reduction ("row", in float64) and stores the (P,) results;
   3. `<name>_apply_kernel`, where a full-width value reads a per-pixel one ("post": softmax = exp(y - lse),
      log_softmax = y - lse, x - x.amax(1, keepdim=True), the ops after a softmax): one pass over (pixels,
      channels) tiles of the NC(D)HW layout, stores coalesced along the pixels as the convolution's.
-Bytes beyond the convolution: P * T partials (T = C_out / BLOCK_N, small), P results; softmax writes y and reads
-it once more (8 B per element at fp32) where torch writes the conv's output, reads it twice for the softmax and
-reads and writes every value once per op after it.
+Bytes beyond the convolution: one tile, the outputs alone (a reduction's P values instead of the N x C_out x S
+output torch writes and reads back). Two phases: P * T partials, P results; softmax writes y and reads it once more
+(8 B per element at fp32) where torch writes the conv's output, reads it twice for the softmax and reads and writes
+every value once per op after it.
 Backward: the region recomputed in float64 torch (the reductions and softmax by their torch calls) and
 differentiated, as the convolution kinds do (kfuse/backward.py): correct, not fast.
 """
