@@ -141,3 +141,58 @@ def test_pool_problem_trains(tmp_path):
     out.write_text(compiled.source)
     verdict = gradient_contract(prob, load_module(out).ModelNew, draws=1)
     assert verdict.correct, verdict.failures
+
+
+CHAIN = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Conv2d -> MaxPool2d(3, 2, 1) -> ReLU -> global mean -> flatten -> x 2: the pool's rows one sample's pooled
+    pixels, float64 partial sums of them, a finalize."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 6, 3)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.pool(self.conv(x)))
+        return torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1) * 2.0
+
+
+batch_size = 3
+
+
+def get_inputs():
+    return [torch.randn(batch_size, 4, 13, 11)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_windowed_pool_then_global_mean(tmp_path):
+    """Against float64 with the contract's bound at the file's batch (the full contract's extra shape, 40 samples,
+    is 40 programs of the interpreter: slow)."""
+    path = tmp_path / "chain.py"
+    path.write_text(CHAIN)
+    prob = load_problem(path)
+    compiled = compile_problem(prob, CPU)
+    assert [r.kind for r in compiled.regions] == ["conv_pool"] and compiled.unfused == []
+    (tmp_path / "new.py").write_text(compiled.source)
+    torch.manual_seed(0)
+    ref = prob.build()
+    new = prob.build(cls=load_module(tmp_path / "new.py").ModelNew)
+    new.load_state_dict(ref.state_dict())
+    f64 = prob.build().double()
+    f64.load_state_dict(ref.state_dict())
+    for draw in range(2):
+        torch.manual_seed(draw)
+        x = prob.inputs()[0]
+        with torch.no_grad():
+            out, eager, exact = new(x), ref(x), f64(x.double())
+        assert out.shape == eager.shape == (3, 6)
+        assert err(out, exact) <= 2 * err(eager, exact) + 1e-7, (err(out, exact), err(eager, exact))

@@ -73,9 +73,11 @@ def test_avgpool3d_and_a_channel_parameter_after_it():
     assert regions(M(), X3) == [("conv_pool", ["conv", "pool", "add", "sigmoid"])]
 
 
-def test_global_means_join_and_a_view_after_stays_outside():
-    m = Chain(nn.Conv2d(3, 4, 3), lambda s, y: F.adaptive_avg_pool2d(F.gelu(y), 1).squeeze(-1).squeeze(-1))
-    assert regions(m, X2)[0] == ("conv_pool", ["conv", "gelu", "mean_dims"])
+def test_global_means_join_with_the_views_and_ops_after_them():
+    m = Chain(nn.Conv2d(3, 4, 3), lambda s, y: F.adaptive_avg_pool2d(F.gelu(y), 1).squeeze(-1).squeeze(-1) * 2.0)
+    assert regions(m, X2) == [("conv_pool", ["conv", "gelu", "mean_dims", "view", "view", "mul"])]
+    m = Chain(nn.Conv2d(3, 4, 3), lambda s, y: y.mean((2, 3)).reshape(-1))  # (N * C,): not per (sample, channel)
+    assert regions(m, X2) == [("conv_pool", ["conv", "mean_dims"]), ("torch", ["view"])]
     m = Chain(nn.Conv1d(3, 4, 3), lambda s, y: torch.relu(y).mean(2) * 3.0)
     assert regions(m, X1) == [("conv_pool", ["conv", "relu", "mean", "mul"])]
 
@@ -100,3 +102,23 @@ def test_transposed_conv_pool_is_left_to_torch():
 def test_one_d_pool_after_conv1d_and_after_a_gemm():
     m = Chain(nn.Conv1d(3, 4, 3), lambda s, y: s.pool(y), pool=nn.MaxPool1d(2))
     assert regions(m, X1) == [("conv_pool", ["conv", "max_pool1d"])]
+
+
+def test_windowed_pool_then_global_mean_is_one_region():
+    """KernelBench level 2 problem 8's shape: conv, div, MaxPool3d, AdaptiveAvgPool3d(1), + (C, 1, 1, 1) bias."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv3d(3, 5, 2)
+            self.pool = nn.MaxPool3d(2)
+            self.gap = nn.AdaptiveAvgPool3d((1, 1, 1))
+            self.b = nn.Parameter(torch.randn(5, 1, 1, 1))
+
+        def forward(self, x):
+            return torch.sum(self.gap(self.pool(self.conv(x) / 2.0)) + self.b, dim=1)
+    assert regions(M(), X3)[0] == ("conv_pool", ["conv", "div", "pool", "mean_dims", "add"])
+
+
+def test_pooled_value_read_outside_keeps_the_mean_out():
+    m = Chain(nn.Conv2d(3, 4, 3), lambda s, y: ((p := s.pool(y)), p.mean((2, 3))), pool=nn.MaxPool2d(2))
+    assert regions(m, X2)[0] == ("conv_pool", ["conv", "pool"])

@@ -101,9 +101,10 @@ def conv_pool_grid(geo: ConvGeometry, pool: PoolGeometry, cfg) -> tuple[int, int
     return cdiv(pool.M, cfg.block_m) * cdiv(geo.COUT_G, cfg.block_n), geo.groups
 
 
-def conv_mean_grid(geo: ConvGeometry, cfg) -> tuple[int, int, int]:
-    """(pixel tiles of one sample x column tiles, groups, samples)."""
-    s = geo.OD * geo.OH * geo.OW
+def conv_mean_grid(geo: ConvGeometry, cfg, pixels: int | None = None) -> tuple[int, int, int]:
+    """(pixel tiles of one sample x column tiles, groups, samples); `pixels` a sample holds: the conv's, or the
+    pooled pixels of a pool whose values are averaged next."""
+    s = geo.OD * geo.OH * geo.OW if pixels is None else pixels
     return cdiv(s, cfg.block_m) * cdiv(geo.COUT_G, cfg.block_n), geo.groups, geo.out_shape[0]
 
 

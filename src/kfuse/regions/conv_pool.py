@@ -10,14 +10,15 @@ Global means: two kernels, per-(sample, pixel tile, channel) float64 sums of the
 that adds a sample's tiles, divides, and runs the ops after the mean.
 Anchors: a (non-transposed) convolution's pointwise region; the kind takes its walk over at the pool, where
 nothing outside the region reads a value before the pool (the pool's rows never see the whole conv output, so such a
-value could not be stored). The ops after the pool read the pooled values, numbers and per-channel parameters.
+value could not be stored). The ops after the pool read the pooled values, numbers and per-channel parameters; after
+a global mean, views that keep one value per (sample, channel) join too (`.squeeze(-1)`, `.flatten(1)`).
 Backward: the region recomputed in float64 torch (the pool by its own call, as written) and differentiated.
 """
 
 from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Region, Scalar
-from kfuse.ops import CONV_OPS
+from kfuse.ops import CONV_OPS, VIEW_OPS
 from kfuse.regions.common import (
     KernelArgs,
     RegionCode,
@@ -35,6 +36,7 @@ from kfuse.regions.conv_common import CONV, CONV_CONSTEXPRS, channel_operand, co
 from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with
 
 WINDOWED = ("pool", "max_pool1d", "avg_pool1d")
+MEANS = ("mean_dims", "mean")
 POOL_SIZES = plain("PM", "QD", "QH", "QW", "PKD", "PKH", "PKW", "PSD", "PSH", "PSW", "PPD", "PPH", "PPW", "PDD", "PDH",
                    "PDW", "DIVISOR")
 # the conv tile at the rows' conv pixels (od, oh, ow) of samples n_idx, where `valid`
@@ -68,8 +70,24 @@ def is_windowed(n: Node, dims: int) -> bool:
     return n.op in ("max_pool1d", "avg_pool1d") and dims == 1 and len(n.args) == 2 and isinstance(n.args[1], Scalar)
 
 
+def per_sample_channel(shape: tuple[int, ...], pooled: tuple[int, ...]) -> bool:
+    """(N, C) then unit dims only, N and C the global mean's."""
+    return len(shape) >= 2 and shape[:2] == pooled[:2] and all(d == 1 for d in shape[2:])
+
+
 def pool_at(members: list[Node]) -> int:
-    return next(i for i, m in enumerate(members) if m.op in (*WINDOWED, "mean_dims", "mean"))
+    return next(i for i, m in enumerate(members) if m.op in (*WINDOWED, *MEANS))
+
+
+def mean_at(members: list[Node]) -> int | None:
+    """Where the region's global mean is (its pool, or a mean of a windowed pool's values), if it has one."""
+    return next((i for i, m in enumerate(members) if m.op in MEANS), None)
+
+
+def read_only_inside(members: list[Node], n: Node, g: Graph) -> bool:
+    """Nothing outside the walk (and n, about to join) reads these members: they need never be stored."""
+    inside = {m.name for m in members} | {n.name}
+    return all(m.name not in g.outputs and all(u.name in inside for u in g.users(m.name)) for m in members)
 
 
 def pool_after_conv(walk: Walk, n: Node) -> bool:
@@ -81,8 +99,7 @@ def pool_after_conv(walk: Walk, n: Node) -> bool:
         return False
     if not (is_windowed(n, anchor.attrs.get("dims", 0)) or is_global_mean(n, g)):
         return False
-    inside = walk.values | {n.name}
-    return all(m.name not in g.outputs and all(u.name in inside for u in g.users(m.name)) for m in walk.members)
+    return read_only_inside(walk.members, n, g)
 
 
 def pool_code(n: Node) -> list[str]:
@@ -113,11 +130,13 @@ def frame(name: str, doc: str, ptrs: list[str], args: KernelArgs, extra: tuple, 
                       *[f"    {ln}" for ln in lines]]) + "\n"
 
 
-def windowed_kernel(region: Region, stem: str, doc: str, outs: list[str]) -> tuple[str, KernelArgs]:
+def windowed_kernel(region: Region, stem: str, doc: str, outs: list[str],
+                    registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
     """Rows = pooled pixels; each window position's conv tile, the ops before the pool, max / sum; then the ops
-    after it."""
-    nodes, args, env = list(region.nodes), KernelArgs(), {}
-    at = pool_at(nodes)
+    after it. With a global mean after them: rows = one sample's pooled pixels (program_id(2) is the sample) and,
+    instead of stores, the float64 partial sums of the mean's input per (sample, pixel tile, channel)."""
+    nodes, args, env = list(region.nodes), KernelArgs(registry), {}
+    at, m_at = pool_at(nodes), mean_at(nodes)
     pool = nodes[at]
     pre = conv_bias(region.anchor, env, args) + pointwise_lines(nodes[1:at], env, args)
     y = env[pool.args[0]]
@@ -132,41 +151,58 @@ def windowed_kernel(region: Region, stem: str, doc: str, outs: list[str]) -> tup
         finish = [f"{var(pool.name)} = pooled / avg_divisor(qd, qh, qw, OD, OH, OW, PKD, PKH, PKW, PSD, PSH, PSW, "
                   f"PPD, PPH, PPW, DIVISOR, COUNT_PAD)[:, None]  # {pool.origin}"]
     env[pool.name] = var(pool.name)
-    post = pointwise_lines(nodes[at + 1:], env, args)
+    post = pointwise_lines(nodes[at + 1:m_at], env, args)
     window = ["od, oh, ow, inside = window_pixel(qd, qh, qw, w, OD, OH, OW, PKH, PKW, PSD, PSH, PSW, PPD, PPH, PPW, "
               "PDD, PDH, PDW)", "valid = mask_m & inside  # pool padding: no conv pixel, nothing read",
               *TILE_AT.splitlines(), *pre, *combine]
-    lines = ["pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)",
-             "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # pooled pixels",
-             "mask_m = offs_m < PM",
+    if m_at is None:
+        rows = ["offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # pooled pixels", "mask_m = offs_m < PM"]
+        tail = ["out_offs = conv_out_offsets(offs_m, offs_n, QD, QH, QW, C_out)",
+                *[f"tl.store({o}_ptr + out_offs, {env[v]}, mask=mask)" for o, v in zip(outs, region.outputs)]]
+    else:
+        rows = ["offs_s = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # this sample's pooled pixels",
+                "mask_m = offs_s < QD * QH * QW",
+                "offs_m = tl.program_id(2) * (QD * QH * QW) + offs_s"]
+        tail = partial_lines(env[nodes[m_at].args[0]], nodes[m_at].origin, "QD * QH * QW")
+        outs = ["part"]
+    lines = ["pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)", *rows,
              "n_idx, qd, qh, qw = pool_rows(offs_m, QD, QH, QW)", *COLUMNS, *args.loads, start,
              "for w in range(0, PKD * PKH * PKW):  # the window's conv pixels",
-             *[f"    {ln}" for ln in window], *finish, *post,
-             "out_offs = conv_out_offsets(offs_m, offs_n, QD, QH, QW, C_out)",
-             *[f"tl.store({o}_ptr + out_offs, {env[v]}, mask=mask)" for o, v in zip(outs, region.outputs)]]
+             *[f"    {ln}" for ln in window], *finish, *post, *tail]
     return frame(f"{stem}_kernel", doc, outs, args, (*POOL_SIZES, constexpr("COUNT_PAD")), lines), args
 
 
-def mean_kernels(region: Region, stem: str, doc: str,
-                 outs: list[str]) -> tuple[tuple[str, str], KernelArgs, KernelArgs]:
-    """Phase 1 (`<stem>_partial_kernel`): one sample's pixel tile, the ops before the mean, float64 column sums.
-    Phase 2 (`<stem>_finalize_kernel`): a sample's tiles added, / S, the ops after the mean, (samples, channels)."""
-    nodes, registry, env = list(region.nodes), {}, {}
+def partial_lines(y: str, origin: str, pixels: str) -> list[str]:
+    """A pixel tile's float64 column sums of y, stored at (sample, tile) of the partials."""
+    return [f"part = tl.sum(tl.where(mask, {y}, 0.0).to(tl.float64), axis=0)  # {origin}",
+            f"tile = tl.program_id(2).to(tl.int64) * tl.cdiv({pixels}, BLOCK_M) + pid_m",
+            "tl.store(part_ptr + tile * C_out + offs_n, part, mask=mask_n)"]
+
+
+def mean_partial_kernel(region: Region, stem: str, doc: str,
+                        registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+    """Phase 1 of a global mean of conv pixels (`<stem>_partial_kernel`): one sample's pixel tile, the ops before
+    the mean, float64 column sums."""
+    nodes, env = list(region.nodes), {}
     at = pool_at(nodes)
-    mean = nodes[at]
     a1 = KernelArgs(registry)
     pre = conv_bias(region.anchor, env, a1) + pointwise_lines(nodes[1:at], env, a1)
-    lines = ["pid_t, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)",
-             "S = OD * OH * OW",
-             "sp = pid_t * BLOCK_M + tl.arange(0, BLOCK_M)  # this sample's conv pixels",
-             "mask_m = sp < S",
+    lines = ["pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)",
+             "sp = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # this sample's conv pixels",
+             "mask_m = sp < OD * OH * OW",
              "n_idx = tl.zeros((BLOCK_M,), tl.int32) + tl.program_id(2)",
              "od, oh, ow, valid = sp // (OH * OW), (sp // OW) % OH, sp % OW, mask_m", *TILE_AT.splitlines(), *COLUMNS,
-             *a1.loads, *pre,
-             f"part = tl.sum(tl.where(mask, {env[mean.args[0]]}, 0.0).to(tl.float64), axis=0)  # {mean.origin}",
-             "tile = tl.program_id(2).to(tl.int64) * tl.cdiv(S, BLOCK_M) + pid_t",
-             "tl.store(part_ptr + tile * C_out + offs_n, part, mask=mask_n)"]
-    partial = frame(f"{stem}_partial_kernel", f"Phase 1 of: {doc}", ["part"], a1, (), lines)
+             *a1.loads, *pre, *partial_lines(env[nodes[at].args[0]], nodes[at].origin, "OD * OH * OW")]
+    return frame(f"{stem}_partial_kernel", f"Phase 1 of: {doc}", ["part"], a1, (), lines), a1
+
+
+def finalize_kernel(region: Region, stem: str, doc: str, outs: list[str],
+                    registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+    """Phase 2 of a global mean (`<stem>_finalize_kernel`): a sample's tiles added, / S, the ops after the mean,
+    stored as (samples, channels)."""
+    nodes = list(region.nodes)
+    at = mean_at(nodes)
+    mean = nodes[at]
     a2, env2 = KernelArgs(registry), {mean.name: var(mean.name)}
     post = pointwise_lines(nodes[at + 1:], env2, a2)
     body = ["offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # samples",
@@ -182,9 +218,8 @@ def mean_kernels(region: Region, stem: str, doc: str,
               for o, v in zip(outs, region.outputs)]]
     decls = (*plain("part_ptr", *[f"{o}_ptr" for o in outs]), *a2.decls(), *plain("N", "C_out", "T", "S"),
              constexpr("BLOCK_M"), constexpr("BLOCK_N"))
-    finalize = "\n".join(["@triton.jit", f"def {stem}_finalize_kernel({signature(decls)}):",
-                          docstring(f"Phase 2 of: {doc}"), *[f"    {ln}" for ln in body]]) + "\n"
-    return (partial, finalize), a1, a2
+    return "\n".join(["@triton.jit", f"def {stem}_finalize_kernel({signature(decls)}):",
+                      docstring(f"Phase 2 of: {doc}"), *[f"    {ln}" for ln in body]]) + "\n", a2
 
 
 TILE_TAIL = ["BLOCK_M=cfg.block_m", "BLOCK_N=cfg.block_n", "BLOCK_K=cfg.block_k", "SCHEME=scheme",
@@ -203,49 +238,71 @@ def cost(region: Region, g: Graph, pool: Node) -> str:
             f"outputs written).")
 
 
+POOL_PLAN = ("geo, pool, scheme, cfg, ops, sizes = conv_pool_plan(x, weight, stride, padding, dilation, groups, "
+             "kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode)")
+
+
+def indented(code: str) -> list[str]:
+    return [f"    {ln}" for ln in code.splitlines()]
+
+
+def mean_launch(stem: str, kernel: str, grid: str, a1: KernelArgs, a2: KernelArgs, outs: list[str], region: Region,
+                pool_args: list[str]) -> list[str]:
+    """Launcher lines of a global mean (after `geo`, `scheme`, `ops`, `sizes` and `S`, the pixels a mean covers):
+    the partials of each sample's pixel tiles, then the finalize."""
+    ranks = {n.name: len(n.shape) for n in region.nodes}
+    return ["cfg = pool_config(geo, S, scheme)",
+            "N, C = geo.out_shape[:2]",
+            "T = cdiv(S, cfg.block_m)",
+            "part = torch.empty((N * T, C), device=x.device, dtype=torch.float64)",
+            *[f"{o} = torch.empty((N, C{', 1' * (ranks[v] - 2)}), device=x.device, dtype=x.dtype)"
+              for o, v in zip(outs, region.outputs)],
+            "if geo.M:",
+            *indented(call(f"{kernel}[{grid}]", ["*ops", "part", *a1.params, "*sizes", *pool_args], TILE_TAIL)),
+            *indented(call(f"{stem}_finalize_kernel[(cdiv(N, 16), cdiv(C, 64))]",
+                           ["part", *outs, *a2.params, "N", "C", "T", "S"], ["BLOCK_M=16", "BLOCK_N=64"]))]
+
+
 def generate(region: Region, g: Graph, stem: str) -> RegionCode:
-    anchor = region.anchor
-    pool = region.nodes[pool_at(list(region.nodes))]
+    anchor, nodes = region.anchor, list(region.nodes)
+    pool, m_at = nodes[pool_at(nodes)], mean_at(nodes)
     outs = [f"out{i}" for i in range(len(region.outputs))]
     replaced = ", ".join(n.origin for n in region.nodes)
     doc = f"Fused: {replaced}. {cost(region, g, pool)}"
-    plan = "geo, scheme, cfg, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups)"
-    if pool.op in WINDOWED:
-        kernel, args = windowed_kernel(region, stem, doc, outs)
+    registry: dict[str, tuple[str, bool]] = {}
+    windowed = pool.op in WINDOWED
+    pool_args = ["*pool.args()", "int(divisor_override or 0)", "COUNT_PAD=bool(count_include_pad)"]
+    if windowed and m_at is None:  # one kernel: pooled pixels stored
+        kernel, args = windowed_kernel(region, stem, doc, outs, registry)
         kernels: tuple[str, ...] = (kernel,)
-        lines = ["x = x.contiguous()",
-                 "geo, pool, scheme, cfg, ops, sizes = conv_pool_plan(x, weight, stride, padding, dilation, groups, "
-                 "kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode)",
+        lines = ["x = x.contiguous()", POOL_PLAN,
                  *[f"{o} = torch.empty(pool.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
                  "if pool.M:",
-                 *[f"    {ln}" for ln in call(f"{stem}_kernel[conv_pool_grid(geo, pool, cfg)]",
-                                              ["*ops", *outs, *args.params, "*sizes", "*pool.args()",
-                                               "int(divisor_override or 0)"],
-                                              ["COUNT_PAD=bool(count_include_pad)", *TILE_TAIL]).splitlines()]]
-    else:
-        kernels, a1, args = mean_kernels(region, stem, doc, outs)
-        ones = ", ".join(["1"] * (len(pool.shape) - 2))
-        lines = ["x = x.contiguous()", plan,
-                 "S = geo.OD * geo.OH * geo.OW  # conv pixels per sample and channel",
-                 "cfg = pool_config(geo, S, scheme)",
-                 "N, C = geo.out_shape[:2]",
-                 "T = cdiv(S, cfg.block_m)",
-                 "part = torch.empty((N * T, C), device=x.device, dtype=torch.float64)",
-                 *[f"{o} = torch.empty((N, C{', ' + ones if ones else ''}), device=x.device, dtype=x.dtype)"
-                   for o in outs],
-                 "if geo.M:",
-                 *[f"    {ln}" for ln in call(f"{stem}_partial_kernel[conv_mean_grid(geo, cfg)]",
-                                              ["*ops", "part", *a1.params, "*sizes"],
-                                              TILE_TAIL).splitlines()],
-                 *[f"    {ln}" for ln in call(f"{stem}_finalize_kernel[(cdiv(N, 16), cdiv(C, 64))]",
-                                              ["part", *outs, *args.params, "N", "C", "T", "S"],
-                                              ["BLOCK_M=16", "BLOCK_N=64"]).splitlines()]]
+                 *indented(call(f"{stem}_kernel[conv_pool_grid(geo, pool, cfg)]",
+                                ["*ops", *outs, *args.params, "*sizes", *pool_args[:2]],
+                                [pool_args[2], *TILE_TAIL]))]
+    elif windowed:  # a windowed pool, then a global mean of its values: per-sample pooled rows, then a finalize
+        kernel, a1 = windowed_kernel(region, stem, doc, outs, registry)
+        finalize, a2 = finalize_kernel(region, stem, doc, outs, registry)
+        kernels = (kernel, finalize)
+        lines = ["x = x.contiguous()", POOL_PLAN, "S = pool.QD * pool.QH * pool.QW  # pooled pixels per sample",
+                 *mean_launch(stem, f"{stem}_kernel", "conv_mean_grid(geo, cfg, S)", a1, a2, outs, region,
+                              pool_args)]
+    else:  # a global mean of the conv's pixels
+        partial, a1 = mean_partial_kernel(region, stem, doc, registry)
+        finalize, a2 = finalize_kernel(region, stem, doc, outs, registry)
+        kernels = (partial, finalize)
+        lines = ["x = x.contiguous()",
+                 "geo, scheme, cfg, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups)",
+                 "S = geo.OD * geo.OH * geo.OW  # conv pixels per sample",
+                 *mean_launch(stem, f"{stem}_partial_kernel", "conv_mean_grid(geo, cfg, S)", a1, a2, outs, region,
+                              [])]
     lines.append(f"return {', '.join(outs)}")
-    pool_params = POOL_PARAMS if pool.op in WINDOWED else []
-    params = [n for n, _ in args.registry.values()]  # every kernel's (one registry)
+    params = [n for n, _ in registry.values()]  # every kernel's (one registry)
+    pool_params = POOL_PARAMS if windowed else []
     src = launcher(f"fused_{stem}", ["x", "weight", *params, *CONV.geometry, *pool_params], lines, doc)
-    call_args = [anchor.args[0], operand_code(anchor.args[1]), *args.registry, *geometry_code(anchor),
-                 *(pool_code(pool) if pool.op in WINDOWED else [])]
+    call_args = [anchor.args[0], operand_code(anchor.args[1]), *registry, *geometry_code(anchor),
+                 *(pool_code(pool) if windowed else [])]
     return RegionCode(kernels, src, (f"{', '.join(region.outputs)} = {call(f'fused_{stem}', call_args)}",))
 
 
@@ -257,12 +314,24 @@ class ConvPool(RegionKind):
         return pool_after_conv(walk, n)
 
     def joins(self, walk: Walk, n: Node) -> bool:
-        """After the pool: pointwise ops on the pooled shape reading pooled values, numbers, per-channel params."""
-        at = pool_at(walk.members)
-        shape = walk.members[at].shape
-        readable = {m.name for m in walk.members[at:]}
-        return n.shape == shape and bool(n.value_args()) and pointwise_with(
-            n, lambda a: channel_operand(a, shape, readable))
+        """After the pool: pointwise ops on the pooled shape reading pooled values, numbers, per-channel params; after
+        a windowed pool, at most one global mean of its values (nothing between read outside); after a global mean,
+        ops and views that keep one value per (sample, channel)."""
+        members, at = walk.members, pool_at(walk.members)
+        m_at = mean_at(members)
+        if m_at is None and n.op in MEANS:  # a windowed pool's values, averaged whole per sample and channel
+            return (is_global_mean(n, walk.g) and n.args[0] in {m.name for m in members[at:]}
+                    and walk.g.shape_of(n.args[0]) == members[at].shape and read_only_inside(members[at:], n, walk.g))
+        head = members[at if m_at is None else m_at]
+        readable = {m.name for m in members[members.index(head):]}
+        if head.op in WINDOWED:
+            shape_ok = n.shape == head.shape
+        else:  # a global mean's values are one per (sample, channel): views that drop or add unit dims keep them
+            shape_ok = per_sample_channel(n.shape, head.shape)
+            if n.op in VIEW_OPS:
+                return shape_ok and n.args[0] in readable
+        return shape_ok and bool(n.value_args()) and pointwise_with(
+            n, lambda a: channel_operand(a, n.shape, readable))
 
     def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
         return generate(region, g, stem)
