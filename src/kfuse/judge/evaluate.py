@@ -569,7 +569,7 @@ def _open_baselines(plan: PlannedShape, ctx: Context, workers: ExitStack) -> dic
         try:
             worker = workers.enter_context(_worker(ctx, ctx.ref_copy))
             loaded = worker.request("load", path=worker.candidate_path, device=cfg.device, precision=cfg.precision,
-                                    class_name="Model", profiles=False)
+                                    class_name="Model")
             built = worker.request("build", key=shape.label, seed=shape.model_seed, compile=compiled,
                                    init_inputs=shape.problem.init_inputs(), state=state) if loaded["ok"] else loaded
             if not built["ok"]:

@@ -57,7 +57,6 @@ class Worker:
         self.initial: dict[str, InitialState] = {}
         self.bare: dict[str, torch.nn.Module] = {}  # the model before torch.compile (baseline worker)
         self.class_name = "ModelNew"
-        self.profiler_start: threading.Thread | None = None  # CUPTI's first start, off the profiled call's path
         # the judge-clock timing protocol (docs/eval.md, "Timing"): one staged input set, the kept outputs
         self.staged: tuple[str, list[torch.Tensor]] | None = None
         self.queue: tuple[str, list[list[Any]]] | None = None  # input sets on the device, one per timed call
@@ -80,10 +79,6 @@ class Worker:
     # --- requests ---------------------------------------------------------------------------------------
     def load(self, req: dict[str, Any]) -> dict[str, Any]:
         self.device, self.dtype = req["device"], DTYPES[req["precision"]]
-        if self.device == "cuda" and req.get("profiles", True):
-            self.profiler_start = threading.Thread(target=_start_profiler_once, name="kfuse-profiler-start",
-                                                   daemon=True)
-            self.profiler_start.start()
         path = Path(req["path"])
         name = f"kfuse_candidate_{abs(hash(str(path)))}"
         spec = importlib.util.spec_from_file_location(name, path)
@@ -143,9 +138,6 @@ class Worker:
         cheats.INTROSPECTION.count = 0
         mode = cheats.PoisonEmpty() if req.get("poison") else nullcontext()
         profiling = bool(req.get("profile")) and self.device == "cuda"
-        if profiling and self.profiler_start is not None:
-            self.profiler_start.join()
-            self.profiler_start = None
         profiler = _real_profile(activities=[_CUDA_ACTIVITY]) if profiling else nullcontext()
         torch.manual_seed(req["seed"])
         cheats.INTROSPECTION.armed = True
@@ -310,18 +302,6 @@ def load_by_position(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
         for a, b in zip(own.values(), state.values()):
             a.copy_(b.to(dtype=a.dtype))
     return True
-
-
-def _start_profiler_once() -> None:
-    """Start and stop an empty CUDA profiling session: CUPTI's first start took 3.7 s of an otherwise 3 ms session
-    on an H200 machine (benchmarks/judge/NOTES.md, "Where a warm evaluation's seconds go"). Run in a thread from
-    `load` on, it overlaps the candidate's import, build and first call instead of lengthening the profiled call;
-    that call joins it first. A failure here changes nothing: the profiled call starts its own session."""
-    try:
-        with _real_profile(activities=[_CUDA_ACTIVITY]):
-            pass
-    except Exception:  # noqa: BLE001
-        pass
 
 
 def _plain_copy(t: Any) -> torch.Tensor | None:
