@@ -272,7 +272,10 @@ def test_extension_name_is_a_content_hash(tmp_path, monkeypatch):
     others = [("cu2", "cpp", ("f",), "id"), ("cu", "cpp2", ("f",), "id"), ("cu", "cpp", ("g",), "id"),
               ("cu", "cpp", ("f",), "id2")]
     assert len({a, *[runtime.extension_name(*o) for o in others]}) == 5
-    monkeypatch.setenv("KFUSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))  # a judge's compile cache, in its sandbox
+    monkeypatch.delenv("KFUSE_CACHE_DIR", raising=False)
+    assert runtime.cache_folder() == str(tmp_path / "ext" / "kfuse_cuda")
+    monkeypatch.setenv("KFUSE_CACHE_DIR", str(tmp_path))  # the user's choice first
     assert runtime.cache_folder() == str(tmp_path / "cuda")
     folder = tmp_path / "cuda" / a
     folder.mkdir(parents=True)

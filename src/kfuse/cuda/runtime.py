@@ -37,9 +37,14 @@ _EXTENSIONS: dict = {}  # name -> the loaded module, in this process
 
 
 def cache_folder() -> str:
-    """Where built extensions live: $KFUSE_CACHE_DIR/cuda (default ~/.cache/kfuse/cuda)."""
-    root = os.environ.get("KFUSE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kfuse")
-    return os.path.join(root, "cuda")
+    """Where built extensions live: $KFUSE_CACHE_DIR/cuda; else under $TORCH_EXTENSIONS_DIR, where a host that
+    sets it keeps torch's own extensions (a judge's per-file compile cache: kfuse eval's sandbox has a throwaway
+    home); else ~/.cache/kfuse/cuda."""
+    if os.environ.get("KFUSE_CACHE_DIR"):
+        return os.path.join(os.environ["KFUSE_CACHE_DIR"], "cuda")
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], "kfuse_cuda")
+    return os.path.join(os.path.expanduser("~"), ".cache", "kfuse", "cuda")
 
 
 def build_identity() -> str:
