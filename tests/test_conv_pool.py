@@ -90,6 +90,7 @@ def test_max_pool_propagates_nan_as_torch():
     ((3, 4, 13, 11), (9, 4, 3, 3), (1, 0, 1, 1), SMALL_TILE),  # 11 x 9 pixels: 7 row tiles of 16 a sample
     ((2, 3, 5, 9, 7), (6, 1, 2, 2, 2), (1, 1, 1, 3), None),  # grouped 3-d
     ((1, 6, 41), (4, 6, 5), (2, 2, 1, 1), None),  # batch 1, 1-d, strided
+    ((5, 3, 4, 5), (7, 3, 3, 3), (1, 0, 1, 1), SMALL_TILE),  # 6 pixels a sample: slots of 8, two samples a tile
 ])
 def test_conv_mean_two_phases_against_float64(x_shape, w_shape, conv, cfg):
     x, w, b = _operands(x_shape, w_shape, conv[3])

@@ -12,10 +12,12 @@ and written again, then read by the pool. Flops: the conv's, times (window volum
 1x for non-overlapping windows, (k / s)^dims for overlapping ones, less for the pixels a floor-mode pool drops.
 
 Global average pooling (AdaptiveAvgPool to 1, x.mean over every spatial dim): two phases, whatever the spatial size.
-`conv_mean_partial_kernel`-style kernels take rows = one sample's conv pixels (program_id(2) is the sample, so no
-tile straddles two samples) and store each (sample, pixel tile, channel) float64 sum; a finalize kernel adds a
-sample's T tiles per channel in float64, divides by the pixel count and rounds once. Bytes beyond the conv: 8 * N *
-T * C_out written and read.
+`conv_mean_partial_kernel`-style kernels take rows in slots of P pixels (P = min(next power of two of the pixels S a
+sample has, BLOCK_M)): BLOCK_M // P samples a program (program_id(2) picks them), the pid_m-th P pixels of each, so a
+slot never straddles two samples and small samples share a tile; each stores its (sample, pixel tile, channel) float64
+sums (a (BLOCK_M // P, P, BLOCK_N) reshape summed over its middle axis). A finalize kernel adds a sample's T = S / P
+tiles per channel in float64, divides by S and rounds once. Bytes beyond the conv: 8 * N * T * C_out written and
+read.
 """
 
 from __future__ import annotations
@@ -101,11 +103,15 @@ def conv_pool_grid(geo: ConvGeometry, pool: PoolGeometry, cfg) -> tuple[int, int
     return cdiv(pool.M, cfg.block_m) * cdiv(geo.COUT_G, cfg.block_n), geo.groups
 
 
-def conv_mean_grid(geo: ConvGeometry, cfg, pixels: int | None = None) -> tuple[int, int, int]:
-    """(pixel tiles of one sample x column tiles, groups, samples); `pixels` a sample holds: the conv's, or the
-    pooled pixels of a pool whose values are averaged next."""
-    s = geo.OD * geo.OH * geo.OW if pixels is None else pixels
-    return cdiv(s, cfg.block_m) * cdiv(geo.COUT_G, cfg.block_n), geo.groups, geo.out_shape[0]
+def mean_plan(geo: ConvGeometry, pixels: int, scheme: str, cfg=None) -> tuple:
+    """(cfg, P, T, grid) of a mean's partials over `pixels` per sample (the conv's, or the pooled pixels of a pool
+    whose values are averaged next): the tile config for all samples' slots, the slot P, tiles per sample T, and
+    the grid (T x column tiles, groups, sample blocks). `cfg`: a given tile config instead (tests)."""
+    slot = triton.next_power_of_2(max(pixels, 1))
+    cfg = cfg or pool_config(geo, geo.out_shape[0] * slot, scheme)
+    p = min(slot, cfg.block_m)
+    t = cdiv(pixels, p)
+    return cfg, p, t, (t * cdiv(geo.COUT_G, cfg.block_n), geo.groups, cdiv(geo.out_shape[0], cfg.block_m // p))
 
 
 # the kernels' helpers and the standalone kernels (the region kind's kernels call the helpers)
@@ -144,6 +150,27 @@ def avg_divisor(qd, qh, qw, OD, OH, OW, PKD, PKH, PKW, PSD, PSH, PSW, PPD, PPH, 
         d1, h1, w1 = tl.minimum(d1, OD), tl.minimum(h1, OH), tl.minimum(w1, OW)
     size = ((d1 - d0) * (h1 - h0) * (w1 - w0)).to(tl.float32)
     return tl.where(DIVISOR != 0, DIVISOR * 1.0, size)
+
+
+@triton.jit
+def sample_rows(pid_m, N, S, BLOCK_M: tl.constexpr, P: tl.constexpr):
+    """(sample, pixel, mask) of the rows of a program summing whole samples: BLOCK_M // P samples (the
+    program_id(2)-th block of them), the pid_m-th P of each one's S pixels."""
+    r = tl.arange(0, BLOCK_M)
+    n_row = tl.program_id(2) * (BLOCK_M // P) + r // P
+    offs_s = pid_m * P + r % P
+    return n_row, offs_s, (offs_s < S) & (n_row < N)
+
+
+@triton.jit
+def store_sample_partials(part_ptr, y, mask, offs_n, mask_n, pid_m, N, S, C_out, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, P: tl.constexpr):
+    """Each sample's float64 column sums of y over its P-row slot, at (sample, pid_m) of the (N, T, C_out)
+    partials (T = cdiv(S, P))."""
+    sums = tl.sum(tl.reshape(tl.where(mask, y, 0.0).to(tl.float64), (BLOCK_M // P, P, BLOCK_N)), axis=1)
+    n_s = tl.program_id(2) * (BLOCK_M // P) + tl.arange(0, BLOCK_M // P)
+    offs = (n_s.to(tl.int64) * tl.cdiv(S, P) + pid_m)[:, None] * C_out + offs_n[None, :]
+    tl.store(part_ptr + offs, sums, mask=(n_s < N)[:, None] & mask_n[None, :])
 
 
 @triton.jit
@@ -189,15 +216,13 @@ def conv_pool_bias_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias
 @triton.jit
 def conv_mean_partial_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias_ptr, part_ptr, stride_wn,
                              M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW,
-                             DD, DH, DW, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
+                             DD, DH, DW, HAS_BIAS: tl.constexpr, P: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
     """Phase 1 of mean(conv(x, w) + bias) over the spatial dims: per (sample, pixel tile, channel), the float64 sum
-    of the tile's conv values (one sample's pixels per program: program_id(2) is the sample)."""
+    of the tile's conv values (sample_rows: slots of P pixels, each one sample's)."""
     pid_t, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)
     S = OD * OH * OW
-    sp = pid_t * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = sp < S
-    n_idx = tl.zeros((BLOCK_M,), tl.int32) + tl.program_id(2)
+    n_idx, sp, mask_m = sample_rows(pid_t, M // S, S, BLOCK_M, P)
     acc = conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_idx, sp // (OH * OW),
                        (sp // OW) % OH, sp % OW, mask_m, pid_n, g, C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH,
                        SW, PD, PH, PW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
@@ -206,9 +231,7 @@ def conv_mean_partial_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, b
     mask_n = offs_c < COUT_G
     if HAS_BIAS:
         acc = acc + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    part = tl.sum(tl.where(mask_m[:, None], acc, 0.0).to(tl.float64), axis=0)
-    tile = tl.program_id(2).to(tl.int64) * tl.cdiv(S, BLOCK_M) + pid_t
-    tl.store(part_ptr + tile * C_out + offs_n, part, mask=mask_n)
+    store_sample_partials(part_ptr, acc, mask_m[:, None], offs_n, mask_n, pid_t, M // S, S, C_out, BLOCK_M, BLOCK_N, P)
 
 
 @triton.jit
@@ -251,12 +274,11 @@ def conv_mean_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     x = x.contiguous()
     geo, scheme, _, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups, scheme)
     s = geo.OD * geo.OH * geo.OW
-    cfg = cfg or pool_config(geo, s, scheme)
+    cfg, p, t, grid = mean_plan(geo, s, scheme, cfg)
     n, c = geo.out_shape[:2]
-    t = cdiv(s, cfg.block_m)
     part = torch.empty((n * t, c), device=x.device, dtype=torch.float64)
-    conv_mean_partial_kernel[conv_mean_grid(geo, cfg)](
-        *ops, part if bias is None else bias, part, *sizes, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
+    conv_mean_partial_kernel[grid](
+        *ops, part if bias is None else bias, part, *sizes, HAS_BIAS=bias is not None, P=p, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     out = torch.empty((n, c), device=x.device, dtype=x.dtype)
     conv_mean_finalize_kernel[(cdiv(n, 16), cdiv(c, 64))](part, out, n, c, t, s, BLOCK_M=16, BLOCK_N=64)

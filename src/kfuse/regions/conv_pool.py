@@ -160,23 +160,23 @@ def windowed_kernel(region: Region, stem: str, doc: str, outs: list[str],
         tail = ["out_offs = conv_out_offsets(offs_m, offs_n, QD, QH, QW, C_out)",
                 *[f"tl.store({o}_ptr + out_offs, {env[v]}, mask=mask)" for o, v in zip(outs, region.outputs)]]
     else:
-        rows = ["offs_s = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # this sample's pooled pixels",
-                "mask_m = offs_s < QD * QH * QW",
-                "offs_m = tl.program_id(2) * (QD * QH * QW) + offs_s"]
-        tail = partial_lines(env[nodes[m_at].args[0]], nodes[m_at].origin, "QD * QH * QW")
+        rows = ["n_row, offs_s, mask_m = sample_rows(pid_m, PM // (QD * QH * QW), QD * QH * QW, BLOCK_M, P)",
+                "offs_m = n_row * (QD * QH * QW) + offs_s  # whole samples' pooled pixels"]
+        tail = partial_lines(env[nodes[m_at].args[0]], nodes[m_at].origin, "PM // (QD * QH * QW)", "QD * QH * QW")
         outs = ["part"]
     lines = ["pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)", *rows,
              "n_idx, qd, qh, qw = pool_rows(offs_m, QD, QH, QW)", *COLUMNS, *args.loads, start,
              "for w in range(0, PKD * PKH * PKW):  # the window's conv pixels",
              *[f"    {ln}" for ln in window], *finish, *post, *tail]
-    return frame(f"{stem}_kernel", doc, outs, args, (*POOL_SIZES, constexpr("COUNT_PAD")), lines), args
+    extra = (*POOL_SIZES, constexpr("COUNT_PAD"), *((constexpr("P"),) if m_at is not None else ()))
+    return frame(f"{stem}_kernel", doc, outs, args, extra, lines), args
 
 
-def partial_lines(y: str, origin: str, pixels: str) -> list[str]:
-    """A pixel tile's float64 column sums of y, stored at (sample, tile) of the partials."""
-    return [f"part = tl.sum(tl.where(mask, {y}, 0.0).to(tl.float64), axis=0)  # {origin}",
-            f"tile = tl.program_id(2).to(tl.int64) * tl.cdiv({pixels}, BLOCK_M) + pid_m",
-            "tl.store(part_ptr + tile * C_out + offs_n, part, mask=mask_n)"]
+def partial_lines(y: str, origin: str, samples: str, pixels: str) -> list[str]:
+    """Each sample's float64 column sums of y over its slot of this tile, stored at (sample, tile)."""
+    return [f"# partial sums of {origin}",
+            call("store_sample_partials", ["part_ptr", y, "mask", "offs_n", "mask_n", "pid_m", samples, pixels,
+                                           "C_out", "BLOCK_M", "BLOCK_N", "P"])]
 
 
 def mean_partial_kernel(region: Region, stem: str, doc: str,
@@ -188,12 +188,11 @@ def mean_partial_kernel(region: Region, stem: str, doc: str,
     a1 = KernelArgs(registry)
     pre = conv_bias(region.anchor, env, a1) + pointwise_lines(nodes[1:at], env, a1)
     lines = ["pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)",
-             "sp = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # this sample's conv pixels",
-             "mask_m = sp < OD * OH * OW",
-             "n_idx = tl.zeros((BLOCK_M,), tl.int32) + tl.program_id(2)",
+             "n_idx, sp, mask_m = sample_rows(pid_m, M // (OD * OH * OW), OD * OH * OW, BLOCK_M, P)  # whole samples",
              "od, oh, ow, valid = sp // (OH * OW), (sp // OW) % OH, sp % OW, mask_m", *TILE_AT.splitlines(), *COLUMNS,
-             *a1.loads, *pre, *partial_lines(env[nodes[at].args[0]], nodes[at].origin, "OD * OH * OW")]
-    return frame(f"{stem}_partial_kernel", f"Phase 1 of: {doc}", ["part"], a1, (), lines), a1
+             *a1.loads, *pre,
+             *partial_lines(env[nodes[at].args[0]], nodes[at].origin, "M // (OD * OH * OW)", "OD * OH * OW")]
+    return frame(f"{stem}_partial_kernel", f"Phase 1 of: {doc}", ["part"], a1, (constexpr("P"),), lines), a1
 
 
 def finalize_kernel(region: Region, stem: str, doc: str, outs: list[str],
@@ -246,19 +245,19 @@ def indented(code: str) -> list[str]:
     return [f"    {ln}" for ln in code.splitlines()]
 
 
-def mean_launch(stem: str, kernel: str, grid: str, a1: KernelArgs, a2: KernelArgs, outs: list[str], region: Region,
+def mean_launch(stem: str, kernel: str, a1: KernelArgs, a2: KernelArgs, outs: list[str], region: Region,
                 pool_args: list[str]) -> list[str]:
     """Launcher lines of a global mean (after `geo`, `scheme`, `ops`, `sizes` and `S`, the pixels a mean covers):
     the partials of each sample's pixel tiles, then the finalize."""
     ranks = {n.name: len(n.shape) for n in region.nodes}
-    return ["cfg = pool_config(geo, S, scheme)",
+    return ["cfg, P, T, grid = mean_plan(geo, S, scheme)",
             "N, C = geo.out_shape[:2]",
-            "T = cdiv(S, cfg.block_m)",
             "part = torch.empty((N * T, C), device=x.device, dtype=torch.float64)",
             *[f"{o} = torch.empty((N, C{', 1' * (ranks[v] - 2)}), device=x.device, dtype=x.dtype)"
               for o, v in zip(outs, region.outputs)],
             "if geo.M:",
-            *indented(call(f"{kernel}[{grid}]", ["*ops", "part", *a1.params, "*sizes", *pool_args], TILE_TAIL)),
+            *indented(call(f"{kernel}[grid]", ["*ops", "part", *a1.params, "*sizes", *pool_args],
+                           ["P=P", *TILE_TAIL])),
             *indented(call(f"{stem}_finalize_kernel[(cdiv(N, 16), cdiv(C, 64))]",
                            ["part", *outs, *a2.params, "N", "C", "T", "S"], ["BLOCK_M=16", "BLOCK_N=64"]))]
 
@@ -286,8 +285,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
         finalize, a2 = finalize_kernel(region, stem, doc, outs, registry)
         kernels = (kernel, finalize)
         lines = ["x = x.contiguous()", POOL_PLAN, "S = pool.QD * pool.QH * pool.QW  # pooled pixels per sample",
-                 *mean_launch(stem, f"{stem}_kernel", "conv_mean_grid(geo, cfg, S)", a1, a2, outs, region,
-                              pool_args)]
+                 *mean_launch(stem, f"{stem}_kernel", a1, a2, outs, region, pool_args)]
     else:  # a global mean of the conv's pixels
         partial, a1 = mean_partial_kernel(region, stem, doc, registry)
         finalize, a2 = finalize_kernel(region, stem, doc, outs, registry)
@@ -295,8 +293,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
         lines = ["x = x.contiguous()",
                  "geo, scheme, cfg, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups)",
                  "S = geo.OD * geo.OH * geo.OW  # conv pixels per sample",
-                 *mean_launch(stem, f"{stem}_partial_kernel", "conv_mean_grid(geo, cfg, S)", a1, a2, outs, region,
-                              [])]
+                 *mean_launch(stem, f"{stem}_partial_kernel", a1, a2, outs, region, [])]
     lines.append(f"return {', '.join(outs)}")
     params = [n for n, _ in registry.values()]  # every kernel's (one registry)
     pool_params = POOL_PARAMS if windowed else []
