@@ -189,3 +189,41 @@ def test_problem_through_the_contract(tmp_path, stem):
 def test_problem_compiled_on_a_gpu(tmp_path, stem):
     """The compiled kernels (64-row tiles: samples straddle them) through the contract."""
     contract(tmp_path, stem, Options(device="cuda", trials=2))
+
+
+def compile_sm90(path: str, name: str, tile: tuple[int, ...]) -> dict:
+    """test_conv_kernel's sm_90 build (Triton's bundled ptxas, a fresh process) with the partials' float64 pointers
+    and eps typed as the launchers pass them; tile = (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from test_conv_kernel import COMPILE
+
+    f64 = ("mean_part_ptr", "m2_part_ptr", "count_ptr", "ch_mean_ptr", "ch_m2_ptr")
+    script = COMPILE.replace(
+        '    elif p.name == "phase_ptr":',
+        f'    elif p.name in {f64!r}:\n        signature[p.name] = "*fp64"\n'
+        '    elif p.name == "eps":\n        signature[p.name] = "fp32"\n    elif p.name == "phase_ptr":').replace(
+        'values = {', 'values = {"BLOCK_E": 32, "BLOCK_C": 64, "BLOCK_G": 8, "BLOCK_J": 16, ')
+    out = subprocess.run([sys.executable, "-c", script, json.dumps([path, name, "fp16x3p", *tile])],
+                         capture_output=True, text=True, env=dict(os.environ, TRITON_INTERPRET="0"), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_kernels_compile_for_sm90(tmp_path):
+    """Compiled for sm_90 without a GPU: a transposed convolution's stats kernel (the per-sample loop of float64
+    partials after the tile) at the GPU's default tile for 128 channels (64 x 128 x 16, 3 stages), the apply pass at
+    its launch tile and the two merge kernels lower. The stats kernel sits at 255 registers and spills 140 bytes (a
+    plain conv's stats kernel 116; conv_batchnorm's, without the loop, none; at 64 x 64 or 8 warps none): a speed
+    matter for a GPU run to weigh, bounded here so that it does not grow unnoticed."""
+    _, compiled, _ = build(tmp_path, *CASES[1])
+    path = str(tmp_path / "generated.py")
+    Path(path).write_text(compiled.source)
+    stem = "conv_transpose_instance_norm_relu"
+    assert compile_sm90(path, f"{stem}_stats_kernel", (64, 128, 16, 4, 3))["spill"] <= 160
+    assert compile_sm90(path, f"{stem}_apply_kernel", (64, 32, 32, 4, 1))["spill"] == 0
+    for merge in ("conv_gn_channel_kernel", "conv_gn_group_kernel"):
+        assert compile_sm90("kfuse.kernels.conv_norm", merge, (0, 0, 0, 4, 1))["spill"] == 0
