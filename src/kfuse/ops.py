@@ -39,14 +39,12 @@ def _p(name: str, arity: int, triton: str, ref: Callable[..., torch.Tensor], cod
     return Pointwise(name, arity, triton, code, ref, cuda)
 
 
-# tanh, softplus and erf-GELU are spelled through sigmoid/exp/erf, which Triton has on the GPU and in the
-# interpreter alike; `_tanh` is a small jit helper emitted into every ModelNew file. Softplus and Mish are
+# tanh, softplus and erf-GELU are spelled through exp/log/erf, which Triton has on the GPU and in the
+# interpreter alike; tanh is `_tanh`, a small jit helper of kernels/runtime.py (a few ulps for every x, where
+# 2 sigmoid(2x) - 1 loses the low bits of small x) emitted into the files that call it: spelled inline, its
+# expm1 repeated its operand nine times, and tanh(tanh(x)) made a 570-character line. Softplus and Mish are
 # spelled inline in forms that stay accurate for very negative inputs (no log(1 + tiny)).
-# tanh(x) = sign(x) * -expm1(-2|x|) / (2 + expm1(-2|x|)), expm1(u) = (e^u - 1) * u / log(e^u) (Kahan): a few
-# ulps for every x, where 1 - e^(-2|x|) or 2 sigmoid(2x) - 1 lose the low bits of small x. |x| > 15 is +-1.
-_U = "(-2.0 * tl.minimum(tl.abs({0}), 15.0))"
-_EM1 = f"tl.where(tl.exp({_U}) == 1.0, {_U}, (tl.exp({_U}) - 1.0) * {_U} / tl.log(tl.exp({_U})))"
-TANH = "tl.where({0} < 0.0, 1.0, -1.0) * " + f"{_EM1} / (2.0 + {_EM1})"
+TANH = "_tanh({0})"
 
 POINTWISE: dict[str, Pointwise] = {p.name: p for p in [
     _p("add", 2, "{0} + {1}", torch.add, '({0} + {1})', "{0} + {1}"),

@@ -565,8 +565,12 @@ def as_vector(t: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _tanh(x):
-    # tanh through sigmoid: exact identity, and sigmoid exists on every Triton backend (the interpreter too)
-    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+    # tanh(x) = sign(x) * -expm1(-2|x|) / (2 + expm1(-2|x|)), expm1(u) = (e^u - 1) * u / log(e^u) (Kahan's
+    # trick: exact where e^u rounds to 1, a few ulps elsewhere); |x| > 15 is +-1 in fp32
+    u = -2.0 * tl.minimum(tl.abs(x), 15.0)
+    e = tl.exp(u)
+    em1 = tl.where(e == 1.0, u, (e - 1.0) * u / tl.log(e))
+    return tl.where(x < 0.0, 1.0, -1.0) * em1 / (2.0 + em1)
 
 
 @triton.jit
