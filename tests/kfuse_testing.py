@@ -83,3 +83,11 @@ def graphed_pair(prob: Problem, module, monkeypatch) -> tuple[torch.nn.Module, t
     new = prob.build(cls=module.ModelNew, device="cuda")
     new.load_state_dict(ref.state_dict())
     return ref, new
+
+
+LONGEST_LINE = 200  # issue 19: no generated line longer than this
+
+
+def long_lines(source: str) -> list[str]:
+    """The generated lines longer than LONGEST_LINE (their first 80 characters)."""
+    return [line[:80] for line in source.splitlines() if len(line) > LONGEST_LINE]

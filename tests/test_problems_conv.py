@@ -12,7 +12,7 @@ import pytest
 from kfuse.gradients import gradient_contract
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module, optimize
-from kfuse_testing import ROOT
+from kfuse_testing import ROOT, long_lines
 
 CONV = ROOT / "problems" / "conv"
 PROBLEMS = sorted(CONV.glob("*.py"))
@@ -59,6 +59,7 @@ def test_problem_small(tmp_path, stem):
     assert result.contract.correct, result.contract.failures
     assert [r.kind for r in result.compiled.regions] == ["conv_epilogue"]
     assert result.compiled.unfused == []
+    assert not long_lines(result.compiled.source)
 
 
 @pytest.mark.parametrize("stem", RUN[2:] + TRANSPOSED_TRAINS)

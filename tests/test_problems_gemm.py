@@ -10,7 +10,7 @@ import pytest
 
 from kfuse.load import load_problem
 from kfuse.optimize import Options, optimize
-from kfuse_testing import ROOT
+from kfuse_testing import ROOT, long_lines
 
 GEMM = ROOT / "problems" / "gemm"
 PROBLEMS = sorted(GEMM.glob("*.py"))
@@ -79,6 +79,7 @@ def test_problem_small(tmp_path, path):
     result = optimize(load_problem(path, small(path)), CPU, workdir=tmp_path)
     assert result.contract.correct, result.contract.failures
     kinds = [r.kind for r in result.compiled.regions if r.kind != "torch"]
+    assert not long_lines(result.compiled.source)
     assert kinds, "the GEMM is always fused"
     if path.stem in KINDS:
         assert kinds == KINDS[path.stem]
