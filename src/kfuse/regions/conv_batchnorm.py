@@ -30,12 +30,9 @@ from kfuse.regions.common import (
     bn_normalize,
     bn_params,
     call,
-    docstring,
     launcher,
     operand_code,
-    plain,
     pointwise_lines,
-    signature,
     var,
 )
 from kfuse.regions.conv_common import (
@@ -48,6 +45,7 @@ from kfuse.regions.conv_common import (
     conv_launch,
     form_of,
     geometry_code,
+    pixel_kernel,
     stores,
 )
 from kfuse.regions.kind import RegionKind, Walk, pointwise_with, same_tile
@@ -87,20 +85,12 @@ def can_fold(region: Region) -> bool:
 def apply_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str]) -> str:
     """`<name>_apply_kernel`: one pass over y (NC(D)HW, S pixels a channel plane) as (pixels, channels) tiles, the
     layout of the convolution's own tile (stores coalesced along the pixels); mean and rstd per channel."""
-    decls = (*plain("y_ptr", "mean_ptr", "rstd_ptr", *[f"buf_{o}_ptr" for o in outs]), *args.decls(),
-             *plain("M", "C_out", "S"), ("BLOCK_M", "BLOCK_M: tl.constexpr"), ("BLOCK_N", "BLOCK_N: tl.constexpr"))
-    lines = ["offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
-             "offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
-             "mask_m = offs_m < M",
-             "mask_n = offs_n < C_out",
-             "mask = mask_m[:, None] & mask_n[None, :]",
-             "out_offs = conv_out_offsets(offs_m, offs_n, 1, 1, S, C_out)",
-             "v_y = tl.load(y_ptr + out_offs, mask=mask, other=0.0).to(tl.float32)",
+    lines = ["v_y = tl.load(y_ptr + out_offs, mask=mask, other=0.0).to(tl.float32)",
              "mean = tl.load(mean_ptr + offs_n, mask=mask_n, other=0.0)[None, :]",
              "rstd = tl.load(rstd_ptr + offs_n, mask=mask_n, other=1.0)[None, :]",
              *args.loads, *body]
-    return "\n".join(["@triton.jit", f"def {name}_apply_kernel({signature(decls)}):", docstring(doc),
-                      *[f"    {ln}" for ln in lines]]) + "\n"
+    return pixel_kernel(f"{name}_apply_kernel", doc, ["y_ptr", "mean_ptr", "rstd_ptr", *[f"buf_{o}_ptr" for o in outs]],
+                        args, (), lines)
 
 
 class Parts:

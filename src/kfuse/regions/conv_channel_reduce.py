@@ -32,12 +32,9 @@ from kfuse.regions.common import (
     KernelArgs,
     RegionCode,
     call,
-    docstring,
     launcher,
     operand_code,
-    plain,
     pointwise_lines,
-    signature,
     var,
 )
 from kfuse.regions.conv_common import (
@@ -50,6 +47,7 @@ from kfuse.regions.conv_common import (
     conv_launch,
     form_of,
     geometry_code,
+    pixel_kernel,
 )
 from kfuse.regions.kind import RegionKind, Walk, per_row_operand, pointwise_with
 from kfuse.regions.rowstats import (
@@ -164,21 +162,12 @@ def apply_kernel(name: str, doc: str, p: Parts, row_ptrs: list[str], registry: d
             body += pointwise_lines(as_pointwise([n]), env, args)
     body += [f"tl.store(o_{v}_ptr + out_offs, {env[v]}, mask=mask)" for v in p.post_outs]
     ins = [f"buf_{v}" for v in p.apply_pre]
-    decls = (*plain(*[f"{b}_ptr" for b in ins + row_ptrs + [f"o_{v}" for v in p.post_outs]]), *args.decls(),
-             *plain("M", "C_out", "S"), ("BLOCK_M", "BLOCK_M: tl.constexpr"), ("BLOCK_N", "BLOCK_N: tl.constexpr"))
-    lines = ["offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
-             "offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
-             "mask_m = offs_m < M",
-             "mask_n = offs_n < C_out",
-             "mask = mask_m[:, None] & mask_n[None, :]",
-             "out_offs = conv_out_offsets(offs_m, offs_n, 1, 1, S, C_out)",
-             *[f"{var(v)} = tl.load(buf_{v}_ptr + out_offs, mask=mask, other=0.0).to(tl.float32)" for v in p.apply_pre],
+    lines = [*[f"{var(v)} = tl.load(buf_{v}_ptr + out_offs, mask=mask, other=0.0).to(tl.float32)" for v in p.apply_pre],
              *[f"{var(v)} = tl.load(k_{v}_ptr + offs_m, mask=mask_m, other=0.0)[:, None]" for v in p.apply_row],
              *(["st_a = tl.load(st_a_ptr + offs_m, mask=mask_m, other=0.0)[:, None]"] if "st_a" in row_ptrs else []),
              *args.loads, *body]
-    src = "\n".join(["@triton.jit", f"def {name}_apply_kernel({signature(decls)}):", docstring(doc),
-                     *[f"    {ln}" for ln in lines]]) + "\n"
-    return src, args
+    pointers = [f"{b}_ptr" for b in ins + row_ptrs + [f"o_{v}" for v in p.post_outs]]
+    return pixel_kernel(f"{name}_apply_kernel", doc, pointers, args, (), lines), args
 
 
 def row_shape_code(n: Node, anchor: Node) -> str:

@@ -134,6 +134,28 @@ def tile_lines(form: ConvForm) -> list[str]:
             form.out_offs]
 
 
+# A pass over values already in NC(D)HW memory (a norm's or a reduction's later pass), tiled as the convolution's
+# own output tile: rows are output pixels (S of them a channel plane), columns channels, stores coalesced along
+# the pixels.
+PIXEL_TILE_LINES = ("offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
+                    "offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
+                    "mask_m = offs_m < M",
+                    "mask_n = offs_n < C_out",
+                    "mask = mask_m[:, None] & mask_n[None, :]",
+                    "out_offs = conv_out_offsets(offs_m, offs_n, 1, 1, S, C_out)")
+PIXEL_TILE_SIZES = ("M", "C_out", "S")
+PIXEL_TILE_CONSTEXPRS = (("BLOCK_M", "BLOCK_M: tl.constexpr"), ("BLOCK_N", "BLOCK_N: tl.constexpr"))
+
+
+def pixel_kernel(name: str, doc: str, pointers: list[str], args: KernelArgs, sizes: tuple[str, ...],
+                 lines: list[str]) -> str:
+    """`name`: a jit kernel over (pixels, channels) tiles of NC(D)HW values (PIXEL_TILE_LINES first), taking the
+    `pointers`, the epilogue's operands, M, C_out, S and any extra `sizes`, then BLOCK_M and BLOCK_N."""
+    decls = (*plain(*pointers), *args.decls(), *plain(*PIXEL_TILE_SIZES, *sizes), *PIXEL_TILE_CONSTEXPRS)
+    return "\n".join(["@triton.jit", f"def {name}({signature(decls)}):", docstring(doc),
+                      *[f"    {ln}" for ln in (*PIXEL_TILE_LINES, *lines)]]) + "\n"
+
+
 def conv_kernel(form: ConvForm, name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str]) -> str:
     decls: tuple[Decl, ...] = (*form.params, *plain(*[f"{o}_ptr" for o in outs]), *args.decls(), *form.sizes,
                                *CONV_CONSTEXPRS)

@@ -50,6 +50,7 @@ from kfuse.regions.conv_common import (
     conv_launch,
     form_of,
     geometry_code,
+    pixel_kernel,
     stores,
     tile_lines,
 )
@@ -139,23 +140,13 @@ def apply_kernel(region: Region, name: str, doc: str, p: Parts,
     body = [f"{out} = (v_y - g_mean) * g_rstd  # {p.norm.origin}", *affine_lines(out, w, b, env, args)]
     env[p.norm.name] = out
     body += pointwise_lines(p.after, env, args) + stores(p.post_outs, env)
-    decls = (*plain("y_ptr", "g_mean_ptr", "g_rstd_ptr", *[f"buf_{o}_ptr" for o in p.post_outs]), *args.decls(),
-             *plain("M", "C_out", "S", "GROUP", "NUM_GROUPS"), ("BLOCK_M", "BLOCK_M: tl.constexpr"),
-             ("BLOCK_N", "BLOCK_N: tl.constexpr"))
-    lines = ["offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
-             "offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
-             "mask_m = offs_m < M",
-             "mask_n = offs_n < C_out",
-             "mask = mask_m[:, None] & mask_n[None, :]",
-             "out_offs = conv_out_offsets(offs_m, offs_n, 1, 1, S, C_out)",
-             "v_y = tl.load(y_ptr + out_offs, mask=mask, other=0.0).to(tl.float32)",
+    lines = ["v_y = tl.load(y_ptr + out_offs, mask=mask, other=0.0).to(tl.float32)",
              "g_at = (offs_m // S)[:, None] * NUM_GROUPS + (offs_n // GROUP)[None, :]  # < N * groups: int32",
              "g_mean = tl.load(g_mean_ptr + g_at, mask=mask, other=0.0)",
              "g_rstd = tl.load(g_rstd_ptr + g_at, mask=mask, other=1.0)",
              *args.loads, *body]
-    src = "\n".join(["@triton.jit", f"def {name}_apply_kernel({signature(decls)}):", docstring(doc),
-                     *[f"    {ln}" for ln in lines]]) + "\n"
-    return src, args
+    pointers = ["y_ptr", "g_mean_ptr", "g_rstd_ptr", *[f"buf_{o}_ptr" for o in p.post_outs]]
+    return pixel_kernel(f"{name}_apply_kernel", doc, pointers, args, ("GROUP", "NUM_GROUPS"), lines), args
 
 
 def launcher_lines(region: Region, form: ConvForm, stem: str, p: Parts, a1: KernelArgs, a3: KernelArgs) -> list[str]:
