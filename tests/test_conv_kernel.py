@@ -202,3 +202,18 @@ def test_generated_region_compiles_for_sm90(tmp_path):
     cfg = cv.conv_config(GPU_GEOMETRIES["wide"], "fp16x3p", interpret=False)
     build = compile_sm90(str(path), "conv_add_mul_kernel", "fp16x3p", cfg)
     assert build["spill"] == 0, build
+
+
+def test_tuned_conv_candidates_and_untuned_paths():
+    """conv_candidates: the default first, no repeats, no column tile wider than the default's, no K block deeper
+    than K needs, 4 warps only; on the CPU (and in the interpreter) tuned_conv returns the default untimed."""
+    kc = cv
+    geo = kc.conv_geometry((2, 3, 9, 11), (5, 3, 3, 3), 1, 1, 1, 1)  # K = 27, 5 channels
+    default = kc.conv_config(geo, "fp16x3p", interpret=False)
+    cands = kc.conv_candidates(geo, default)
+    assert cands[0] == default and len(set(cands)) == len(cands) > 1
+    assert all(c.block_n <= default.block_n and c.block_k <= 32 and c.num_warps == 4 for c in cands)
+    assert all(c.block_m * c.block_n <= 64 * 128 for c in cands)
+    calls = []
+    x = torch.randn(2, 3, 9, 11)
+    assert kc.tuned_conv("k", geo, "fp16x3p", default, x, calls.append) == default and calls == []

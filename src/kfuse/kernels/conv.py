@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels.gemm_core import _pow2_inv, _pow2_scale_torch, cdiv, split_weight
-from kfuse.kernels.runtime import GEMM_SCHEME, SETTINGS, scheme_for, tensor_key
+from kfuse.kernels.runtime import GEMM_SCHEME, SETTINGS, TUNER, scheme_for, tensor_key
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -206,6 +206,9 @@ class ConvConfig:
     num_warps: int
     num_stages: int
 
+    def short(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}_s{self.num_stages}"
+
 
 # Triton's CPU interpreter runs each program as numpy code behind a Python front end that costs ~0.5 ms per tl op
 # (about 300 per program here) whatever the tile's size: few, large tiles, up to Triton's 2^20 elements per block.
@@ -227,6 +230,41 @@ def conv_config(geo: ConvGeometry, scheme: str, interpret: bool) -> ConvConfig:
     # fp32 accumulators of a 64 x 128 tile at 64 registers each per thread.
     block_k = 32 if geo.K >= 32 else 16
     return ConvConfig(64, block_n, block_k, 4, 3 if scheme == "fp16x3p" else 2)
+
+
+# Tiles the tuner tries besides conv_config's (4 warps only: see conv_config). fp16x3p keeps two fp32 accumulators,
+# so its tiles stay at 64 x 128 elements or fewer (sm_90 compiles without a GPU: 64 x 128 x 32 at 3 stages already
+# reaches the 255-register cap); smaller K blocks or rows, deeper pipelines and half-width columns are the choices.
+CONV_TUNE_TILES = ((128, 64, 32, 3), (64, 64, 32, 4), (64, 64, 64, 3), (32, 128, 32, 4), (64, 128, 16, 4),
+                   (128, 32, 32, 3))
+
+
+def conv_candidates(geo: ConvGeometry, default: ConvConfig) -> list[ConvConfig]:
+    """The configs tuned_conv times: the default first, then CONV_TUNE_TILES clipped to the group's channels (no
+    column tile wider than the default's) and to K (no K block deeper than K rounded up to 16)."""
+    k_cap = max(16, triton.next_power_of_2(geo.K))
+    out = [default]
+    for m, n, k, stages in CONV_TUNE_TILES:
+        cfg = ConvConfig(m, min(n, default.block_n), min(k, k_cap), 4, stages)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def tuned_conv(kernel, geo: ConvGeometry, scheme: str, default: ConvConfig, x: torch.Tensor, launch) -> ConvConfig:
+    """The tile config of one convolution launch: `default` (conv_config's) where nothing is tuned, else TUNER's
+    pick among conv_candidates, timed on the first call at each geometry and kept in the disk cache.
+    `launch(cfg)` must only write buffers it owns (tuning calls it several times)."""
+    key = (kernel, geo, scheme, x.dtype, x.device)
+    cfg = _CONV_CONFIGS.get(key)
+    if cfg is None:
+        cfg = TUNER.choose_other(kernel, "conv:" + "x".join(map(str, geo.args())), x, scheme,
+                                 conv_candidates(geo, default), launch, lambda d: ConvConfig(**d))
+        _CONV_CONFIGS[key] = cfg
+    return cfg
+
+
+_CONV_CONFIGS: dict = {}  # (kernel, geometry, scheme, dtype, device) -> config: the per-call lookup
 
 
 def conv_grid(geo: ConvGeometry, cfg: ConvConfig) -> tuple[int, int]:

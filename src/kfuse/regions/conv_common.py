@@ -170,10 +170,15 @@ def conv_launcher(form: ConvForm, name: str, outs: list[str], args: KernelArgs, 
     launch = call(f"{name}_kernel[{form.grid}(geo, cfg)]", ["*ops", *outs, *args.params, "*sizes"],
                   ["BLOCK_M=cfg.block_m", "BLOCK_N=cfg.block_n", "BLOCK_K=cfg.block_k", "SCHEME=scheme",
                    "num_warps=cfg.num_warps", "num_stages=cfg.num_stages"])
+    if form.plan == "conv_plan":  # the tile config tuned on a GPU's first call at each geometry (kernels/conv.py)
+        run = ["def launch(cfg):", *[f"    {ln}" for ln in launch.splitlines()],
+               f"launch(tuned_conv({name}_kernel, geo, scheme, cfg, x, launch))"]
+    else:
+        run = launch.splitlines()
     body = ["x = x.contiguous()",
             f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
             *[f"{o} = torch.empty(geo.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
-            "if geo.M:", *[f"    {ln}" for ln in launch.splitlines()],
+            "if geo.M:", *[f"    {ln}" for ln in run],
             f"return {', '.join(outs)}"]
     return launcher(f"fused_{name}", ["x", "weight", *args.params, *form.geometry], body, doc)
 
