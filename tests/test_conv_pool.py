@@ -132,9 +132,11 @@ def test_pool_problem(tmp_path, stem):
     assert [r.kind for r in result.compiled.regions] == ["conv_pool"] and result.compiled.unfused == []
 
 
-def test_pool_problem_trains(tmp_path):
-    """problems/conv/45 (Conv3d, AvgPool3d, a channel bias after it): gradients against eager and float64."""
-    path = CONV / "45_conv3d_avgpool3d_sigmoid_bias.py"
+@pytest.mark.parametrize("stem", ["45_conv3d_avgpool3d_sigmoid_bias", "46_conv2d_gelu_global_avgpool_scale"])
+def test_pool_problem_trains(tmp_path, stem):
+    """problems/conv/45 (Conv3d, AvgPool3d, a channel bias after it) and 46 (a global mean, a (C,) scale after it):
+    gradients against eager and float64."""
+    path = CONV / f"{stem}.py"
     prob = load_problem(path)
     compiled = compile_problem(prob, CPU)
     assert [r.kind for r in compiled.regions] == ["conv_pool"]
