@@ -94,7 +94,7 @@ def test_max_pool_propagates_nan_as_torch():
 ])
 def test_conv_mean_two_phases_against_float64(x_shape, w_shape, conv, cfg):
     x, w, b = _operands(x_shape, w_shape, conv[3])
-    out = conv_mean_forward(x, w, b, *conv, cfg=cfg)
+    out = conv_mean_forward(x, w, b, *conv, cfg=cfg, blocks=(2, 2) if cfg else None)  # (2, 2): several steps
     eager = conv_pool_ref(x, w, b, *conv, "mean", None)
     f64 = conv_pool_ref(x.double(), w.double(), b.double(), *conv, "mean", None)
     assert out.shape == eager.shape

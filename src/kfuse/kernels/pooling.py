@@ -114,6 +114,14 @@ def mean_plan(geo: ConvGeometry, pixels: int, scheme: str, cfg=None) -> tuple:
     return cfg, p, t, (t * cdiv(geo.COUT_G, cfg.block_n), geo.groups, cdiv(geo.out_shape[0], cfg.block_m // p))
 
 
+def finalize_blocks(n: int, t: int) -> tuple[int, int]:
+    """(samples, partial tiles) a finalize program adds per step: on a GPU one sample and 32 tiles a program (N x
+    C / 64 programs, T / 32 steps each); in the interpreter, whose cost is per program and per op, all at once."""
+    if SETTINGS.interpret:
+        return min(triton.next_power_of_2(n), 64), min(triton.next_power_of_2(t), 64)
+    return 1, 32
+
+
 # the kernels' helpers and the standalone kernels (the region kind's kernels call the helpers)
 @triton.jit
 def pool_rows(offs_m, QD, QH, QW):
@@ -235,16 +243,20 @@ def conv_mean_partial_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, b
 
 
 @triton.jit
-def conv_mean_finalize_kernel(part_ptr, out_ptr, N, C_out, T, S, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Phase 2: out[n, c] = sum over the T tiles of sample n / S, in float64, rounded once."""
+def conv_mean_finalize_kernel(part_ptr, out_ptr, N, C_out, T, S, BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr,
+                              BLOCK_N: tl.constexpr):
+    """Phase 2: out[n, c] = sum over the T tiles of sample n / S, in float64 (BLOCK_T tiles a step), rounded once."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m < N)[:, None] & (offs_n < C_out)[None, :]
-    total = tl.zeros((BLOCK_M, BLOCK_N), tl.float64)
-    for t in range(0, T):
-        total += tl.load(part_ptr + (offs_m[:, None].to(tl.int64) * T + t) * C_out + offs_n[None, :], mask=mask,
-                         other=0.0)
-    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * C_out + offs_n[None, :], (total / S).to(tl.float32), mask=mask)
+    offs_t = tl.arange(0, BLOCK_T)
+    total = tl.zeros((BLOCK_M, BLOCK_T, BLOCK_N), tl.float64)
+    for t0 in range(0, T, BLOCK_T):
+        m3 = mask[:, None, :] & (t0 + offs_t < T)[None, :, None]
+        rows = offs_m[:, None, None].to(tl.int64) * T + (t0 + offs_t)[None, :, None]
+        total += tl.load(part_ptr + rows * C_out + offs_n[None, None, :], mask=m3, other=0.0)
+    mean = (tl.sum(total, axis=1) / S).to(tl.float32)
+    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * C_out + offs_n[None, :], mean, mask=mask)
 
 
 # direct use and tests
@@ -269,8 +281,10 @@ def conv_pool_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 
 def conv_mean_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding, dilation,
-                      groups: int, scheme: str | None = None, cfg=None) -> torch.Tensor:
-    """conv(x, ...).mean(spatial dims) as (N, C_out), two phases; no autograd. `cfg` as conv_pool_forward's."""
+                      groups: int, scheme: str | None = None, cfg=None,
+                      blocks: tuple[int, int] | None = None) -> torch.Tensor:
+    """conv(x, ...).mean(spatial dims) as (N, C_out), two phases; no autograd. `cfg` as conv_pool_forward's;
+    `blocks`: the finalize's (samples, tiles) a step instead of finalize_blocks' (tests: several steps)."""
     x = x.contiguous()
     geo, scheme, _, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups, scheme)
     s = geo.OD * geo.OH * geo.OW
@@ -281,7 +295,8 @@ def conv_mean_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         *ops, part if bias is None else bias, part, *sizes, HAS_BIAS=bias is not None, P=p, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     out = torch.empty((n, c), device=x.device, dtype=x.dtype)
-    conv_mean_finalize_kernel[(cdiv(n, 16), cdiv(c, 64))](part, out, n, c, t, s, BLOCK_M=16, BLOCK_N=64)
+    bm, bt = blocks or finalize_blocks(n, t)
+    conv_mean_finalize_kernel[(cdiv(n, bm), cdiv(c, 64))](part, out, n, c, t, s, BLOCK_M=bm, BLOCK_T=bt, BLOCK_N=64)
     return out
 
 

@@ -195,6 +195,15 @@ def mean_partial_kernel(region: Region, stem: str, doc: str,
     return frame(f"{stem}_partial_kernel", f"Phase 1 of: {doc}", ["part"], a1, (constexpr("P"),), lines), a1
 
 
+# a (samples, tiles, channels) block of the partials per step: BLOCK_T tiles at once, so a long T is few steps
+FINALIZE_SUM = ("offs_t = tl.arange(0, BLOCK_T)",
+                "total = tl.zeros((BLOCK_M, BLOCK_T, BLOCK_N), tl.float64)",
+                "for t0 in range(0, T, BLOCK_T):",
+                "    m3 = mask[:, None, :] & (t0 + offs_t < T)[None, :, None]",
+                "    rows = offs_m[:, None, None].to(tl.int64) * T + (t0 + offs_t)[None, :, None]",
+                "    total += tl.load(part_ptr + rows * C_out + offs_n[None, None, :], mask=m3, other=0.0)")
+
+
 def finalize_kernel(region: Region, stem: str, doc: str, outs: list[str],
                     registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
     """Phase 2 of a global mean (`<stem>_finalize_kernel`): a sample's tiles added, / S, the ops after the mean,
@@ -208,15 +217,11 @@ def finalize_kernel(region: Region, stem: str, doc: str, outs: list[str],
             "offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # channels",
             "mask_n = offs_n < C_out",
             "mask = (offs_m < N)[:, None] & mask_n[None, :]", *a2.loads,
-            "total = tl.zeros((BLOCK_M, BLOCK_N), tl.float64)",
-            "for t in range(0, T):",
-            "    total += tl.load(part_ptr + (offs_m[:, None].to(tl.int64) * T + t) * C_out + offs_n[None, :], "
-            "mask=mask, other=0.0)",
-            f"{var(mean.name)} = (total / S).to(tl.float32)  # {mean.origin}", *post,
+            *FINALIZE_SUM, f"{var(mean.name)} = (tl.sum(total, axis=1) / S).to(tl.float32)  # {mean.origin}", *post,
             *[f"tl.store({o}_ptr + offs_m[:, None].to(tl.int64) * C_out + offs_n[None, :], {env2[v]}, mask=mask)"
               for o, v in zip(outs, region.outputs)]]
     decls = (*plain("part_ptr", *[f"{o}_ptr" for o in outs]), *a2.decls(), *plain("N", "C_out", "T", "S"),
-             constexpr("BLOCK_M"), constexpr("BLOCK_N"))
+             constexpr("BLOCK_M"), constexpr("BLOCK_T"), constexpr("BLOCK_N"))
     return "\n".join(["@triton.jit", f"def {stem}_finalize_kernel({signature(decls)}):",
                       docstring(f"Phase 2 of: {doc}"), *[f"    {ln}" for ln in body]]) + "\n", a2
 
@@ -258,8 +263,10 @@ def mean_launch(stem: str, kernel: str, a1: KernelArgs, a2: KernelArgs, outs: li
             "if geo.M:",
             *indented(call(f"{kernel}[grid]", ["*ops", "part", *a1.params, "*sizes", *pool_args],
                            ["P=P", *TILE_TAIL])),
-            *indented(call(f"{stem}_finalize_kernel[(cdiv(N, 16), cdiv(C, 64))]",
-                           ["part", *outs, *a2.params, "N", "C", "T", "S"], ["BLOCK_M=16", "BLOCK_N=64"]))]
+            "    bm, bt = finalize_blocks(N, T)",
+            *indented(call(f"{stem}_finalize_kernel[(cdiv(N, bm), cdiv(C, 64))]",
+                           ["part", *outs, *a2.params, "N", "C", "T", "S"],
+                           ["BLOCK_M=bm", "BLOCK_T=bt", "BLOCK_N=64"]))]
 
 
 def generate(region: Region, g: Graph, stem: str) -> RegionCode:
