@@ -3,12 +3,12 @@
 # H100 / H200:
 #   benchmarks/conv/gpu_pool.sh [OUT]          (default OUT: benchmarks/conv/gpu-pool)
 # 1. tests/test_conv_pool.py's GPU cases (compiled windowed kernels, max and avg, and the two-phase mean against
-#    float64 with the contract's bound), 60 s;
+#    float64 with the contract's bound), 30 s;
 # 2. `kfuse optimize --device cuda` on problems/conv 44-47 at their own (odd, small) sizes: MaxPool2d overlapping and
-#    padded, AvgPool3d, a global mean, a batch-1 AvgPool1d in ceil mode, through the accuracy contract, 60 s each;
+#    padded, AvgPool3d, a global mean, a batch-1 AvgPool1d in ceil mode, through the accuracy contract, 40 s each;
 # 3. `kfuse bench --baselines eager` at full size on KernelBench level 2 problems 35 (Conv2d + ops + MaxPool2d + Mish),
-#    67 (Conv2d + GELU + global average pool) and 46 (Conv2d + ops + AvgPool2d), 60 s each.
-# Under 5 minutes in all. The log's first lines name the GPU, the versions and the commit.
+#    67 (Conv2d + GELU + global average pool) and 46 (Conv2d + ops + AvgPool2d), 45 s each.
+# About 5 minutes at most (every step at its limit). The log's first lines name the GPU, the versions and the commit.
 set -uo pipefail
 out="${1:-benchmarks/conv/gpu-pool}"
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 KFUSE_CACHE_DIR="$PWD/.kfuse-cache" TRITON_INTERPRET=0
@@ -21,12 +21,12 @@ for d in shared/kernelbench kb; do [ -d "$kb" ] || kb=$d; done
     git rev-parse HEAD 2>/dev/null || true
 
     echo "== 1. compiled kernels against float64"
-    timeout 60 python3 -m pytest -p no:cacheprovider -q tests/test_conv_pool.py -k gpu 2>&1 | tail -5
+    timeout 30 python3 -m pytest -p no:cacheprovider -q tests/test_conv_pool.py -k gpu 2>&1 | tail -5
 
     echo "== 2. kfuse optimize --device cuda, problems/conv with a pool"
     for f in problems/conv/44_*.py problems/conv/45_*.py problems/conv/46_*.py problems/conv/47_*.py; do
         n=$(basename "$f" .py)
-        timeout 60 python3 -m kfuse optimize "$f" --device cuda -o "$out/${n}_new.py" --json "$out/$n.opt.json" \
+        timeout 40 python3 -m kfuse optimize "$f" --device cuda -o "$out/${n}_new.py" --json "$out/$n.opt.json" \
             > "$out/$n.opt.log" 2>&1
         echo "$n: exit $? ($(grep -h 'max abs err' "$out/$n.opt.log" | head -1))"
     done
@@ -35,8 +35,8 @@ for d in shared/kernelbench kb; do [ -d "$kb" ] || kb=$d; done
     for f in level2/35_Conv2d_Subtract_HardSwish_MaxPool_Mish.py level2/67_Conv2d_GELU_GlobalAvgPool.py \
              level2/46_Conv2d_Subtract_Tanh_Subtract_AvgPool.py; do
         n=$(basename "$f" .py)
-        timeout 60 python3 -m kfuse bench "$kb/$f" --baselines eager --trials 3 --json "$out/$n.json" \
-            || echo "$n: exit $? (124: over its 60 s)"
+        timeout 45 python3 -m kfuse bench "$kb/$f" --baselines eager --trials 3 --json "$out/$n.json" \
+            || echo "$n: exit $? (124: over its 45 s)"
     done
     python3 - "$out" <<'PY'
 import json, pathlib, sys
