@@ -12,7 +12,7 @@ from kfuse.kernels.conv import ConvConfig
 from kfuse.kernels.pooling import conv_mean_forward, conv_pool_forward, conv_pool_ref, pooled_size
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module, optimize
-from kfuse_testing import ROOT
+from kfuse_testing import ROOT, long_lines
 
 CONV = ROOT / "problems" / "conv"
 SMALL_TILE = ConvConfig(16, 16, 16, 4, 1)  # several row and column tiles at these sizes (slow in the interpreter)
@@ -130,6 +130,7 @@ def test_pool_problem(tmp_path, stem):
     result = optimize(load_problem(path), CPU, workdir=tmp_path)
     assert result.contract.correct, result.contract.failures
     assert [r.kind for r in result.compiled.regions] == ["conv_pool"] and result.compiled.unfused == []
+    assert not long_lines(result.compiled.source)
 
 
 @pytest.mark.parametrize("stem", ["45_conv3d_avgpool3d_sigmoid_bias", "46_conv2d_gelu_global_avgpool_scale"])
