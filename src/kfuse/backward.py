@@ -136,8 +136,13 @@ def _body(nodes: list[Node], region: Region) -> list[str]:
         code = spell(n)
         if code is None:
             return [f"raise NotImplementedError('kfuse: no backward for {n.origin} (op {n.op}) in a fused region')"]
-        lines.append(f"{n.name} = {code}  # {n.origin}")
+        line = f"{n.name} = {code}  # {n.origin}"
+        # the op's origin above its line where both would not fit a readable width (at the method's indent)
+        lines += [line] if len(line) <= BODY_WIDTH else [f"# {n.origin}", f"{n.name} = {code}"]
     return lines + [_returns(region)]
+
+
+BODY_WIDTH = 190  # 200 characters less the method body's indent
 
 
 def gemm_anchored(region: Region) -> bool:

@@ -24,8 +24,9 @@ SEED62 = "62_matmul_groupnorm_leakyrelu_sum"
 # redesign was under way), 2427 at df42149. It may only shrink, unless a change adds what the file runs: lower this
 # as it does. Raised to 2481 for the interpreter's shape-dependent GEMM tiles (interpreter_config), the long-K
 # module's slice_len and the batched, padded transposed split the backward's split_rows_any now shares with bare
-# products (split_transposed). The goal is 900 (test_seed62_at_most_900_lines).
-SEED62_LINES_CEILING = 2481
+# products (split_transposed); to 2483 for the tuner's _pick, the GEMM tuner's cache-or-time step shared with the
+# convolution tuner (seed 62's GEMMs run it). The goal is 900 (test_seed62_at_most_900_lines).
+SEED62_LINES_CEILING = 2483
 LONGEST_LINE = 200
 NOTHING_FUSED_LINES = 150
 

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels.gemm_core import _pow2_inv, _pow2_scale_torch, cdiv, split_weight
-from kfuse.kernels.runtime import GEMM_SCHEME, SETTINGS, TUNER, scheme_for, tensor_key
+from kfuse.kernels.runtime import GEMM_SCHEME, SETTINGS, TUNER, _kernel_hash, _kernel_name, scheme_for, tensor_key
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -255,11 +255,14 @@ def tuned_conv(kernel, geo: ConvGeometry, scheme: str, default: ConvConfig, x: t
     """The tile config of one convolution launch: `default` (conv_config's) where nothing is tuned, else TUNER's
     pick among conv_candidates, timed on the first call at each geometry and kept in the disk cache.
     `launch(cfg)` must only write buffers it owns (tuning calls it several times)."""
+    if not x.is_cuda or SETTINGS.interpret or TUNER.mode == "off":
+        return default
     key = (kernel, geo, scheme, x.dtype, x.device)
     cfg = _CONV_CONFIGS.get(key)
-    if cfg is None:
-        cfg = TUNER.choose_other(kernel, "conv:" + "x".join(map(str, geo.args())), x, scheme,
-                                 conv_candidates(geo, default), launch, lambda d: ConvConfig(**d))
+    if cfg is None:  # the GEMM tuner's timing and disk cache, under a key of the convolution's own
+        disk_key = "|".join([torch.cuda.get_device_name(x.device), _kernel_name(kernel), _kernel_hash(kernel),
+                             "conv:" + "x".join(map(str, geo.args())), str(x.dtype).replace("torch.", ""), scheme])
+        cfg = TUNER._pick(disk_key, conv_candidates(geo, default), launch, lambda d: ConvConfig(**d))[0]
         _CONV_CONFIGS[key] = cfg
     return cfg
 

@@ -253,26 +253,13 @@ class Tuner:
         key = "|".join([torch.cuda.get_device_name(x2.device), _kernel_name(kernel), _kernel_hash(kernel),
                         f"{M}x{N}x{K}" + (f"x{batch}" if batch > 1 else ""),
                         str(x2.dtype).replace("torch.", ""), scheme, f"bn>={min_block_n}"])
-        if key in self.tuned:
-            return self.tuned[key], "tuned"
         candidates = tune_candidates(M // batch, N, K, scheme, min_block_n, sm90_ok(x2), batch)
         return self._pick(key, candidates, launch, lambda d: GemmConfig(**d))
 
-    def choose_other(self, kernel, shape: str, x: torch.Tensor, scheme: str, candidates: list, launch, make) -> object:
-        """A config of a kernel family with a config class of its own (a convolution's ConvConfig): the first of
-        `candidates` (the family's default) where nothing is tuned (CPU tensors, the interpreter, mode "off"), else
-        the fastest, timed as a GEMM's are and kept in the same disk cache (`make` rebuilds a config from its JSON
-        fields). Not reported by chosen_configs (its rows are GEMMs')."""
-        if not x.is_cuda or SETTINGS.interpret or self.mode == "off":
-            return candidates[0]
-        key = "|".join([torch.cuda.get_device_name(x.device), _kernel_name(kernel), _kernel_hash(kernel), shape,
-                        str(x.dtype).replace("torch.", ""), scheme])
-        if key in self.tuned:
-            return self.tuned[key]
-        return self._pick(key, candidates, launch, make)[0]
-
     def _pick(self, key: str, candidates: list, launch, make) -> tuple:
-        """(config, "disk" or "tuned") for a disk-cache key seen for the first time in this process."""
+        """(config, "tuned" or "disk") for a disk-cache key: known, cached, else timed (conv.py's tuned_conv too)."""
+        if key in self.tuned:
+            return self.tuned[key], "tuned"
         t0 = time.perf_counter()
         entry = None if self.mode == "force" else self._read_cache().get(key)
         if entry is not None:
