@@ -2,11 +2,11 @@
 # One GPU call for the convolution kinds that take over a conv walk (GroupNorm/InstanceNorm, channel reductions,
 # pools), from the repository root on an H100 / H200:
 #   benchmarks/conv/gpu_kinds.sh OUT
-# 1. `kfuse optimize --device cuda` on problems/conv 36-47 (their own odd, small sizes), four at a time, 120 s each:
-#    the compiled kernels through the accuracy contract;
+# 1. `kfuse optimize --device cuda` on problems/conv 01 (a plain conv: the tuner) and 36-47 (their own odd, small
+#    sizes), four at a time, 100 s each: the compiled kernels through the accuracy contract;
 # 2. `kfuse bench --baselines eager,eager_strict` at full size on KernelBench level 2 problems 17 (Conv2d +
 #    InstanceNorm + divide), 67 (Conv2d + GELU + global average pool) and 25 (Conv2d + channel min + tanh x2), one
-#    at a time, 100 s each;
+#    at a time, 90 s each;
 # OUT gets gpu_kinds.log (the summary) and kinds.tgz (every log and JSON).
 set -uo pipefail
 out="${1:?output folder}"
@@ -22,9 +22,9 @@ mkdir -p "$out"
     git rev-parse HEAD 2>/dev/null || cat COMMIT 2>/dev/null || true
 
     echo "== 1. kfuse optimize --device cuda, problems/conv 36-47"
-    ls problems/conv/3[6-9]_*.py problems/conv/4[0-7]_*.py | xargs -P 4 -I{} sh -c '
+    ls problems/conv/01_*.py problems/conv/3[6-9]_*.py problems/conv/4[0-7]_*.py | xargs -P 4 -I{} sh -c '
         n="$(basename {} .py)"
-        timeout 120 python3 -m kfuse optimize {} --device cuda -o "'"$work"'/${n}_new.py" --json "'"$work"'/$n.opt.json" \
+        timeout 100 python3 -m kfuse optimize {} --device cuda -o "'"$work"'/${n}_new.py" --json "'"$work"'/$n.opt.json" \
             > "'"$work"'/$n.opt.log" 2>&1
         echo "$n: exit $? ($(grep -h "max abs err" "'"$work"'/$n.opt.log" | head -1))"'
     python3 - "$work" <<'PY'
@@ -40,7 +40,7 @@ PY
     for f in level2/17_Conv2d_InstanceNorm_Divide.py level2/67_Conv2d_GELU_GlobalAvgPool.py \
              level2/25_Conv2d_Min_Tanh_Tanh.py; do
         n=$(basename "$f" .py)
-        timeout 100 python3 -m kfuse bench "$kb/$f" --baselines eager,eager_strict --trials 2 \
+        timeout 90 python3 -m kfuse bench "$kb/$f" --baselines eager,eager_strict --trials 2 \
             --json "$work/$n.bench.json" > "$work/$n.bench.log" 2>&1
         echo "$n: exit $?"
     done
