@@ -2,7 +2,7 @@
 at the sizes kfuse picks: one command, every row exit 0, verified, and no traceback anywhere.
 
 The sample mixes what kfuse fuses (products of inputs, batched, matvec, GEMM epilogues, GEMVs, row reductions,
-MLPs, convolutions, transposed ones too) with what it keeps as torch calls (depthwise convolutions, pooling, scans) and
+MLPs, convolutions, transposed ones too) with what it keeps as torch calls (pooling, scans) and
 forwards it cannot trace (attention with sizes read from tensors): the whole range of what a user brings. The full
 sweep of all 250 files is `scripts/sweep-kernelbench` (benchmarks/kernelbench/).
 """

@@ -19,11 +19,13 @@ PROBLEMS = sorted(CONV.glob("*.py"))
 CPU = Options(device="cpu", trials=2)
 # A few that between them cover a per-channel parameter and a scalar (02), no bias at odd sizes with a 3x2 kernel
 # and stride (08), a grouped, strided and dilated Conv2d (06), the functional form (09), Conv3d with a (C, 1, 1, 1)
-# scale (04). Depthwise convolutions (05, 11) stay torch calls (regions/conv_common.depthwise).
+# scale (04). Depthwise convolutions (05, 11) run on the direct tile (kernels/conv_depthwise.py) inside a
+# conv_epilogue region; a depthwise transposed one (25) stays a torch call (regions/conv_common.depthwise).
 RUN = ["02_conv2d_bias_scale", "08_conv2d_odd_nobias_clamp", "06_grouped_strided_dilated_conv2d_tanh",
        "09_functional_conv2d_same_mish", "04_conv3d_swish_scale"]
-DEPTHWISE = ["05_depthwise_conv2d_hardswish", "11_conv1d_depthwise_same_silu_residual",
-             "25_conv_transpose2d_depthwise_hardswish"]
+DEPTHWISE = {"05_depthwise_conv2d_hardswish": [("conv_epilogue", ["conv", "hardswish"])],
+             "11_conv1d_depthwise_same_silu_residual": [("conv_epilogue", ["conv", "silu", "add"])]}
+DEPTHWISE_TRANSPOSED = "25_conv_transpose2d_depthwise_hardswish"
 # Transposed convolutions (kernels/conv_transpose.py): stride 3 with dilation and output_padding in 1-d (20), batch 1
 # 3-d with asymmetric strides and no bias (22), two outputs (26); training: grouped and dilated (21), the functional
 # form with a stride larger than the kernel's phases hold taps for (23)
@@ -85,8 +87,16 @@ def test_conv_then_transposed_conv_are_two_regions(tmp_path):
 
 
 @pytest.mark.parametrize("stem", DEPTHWISE)
-def test_depthwise_stays_a_torch_call_and_is_verified(tmp_path, stem):
+def test_depthwise_is_fused_and_verified(tmp_path, stem):
     path = CONV / f"{stem}.py"
+    result = optimize(load_problem(path, small(path)), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert [(r.kind, r.ops()) for r in result.compiled.regions] == DEPTHWISE[stem]
+    assert not result.compiled.unfused
+
+
+def test_depthwise_transposed_stays_a_torch_call_and_is_verified(tmp_path):
+    path = CONV / f"{DEPTHWISE_TRANSPOSED}.py"
     result = optimize(load_problem(path, small(path)), CPU, workdir=tmp_path)
     assert result.contract.correct, result.contract.failures
     assert "conv_epilogue" not in [r.kind for r in result.compiled.regions]

@@ -27,6 +27,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("runtime", "run-time helpers: operands, tile configs, tuning"),
     ("conv", "convolutions: the implicit-GEMM tile"),
     ("conv_transpose", "transposed convolutions: the stride-phase tile"),
+    ("conv_depthwise", "depthwise convolutions: the direct tile"),
     ("batchnorm", "BatchNorm's statistics and eval fold"),
     ("conv_norm", "BatchNorm after a convolution: counted statistics, eval fold"),
     ("pooling", "pools after a convolution: rows of pooled pixels, global means"),

@@ -110,9 +110,33 @@ def test_transposed_conv_records_geometry_and_joins_like_a_conv():
     assert regions(c1, torch.randn(2, 3, 17)) == [("conv_epilogue", ["conv_transpose"])]
 
 
+def test_depthwise_conv_and_its_epilogue_are_one_region():
+    """groups == C_in (channel multiplier 1 or more), 1-d to 3-d, bias or not: the conv, its pointwise ops and
+    per-channel parameters are one conv_epilogue region (kernels/conv_depthwise.py's direct tile)."""
+    m = Chain(nn.Conv2d(4, 4, 3, padding=1, groups=4), lambda s, y: F.hardswish(y) * s.scale,
+              scale=torch.randn(4, 1, 1))
+    assert regions(m, X2) == [("conv_epilogue", ["conv", "hardswish", "mul"])]
+    c1 = Chain(nn.Conv1d(4, 8, 4, padding="same", dilation=3, groups=4, bias=False), lambda s, y: F.silu(y) + y)
+    assert regions(c1, torch.randn(2, 4, 19)) == [("conv_epilogue", ["conv", "silu", "add"])]
+    c3 = Chain(nn.Conv3d(4, 4, 3, stride=2, groups=4), lambda s, y: torch.relu(y))
+    assert regions(c3, torch.randn(2, 4, 5, 6, 7)) == [("conv_epilogue", ["conv", "relu"])]
+
+
+def test_depthwise_conv_keeps_norms_and_pools_out():
+    """The norm, reduction and pool kinds run the GEMM tile: after a depthwise conv the norm or pool stays a torch
+    call and the conv's region is a conv_epilogue one."""
+    m = Chain(nn.Conv2d(4, 4, 3, groups=4), lambda s, y: s.bn(torch.relu(y)))
+    m.bn = nn.BatchNorm2d(4)
+    assert regions(m, X2) == [("conv_epilogue", ["conv", "relu"]), ("torch", ["batch_norm"])]
+    p = Chain(nn.Conv2d(4, 4, 3, groups=4), lambda s, y: F.max_pool2d(y, 2))
+    assert [k for k, _ in regions(p, X2)] == ["conv_epilogue", "torch"]
+    r = Chain(nn.Conv2d(4, 4, 3, groups=4), lambda s, y: torch.softmax(y, dim=1))
+    assert [k for k, _ in regions(r, X2)][0] == "conv_epilogue"
+
+
 def test_depthwise_transposed_and_output_size_stay_torch_calls():
-    """One input channel a group (weight (C_in, C_out/groups, ...) with C_in == groups) stays a torch call, as the
-    depthwise conv does; so does a forward passing output_size (the module call has an extra argument)."""
+    """One input channel a group of a transposed conv (weight (C_in, C_out/groups, ...) with C_in == groups) stays a
+    torch call; so does a forward passing output_size (the module call has an extra argument)."""
     depthwise = Chain(nn.ConvTranspose2d(4, 8, 3, stride=2, groups=4), lambda s, y: y)
     assert regions(depthwise, X2) == [("torch", ["conv_transpose"])]
 

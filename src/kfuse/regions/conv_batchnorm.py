@@ -43,6 +43,7 @@ from kfuse.regions.conv_common import (
     conv_cost,
     conv_kernel,
     conv_launch,
+    depthwise,
     form_of,
     geometry_code,
     pixel_kernel,
@@ -229,6 +230,8 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
 def norm_after_conv(walk: Walk, n: Node) -> bool:
     """A BatchNorm module over a convolution's whole output (channels in dim 1), the walk's first norm."""
     anchor = walk.anchor
+    if anchor.op in CONV_OPS and depthwise(anchor):  # the direct tile (kernels/conv_depthwise.py) has no statistics
+        return False
     return (anchor.op in (*CONV_OPS, TRANSPOSED) and n.op == "batch_norm" and bool(n.module) and len(n.args) == 1
             and isinstance(n.args[0], str) and n.args[0] in walk.values and n.shape == anchor.shape
             and len(n.shape) >= 3 and not any(m.op == "batch_norm" for m in walk.members))

@@ -45,6 +45,7 @@ from kfuse.regions.conv_common import (
     conv_cost,
     conv_kernel,
     conv_launch,
+    depthwise,
     form_of,
     geometry_code,
     pixel_kernel,
@@ -288,6 +289,8 @@ class ConvChannelReduce(RegionKind):
 
     def enters(self, walk: Walk, n: Node) -> bool:
         anchor = walk.anchor
+        if anchor.op in CONV_OPS and depthwise(anchor):  # the direct tile (kernels/conv_depthwise.py): no reduction
+            return False
         return (anchor.op in (*CONV_OPS, TRANSPOSED) and len(anchor.shape) >= 3 and reduction_of(walk.members) is None
                 and over_channels(n, walk.g, anchor) and n.args[0] in walk.values)
 

@@ -67,31 +67,49 @@ CONV_TRANSPOSE = ConvForm(
     "conv_transpose_plan", "conv_transpose_grid", ("stride", "padding", "output_padding", "groups", "dilation"))
 
 
+# kernels/conv_depthwise.py: depthwise_tile takes conv_tile's operands and sizes and returns its accumulator, so
+# only the tile's call and the plan differ (the grid is conv_grid: pixel blocks x channel-multiplier tiles, groups)
+DEPTHWISE = ConvForm(CONV.params, CONV.sizes, (CONV.tile[0].replace("conv_tile", "depthwise_tile", 1), *CONV.tile[1:]),
+                     CONV.out_offs, "depthwise_plan", "conv_grid", CONV.geometry)
+
+
 def form_of(anchor: Node) -> ConvForm:
-    return CONV_TRANSPOSE if anchor.op == TRANSPOSED else CONV
+    if anchor.op == TRANSPOSED:
+        return CONV_TRANSPOSE
+    return DEPTHWISE if depthwise(anchor) else CONV
 
 
 def depthwise(n: Node) -> bool:
     """One input channel a group (groups = in_channels): a group's GEMM is a K = kernel-volume sliver whose output
-    channels (usually one) fill a sixteenth of the narrowest tensor-core tile. Such convolutions stay torch calls:
-    on an H100 the tile took KernelBench level 1 problem 82 (depthwise 3x3) to 46.3 ms against eager's 2.5 ms, and
-    a CUDA-core float64 variant to 19.1 ms (benchmarks/conv/NOTES.md). A depthwise kernel is still to be written.
-    Structural, not by channel counts: the CPU's small instances shrink channels, not groups' shape. A transposed
-    convolution's weight is (C_in, C_out/groups, ...): one input channel a group is C_in == groups there (a K of at
-    most the kernel's volume per phase)."""
+    channels (usually one) fill a sixteenth of the narrowest tensor-core tile (on an H100 the GEMM tile took
+    KernelBench level 1 problem 82 to 46.3 ms against eager's 2.5 ms: benchmarks/conv/NOTES.md). A depthwise
+    convolution runs on kernels/conv_depthwise.py's direct tile in the plain epilogue kind (is_depthwise_anchor);
+    the kinds with a norm, reduction or pool after the convolution refuse it (their plans are the GEMM tile's), and
+    a depthwise transposed one stays a torch call. Structural, not by channel counts: the CPU's small instances
+    shrink channels, not groups' shape. A transposed convolution's weight is (C_in, C_out/groups, ...): one input
+    channel a group is C_in == groups there."""
     groups = n.attrs.get("groups", 1)
     cin_g = n.args[1].shape[0] // groups if n.op == TRANSPOSED else n.args[1].shape[1]
     return groups > 1 and cin_g == 1
 
 
-def is_conv_anchor(n: Node) -> bool:
-    """A convolution the tile runs: a parameter weight, a parameter bias or none, a batched input (N, C, ...), not
-    depthwise."""
+def _tile_operands(n: Node) -> bool:
+    """A convolution with a parameter weight, a parameter bias or none, a batched input (N, C, ...)."""
     if n.op not in (*CONV_OPS, TRANSPOSED) or len(n.args) != 3 or not isinstance(n.args[0], str):
         return False
     weight, bias = n.args[1], n.args[2]
     return (isinstance(weight, Param) and (bias is None or isinstance(bias, Param))
-            and len(n.shape) == n.attrs.get("dims", 0) + 2 and numel(n.shape) > 0 and not depthwise(n))
+            and len(n.shape) == n.attrs.get("dims", 0) + 2 and numel(n.shape) > 0)
+
+
+def is_conv_anchor(n: Node) -> bool:
+    """A convolution the GEMM tile runs (either form): the tile's operands, not depthwise."""
+    return _tile_operands(n) and not depthwise(n)
+
+
+def is_depthwise_anchor(n: Node) -> bool:
+    """A depthwise convolution (not transposed) the direct tile runs (kernels/conv_depthwise.py)."""
+    return n.op in CONV_OPS and _tile_operands(n) and depthwise(n)
 
 
 def channel_operand(a: Arg, shape: tuple[int, ...], values: set[str]) -> bool:
@@ -118,7 +136,8 @@ def conv_cost(anchor: Node, g: Graph, outs: int) -> str:
         flops = 2 * out_numel * w_numel // anchor.shape[1]
     moved = 4 * (x_numel + w_numel + outs * out_numel)
     plural = "s" if outs > 1 else ""
-    return (f"At the problem's shape: {flops / 1e9:.3g} GFLOP (three fp16 products of each on a GPU), "
+    how = "exact products summed in float64" if form_of(anchor) is DEPTHWISE else "three fp16 products of each on a GPU"
+    return (f"At the problem's shape: {flops / 1e9:.3g} GFLOP ({how}), "
             f"{moved / 2 ** 20:.3g} MiB moved (x and W read once, {outs} output{plural} written once).")
 
 

@@ -4,7 +4,9 @@ pointwise ops on its fp32 accumulator while it is still in registers, stored to 
 Anchors: nn.Conv1d/2d/3d and F.conv1d/2d/3d (capture's `conv` op) with a parameter weight and a parameter bias or
 none, at any stride, padding, dilation and groups; nn.ConvTranspose1d/2d/3d and F.conv_transpose1d/2d/3d (capture's
 `conv_transpose` op) likewise, at any output_padding too, on kernels/conv_transpose.py's stride-phase tile (the
-same tile per phase: no product with an inserted zero). Depthwise ones (one input channel a group) stay torch calls.
+same tile per phase: no product with an inserted zero); depthwise ones (one input channel a group, not transposed) on
+kernels/conv_depthwise.py's direct tile (a loop over the taps, no tl.dot; a depthwise transposed one stays a torch
+call).
 The tile is (output pixels, output channels of one group), so the ops after it join while every value they read is
 the region's own, a number, or a per-channel parameter (a (C, 1, 1) bias, a (1, C, 1, 1) scale, ... anything that
 broadcasts along the channel dim alone) or a one-element one.
@@ -29,17 +31,18 @@ from kfuse.regions.conv_common import (
     form_of,
     geometry_code,
     is_conv_anchor,
+    is_depthwise_anchor,
 )
 from kfuse.regions.kind import RegionKind, Walk, pointwise_with, same_tile
 
 
 class ConvEpilogue(RegionKind):
     name = "conv_epilogue"
-    kernel_modules = ("conv", "conv_transpose")
+    kernel_modules = ("conv", "conv_transpose", "conv_depthwise")
     upgradable = True  # a norm after the pointwise chain: a kind of the registry that `enters` there takes it over
 
     def starts(self, n: Node, g: Graph) -> bool:
-        return is_conv_anchor(n)
+        return is_conv_anchor(n) or is_depthwise_anchor(n)
 
     def joins(self, walk: Walk, n: Node) -> bool:
         """Pointwise ops of the table on the output's shape, reading region values, numbers, per-channel params."""

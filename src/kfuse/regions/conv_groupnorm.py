@@ -48,6 +48,7 @@ from kfuse.regions.conv_common import (
     conv_bias,
     conv_cost,
     conv_launch,
+    depthwise,
     form_of,
     geometry_code,
     pixel_kernel,
@@ -211,6 +212,8 @@ def norm_after_conv(walk: Walk, n: Node) -> bool:
     """A GroupNorm (groups dividing the channels) or InstanceNorm over a convolution's whole output, the walk's first
     norm, its affine per channel."""
     anchor = walk.anchor
+    if anchor.op in CONV_OPS and depthwise(anchor):  # the direct tile (kernels/conv_depthwise.py) has no statistics
+        return False
     if (anchor.op not in (*CONV_OPS, TRANSPOSED) or n.op not in NORMS or n.shape != anchor.shape or len(n.shape) < 3
             or not (isinstance(n.args[0], str) and n.args[0] in walk.values)
             or any(m.op in (*NORMS, "batch_norm") for m in walk.members)):

@@ -32,7 +32,7 @@ from kfuse.regions.common import (
     signature,
     var,
 )
-from kfuse.regions.conv_common import CONV, CONV_CONSTEXPRS, channel_operand, conv_bias, geometry_code
+from kfuse.regions.conv_common import CONV, CONV_CONSTEXPRS, channel_operand, conv_bias, depthwise, geometry_code
 from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with
 
 WINDOWED = ("pool", "max_pool1d", "avg_pool1d")
@@ -93,7 +93,7 @@ def read_only_inside(members: list[Node], n: Node, g: Graph) -> bool:
 def pool_after_conv(walk: Walk, n: Node) -> bool:
     """A pool of a value of the walk (at the conv's shape), nothing before it read outside the region."""
     anchor, g = walk.anchor, walk.g
-    if anchor.op not in CONV_OPS or not n.args or n.args[0] not in walk.values:
+    if anchor.op not in CONV_OPS or depthwise(anchor) or not n.args or n.args[0] not in walk.values:
         return False
     if g.shape_of(n.args[0]) != anchor.shape or numel(n.shape) == 0:
         return False
