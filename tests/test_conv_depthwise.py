@@ -105,7 +105,7 @@ def test_compiled_region_meets_the_contract(tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-                    reason="compiled kernel: needs CUDA and no interpreter")
+                    reason="compiled kernel: needs CUDA and TRITON_INTERPRET=0 (this file defaults to the interpreter)")
 def test_gpu_full_size_82():
     """KernelBench level 1 problem 82's shape (16 x 64 x 512 x 512, 3x3) compiled on the GPU, rules 2 and 3."""
     x, w, b = (t.cuda() if t is not None else None for t in _inputs((16, 64, 512, 512), (64, 1, 3, 3), 0, False))
