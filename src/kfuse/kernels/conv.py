@@ -389,6 +389,13 @@ def conv_bias_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias_ptr,
     acc = conv_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m, pid_n, g,
                     M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
                     BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
+    store_with_bias(acc, bias_ptr, out_ptr, pid_m, pid_n, g, M, OD, OH, OW, C_out, COUT_G, HAS_BIAS, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def store_with_bias(acc, bias_ptr, out_ptr, pid_m, pid_n, g, M, OD, OH, OW, C_out, COUT_G, HAS_BIAS: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A plain convolution tile's epilogue (the standalone kernels'): + bias where given, stored NC(D)HW."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n = g * COUT_G + offs_c

@@ -39,9 +39,9 @@ from kfuse.kernels.conv import (
     ConvGeometry,
     conv_geometry,
     conv_grid,
-    conv_out_offsets,
     conv_ref,
     conv_tile_ids,
+    store_with_bias,
 )
 from kfuse.kernels.runtime import SETTINGS
 
@@ -127,13 +127,7 @@ def depthwise_bias_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias
     acc = depthwise_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m, pid_n, g,
                          M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW,
                          DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_n = g * COUT_G + offs_c
-    mask = (offs_m < M)[:, None] & (offs_c < COUT_G)[None, :]
-    if HAS_BIAS:
-        acc = acc + tl.load(bias_ptr + offs_n, mask=offs_c < COUT_G, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + conv_out_offsets(offs_m, offs_n, OD, OH, OW, C_out), acc, mask=mask)
+    store_with_bias(acc, bias_ptr, out_ptr, pid_m, pid_n, g, M, OD, OH, OW, C_out, COUT_G, HAS_BIAS, BLOCK_M, BLOCK_N)
 
 
 def depthwise_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1, padding=0,
