@@ -137,12 +137,33 @@ def _body(nodes: list[Node], region: Region) -> list[str]:
         if code is None:
             return [f"raise NotImplementedError('kfuse: no backward for {n.origin} (op {n.op}) in a fused region')"]
         line = f"{n.name} = {code}  # {n.origin}"
-        # the op's origin above its line where both would not fit a readable width (at the method's indent)
-        lines += [line] if len(line) <= BODY_WIDTH else [f"# {n.origin}", f"{n.name} = {code}"]
+        # the op's origin above its line where both would not fit a readable width (at the method's indent), and
+        # a line still too wide broken after commas inside its brackets
+        lines += [line] if len(line) <= BODY_WIDTH else [f"# {n.origin}", *wrap_at_commas(f"{n.name} = {code}")]
     return lines + [_returns(region)]
 
 
 BODY_WIDTH = 190  # 200 characters less the method body's indent
+
+
+def wrap_at_commas(line: str, width: int = BODY_WIDTH) -> list[str]:
+    """`line` as lines of at most `width` characters where it can be: broken after a ", " inside brackets (Python
+    continues the statement there), continuation lines indented 4; strings are not looked into (spellings hold no
+    ", " inside quotes)."""
+    out, depth, start, last_break = [], 0, 0, None
+    for i, ch in enumerate(line):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth > 0 and line[i + 1:i + 2] == " ":
+            if i + 1 - start > width and last_break is not None:
+                out.append(line[start:last_break])
+                start = last_break + 1
+            last_break = i + 1
+    if len(line) - start > width and last_break is not None and last_break > start:
+        out.append(line[start:last_break])
+        start = last_break + 1
+    out.append(line[start:])
+    return [out[0], *[f"    {ln}" for ln in out[1:]]]
 
 
 def gemm_anchored(region: Region) -> bool:

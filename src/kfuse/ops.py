@@ -71,13 +71,9 @@ POINTWISE: dict[str, Pointwise] = {p.name: p for p in [
        'torch.clamp({0}, min={1})', "kf_max({0}, {1})"),
     _p("clamp_max", 2, "tl.minimum({0}, {1})", lambda x, hi: torch.clamp(x, max=float(hi)),
        'torch.clamp({0}, max={1})', "kf_min({0}, {1})"),
-    # softplus = log1p(e^(beta x)) / beta, x past the threshold; log1p(u) as log(1 + u) * u / ((1 + u) - 1)
-    # (Goldberg): exact to a few ulps where log(1 + u) alone loses u's low bits (x very negative)
-    _p("softplus", 3,
-       "tl.where({0} * {1} > {2}, {0}, tl.where(1.0 + tl.exp(tl.minimum({0} * {1}, {2})) == 1.0, "
-       "tl.exp(tl.minimum({0} * {1}, {2})), "
-       "tl.log(1.0 + tl.exp(tl.minimum({0} * {1}, {2}))) * tl.exp(tl.minimum({0} * {1}, {2})) "
-       "/ (1.0 + tl.exp(tl.minimum({0} * {1}, {2})) - 1.0)) / {1})",
+    # softplus = log1p(e^(beta x)) / beta, x past the threshold, with an accurate log1p: runtime._softplus (a jit
+    # helper, as _tanh: spelled inline it repeated its operands twenty times, lines of 300+ characters)
+    _p("softplus", 3, "_softplus({0}, {1}, {2})",
        lambda x, b, t: F.softplus(x, float(b), float(t)), 'torch.nn.functional.softplus({0}, {1}, {2})',
        "({0} * {1} > {2} ? {0} : log1pf(expf({0} * {1})) / {1})"),
     # mish = x * tanh(log(1 + e^x)) = x * n / (n + 2), n = e^x (e^x + 2): no log(1 + tiny) or 2 sigmoid - 1

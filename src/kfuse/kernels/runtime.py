@@ -578,6 +578,9 @@ def _tanh(x):
 
 @triton.jit
 def _softplus(x, beta, threshold):
-    # torch.nn.functional.softplus: x where beta*x > threshold, else log(1 + exp(beta*x)) / beta
+    # torch.nn.functional.softplus: x where beta*x > threshold, else log1p(exp(beta*x)) / beta, log1p(u) as
+    # log(1 + u) * u / ((1 + u) - 1) (Goldberg): a few ulps where log(1 + u) alone loses u's low bits (x very negative)
     bx = x * beta
-    return tl.where(bx > threshold, x, tl.log(1.0 + tl.exp(tl.minimum(bx, threshold))) / beta)
+    u = tl.exp(tl.minimum(bx, threshold))
+    log1p = tl.where(1.0 + u == 1.0, u, tl.log(1.0 + u) * u / (1.0 + u - 1.0))
+    return tl.where(bx > threshold, x, log1p / beta)

@@ -24,6 +24,7 @@ pointwise.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -204,9 +205,11 @@ def dz_kernel(region: Region, name: str, rules: Mapping[str, NodeRule] | None = 
     lines = [
         "@triton.jit",
         f"def {name}_dz_kernel({signature(decls)}):",
-        f'    """Backward of the epilogue {replaced}: dZ from z and the upstream gradients, in float64 registers;',
-        "    per row block (ROW_TILES tiles of BLOCK_M rows) float64 column sums of dZ (slot 0, the bias gradient)",
-        '    and of each parameter\'s gradient; the column maxima of |dZ| into amax (atomic max)."""',
+        *textwrap.wrap(f'"""Backward of the epilogue {replaced}: dZ from z and the upstream gradients, in float64 '
+                       "registers; per row block (ROW_TILES tiles of BLOCK_M rows) float64 column sums of dZ (slot 0, "
+                       "the bias gradient) and of each parameter's gradient; the column maxima of |dZ| into amax "
+                       '(atomic max)."""', 120, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False,
+                       break_long_words=False),
         "    pid_m = tl.program_id(0)",
         "    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
         "    mask_n = offs_n < N",
