@@ -28,15 +28,20 @@ def batch_norm_stats_ref(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 # --- emitted below ---
 @triton.jit
-def _tile_counts(t, M, num_tiles, TILE_M: tl.constexpr):
-    """Rows in each row tile t (float64; 0 past the last tile)."""
-    return tl.where(t < num_tiles, tl.minimum(M - t * TILE_M, TILE_M), 0).to(tl.float64)
+def _tile_counts(t, count_ptr, M, num_tiles, TILE_M: tl.constexpr, COUNTED: tl.constexpr):
+    """Rows in each row tile t (float64; 0 past the last tile): read from count_ptr where COUNTED (a convolution's
+    tiles, which stride phases make unequal), else TILE_M in every tile but the last (a GEMM's)."""
+    if COUNTED:
+        n = tl.load(count_ptr + t, mask=t < num_tiles, other=0.0).to(tl.float64)
+    else:
+        n = tl.where(t < num_tiles, tl.minimum(M - t * TILE_M, TILE_M), 0).to(tl.float64)
+    return n
 
 
 @triton.jit
-def batch_norm_finalize_kernel(mean_part_ptr, m2_part_ptr, mean_ptr, rstd_ptr, running_mean_ptr, running_var_ptr,
-                               M, N, num_tiles, eps, momentum,
-                               TILE_M: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK: tl.constexpr,
+def batch_norm_finalize_kernel(mean_part_ptr, m2_part_ptr, count_ptr, mean_ptr, rstd_ptr, running_mean_ptr,
+                               running_var_ptr, M, N, num_tiles, eps, momentum,
+                               TILE_M: tl.constexpr, COUNTED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK: tl.constexpr,
                                UPDATE: tl.constexpr):
     """BLOCK columns a program, all row tiles at once (BLOCK_T a load): mean = sum_t n_t mean_t / M, then
     M2 = sum_t (M2_t + n_t (mean_t - mean)^2), in float64. The per-column loop over tiles this replaced waited
@@ -49,7 +54,7 @@ def batch_norm_finalize_kernel(mean_part_ptr, m2_part_ptr, mean_ptr, rstd_ptr, r
         part = t[:, None] * N + cols[None, :]
         mask = (t < num_tiles)[:, None] & mask_c[None, :]
         mean_t = tl.load(mean_part_ptr + part, mask=mask, other=0.0).to(tl.float64)
-        total += tl.sum(_tile_counts(t, M, num_tiles, TILE_M)[:, None] * mean_t, axis=0)
+        total += tl.sum(_tile_counts(t, count_ptr, M, num_tiles, TILE_M, COUNTED)[:, None] * mean_t, axis=0)
     mean = total / M
     m2 = tl.zeros((BLOCK,), dtype=tl.float64)
     for t0 in range(0, num_tiles, BLOCK_T):  # again (from L2): the centring needs the mean over all tiles
@@ -58,7 +63,7 @@ def batch_norm_finalize_kernel(mean_part_ptr, m2_part_ptr, mean_ptr, rstd_ptr, r
         mask = (t < num_tiles)[:, None] & mask_c[None, :]
         dev = tl.load(mean_part_ptr + part, mask=mask, other=0.0).to(tl.float64) - mean[None, :]
         m2_t = tl.load(m2_part_ptr + part, mask=mask, other=0.0).to(tl.float64)
-        m2 += tl.sum(m2_t + _tile_counts(t, M, num_tiles, TILE_M)[:, None] * dev * dev, axis=0)
+        m2 += tl.sum(m2_t + _tile_counts(t, count_ptr, M, num_tiles, TILE_M, COUNTED)[:, None] * dev * dev, axis=0)
     var = m2 / M
     tl.store(mean_ptr + cols, mean.to(tl.float32), mask=mask_c)
     tl.store(rstd_ptr + cols, (1.0 / tl.sqrt(var + eps)).to(tl.float32), mask=mask_c)
@@ -69,20 +74,24 @@ def batch_norm_finalize_kernel(mean_part_ptr, m2_part_ptr, mean_ptr, rstd_ptr, r
         tl.store(running_var_ptr + cols, (1.0 - momentum) * rv + momentum * (m2 / (M - 1)), mask=mask_c)
 
 
-def batch_norm_stats(mean_part: torch.Tensor, m2_part: torch.Tensor, M: int, tile_m: int, bn: torch.nn.Module,
-                     factor: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-column mean and 1/sqrt(var + eps) from the (num_tiles, N) partials; with `factor` (the momentum,
-    or 1/num_batches_tracked when momentum is None) also update bn's running statistics in place."""
+def batch_norm_stats(mean_part: torch.Tensor, m2_part: torch.Tensor, M: int, tile_rows: int | torch.Tensor,
+                     bn: torch.nn.Module, factor: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-column mean and 1/sqrt(var + eps) from the (num_tiles, N) partials of M values per column; with
+    `factor` (the momentum, or 1/num_batches_tracked when momentum is None) also update bn's running statistics in
+    place. `tile_rows`: the rows of every tile but the last (a GEMM's), or each tile's rows as a tensor (a
+    convolution's, kernels/conv_norm.py)."""
     num_tiles, N = mean_part.shape
     mean = torch.empty(N, device=mean_part.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
     update = factor is not None
     rm = bn.running_mean if update else mean
     rv = bn.running_var if update else mean
+    counted = isinstance(tile_rows, torch.Tensor)
     block = 32  # 128 programs for 4096 columns
     batch_norm_finalize_kernel[(cdiv(N, block),)](
-        mean_part, m2_part, mean, rstd, rm, rv, M, N, num_tiles, float(bn.eps), float(factor or 0.0),
-        TILE_M=tile_m, BLOCK_T=min(triton.next_power_of_2(num_tiles), 128), BLOCK=block, UPDATE=update)
+        mean_part, m2_part, tile_rows if counted else mean_part, mean, rstd, rm, rv, M, N, num_tiles, float(bn.eps),
+        float(factor or 0.0), TILE_M=1 if counted else tile_rows, COUNTED=counted,
+        BLOCK_T=min(triton.next_power_of_2(num_tiles), 128), BLOCK=block, UPDATE=update)
     if update:  # the kernel wrote them behind torch's back: bump their versions as an in-place torch op would,
         torch.autograd.graph.increment_version((bn.running_mean, bn.running_var))  # so bn_eval_fold's cache sees it
     return mean, rstd

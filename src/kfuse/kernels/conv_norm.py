@@ -6,8 +6,9 @@ every spatial position) are a sum over row tiles, which no program sees whole. T
 (row tile, channel), the tile's mean and M2 = sum((y - tile mean)^2), centred within the tile (no E[y^2] - E[y]^2
 cancellation), in float64, and each tile's row count. Counts are explicit because a transposed convolution's tiles
 belong to stride phases of different sizes (and a tile past its phase's rows counts 0), so "every tile full but the
-last" (kernels/batchnorm.py's finalize) does not hold. `conv_bn_finalize_kernel` merges the tiles of each channel
-(Chan et al.'s combination: mean = sum_t n_t mean_t / M, M2 = sum_t M2_t + n_t (mean_t - mean)^2) in float64 and
+last" does not hold: kernels/batchnorm.py's finalize reads each tile's count (`batch_norm_stats` given the counts
+tensor) and merges the tiles of each channel (Chan et al.'s combination: mean = sum_t n_t mean_t / M,
+M2 = sum_t M2_t + n_t (mean_t - mean)^2) in float64 and
 updates running_mean / running_var exactly as torch does (biased variance to normalize, unbiased M2 / (M - 1) into
 running_var, running = (1 - momentum) running + momentum batch; num_batches_tracked is counted by the launcher,
 kernels/batchnorm.py's batch_norm_momentum).
@@ -54,62 +55,6 @@ def conv_gn_stats_ref(y: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch
 
 
 # --- emitted below ---
-@triton.jit
-def conv_bn_finalize_kernel(mean_part_ptr, m2_part_ptr, count_ptr, mean_ptr, rstd_ptr, running_mean_ptr,
-                            running_var_ptr, M, C, num_tiles, eps, momentum,
-                            BLOCK_T: tl.constexpr, BLOCK: tl.constexpr, UPDATE: tl.constexpr):
-    """BLOCK channels a program, BLOCK_T tiles a load: the (num_tiles, C) float64 partials and (num_tiles,) counts
-    merged per channel in float64 (two passes: the centring needs the mean over all tiles), mean and 1/std stored
-    in fp32; with UPDATE the running statistics too."""
-    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask_c = cols < C
-    total = tl.zeros((BLOCK,), dtype=tl.float64)
-    for t0 in range(0, num_tiles, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        mask = (t < num_tiles)[:, None] & mask_c[None, :]
-        n_t = tl.load(count_ptr + t, mask=t < num_tiles, other=0.0).to(tl.float64)
-        mean_t = tl.load(mean_part_ptr + t[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float64)
-        total += tl.sum(n_t[:, None] * mean_t, axis=0)
-    mean = total / M
-    m2 = tl.zeros((BLOCK,), dtype=tl.float64)
-    for t0 in range(0, num_tiles, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        mask = (t < num_tiles)[:, None] & mask_c[None, :]
-        part = t[:, None] * C + cols[None, :]
-        n_t = tl.load(count_ptr + t, mask=t < num_tiles, other=0.0).to(tl.float64)
-        dev = tl.load(mean_part_ptr + part, mask=mask, other=0.0).to(tl.float64) - mean[None, :]
-        m2_t = tl.load(m2_part_ptr + part, mask=mask, other=0.0).to(tl.float64)
-        m2 += tl.sum(m2_t + n_t[:, None] * dev * dev, axis=0)
-    var = m2 / M
-    tl.store(mean_ptr + cols, mean.to(tl.float32), mask=mask_c)
-    tl.store(rstd_ptr + cols, (1.0 / tl.sqrt(var + eps)).to(tl.float32), mask=mask_c)
-    if UPDATE:
-        rm = tl.load(running_mean_ptr + cols, mask=mask_c).to(tl.float64)
-        rv = tl.load(running_var_ptr + cols, mask=mask_c).to(tl.float64)
-        tl.store(running_mean_ptr + cols, (1.0 - momentum) * rm + momentum * mean, mask=mask_c)
-        tl.store(running_var_ptr + cols, (1.0 - momentum) * rv + momentum * (m2 / (M - 1)), mask=mask_c)
-
-
-def conv_bn_stats(mean_part: torch.Tensor, m2_part: torch.Tensor, counts: torch.Tensor, M: int, bn: torch.nn.Module,
-                  factor: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and 1/sqrt(var + eps) from the (num_tiles, C) partials of M values per channel; with
-    `factor` (the momentum, or 1/num_batches_tracked where momentum is None) also update bn's running statistics in
-    place, as torch does."""
-    num_tiles, C = mean_part.shape
-    mean = torch.empty(C, device=mean_part.device, dtype=torch.float32)
-    rstd = torch.empty_like(mean)
-    update = factor is not None
-    rm = bn.running_mean if update else mean
-    rv = bn.running_var if update else mean
-    block = 32
-    conv_bn_finalize_kernel[(cdiv(C, block),)](
-        mean_part, m2_part, counts, mean, rstd, rm, rv, M, C, num_tiles, float(bn.eps), float(factor or 0.0),
-        BLOCK_T=min(triton.next_power_of_2(num_tiles), 128), BLOCK=block, UPDATE=update)
-    if update:  # written behind torch's back: bump the versions as an in-place torch op would (the fold's cache key)
-        torch.autograd.graph.increment_version((bn.running_mean, bn.running_var))
-    return mean, rstd
-
-
 def conv_bn_fold(weight: torch.Tensor, bias: torch.Tensor | None, bn: torch.nn.Module, transposed: bool,
                  groups: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(W', b') of eval-mode BatchNorm after conv(x, weight) + bias (module docstring), in float64, rounded once:
@@ -139,7 +84,7 @@ def conv_bn_eval_fold(weight: torch.Tensor, bias: torch.Tensor | None, bn: torch
                       groups: int) -> tuple[torch.Tensor, torch.Tensor]:
     """conv_bn_fold's (W', b'), cached on the weight and reused while every tensor it reads (W, b, running_mean,
     running_var, gamma, beta) keeps its storage, version counter and shape and eps is the same: load_state_dict,
-    an optimizer step, an in-place change and a training-mode call (conv_bn_stats bumps the running statistics'
+    an optimizer step, an in-place change and a training-mode call (batch_norm_stats bumps the running statistics'
     versions) recompute it. A write through `.data` bypasses version counters: set `weight._kfuse_conv_bn_fold =
     None` after one. W' is a Parameter without gradient so that the convolution's plan caches its split (or phase
     weight) on it as on any parameter: it is rebuilt only with the fold."""

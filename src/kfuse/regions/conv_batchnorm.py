@@ -2,11 +2,12 @@
 pointwise ops, the convolution on kernels/conv.py's tile (or kernels/conv_transpose.py's stride phases).
 
 Training mode (or no running statistics): each channel's mean and variance are over ALL N x spatial output pixels,
-which no tile sees. Three launches (kernels/conv_norm.py):
+which no tile sees. Three launches (kernels/conv_norm.py, kernels/batchnorm.py):
   1. `<name>_stats_kernel`: the convolution and the ops before the norm; stores y (the norm's input) and, per
      (row tile, channel), the tile's mean and centred M2 in float64, and each tile's row count;
-  2. `conv_bn_finalize_kernel`: merges the tiles per channel (Chan's combination, float64), writes mean and 1/std
-     and updates running_mean / running_var in place (num_batches_tracked counted by the launcher);
+  2. `batch_norm_finalize_kernel` (kernels/batchnorm.py, given each tile's row count): merges the tiles per channel
+     (Chan's combination, float64), writes mean and 1/std and updates running_mean / running_var in place
+     (num_batches_tracked counted by the launcher);
   3. `<name>_apply_kernel`: one pass over y: (y - mean) * rstd * weight + bias, then the ops after the norm.
 Bytes beyond the convolution: y written once and read once (8 bytes per output element at fp32), the outputs
 written once; torch would write the conv's output, read it twice for the norm (statistics, then normalize), write
@@ -209,7 +210,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
               empty(p.y, y_dtype), *[empty(v) for v in p.pre_outs if v != p.y],
               *conv_launch(form, f"{stem}_stats", [f"buf_{v}" for v in dict.fromkeys([p.y, *p.pre_outs])]
                            + ["mean_part", "m2_part", "count"], a1),
-              "mean, rstd = conv_bn_stats(mean_part, m2_part, count, M, bn, factor)",
+              "mean, rstd = batch_norm_stats(mean_part, m2_part, M, count, bn, factor)  # count: each tile's rows",
               *[empty(v) for v in p.post_outs],
               "S = M // geo.out_shape[0]",
               "bm, bn_ = (min(triton.next_power_of_2(M), 8192), 64) if interpreting() else (128, 32)",
