@@ -227,3 +227,16 @@ def test_load_kfuse_sets_the_tuner_mode(tmp_path):
     assert load_kfuse(prob, "cpu", tmp_path, autotune="force").TUNER.mode == "force"
     module = load_kfuse(prob, "cpu", tmp_path)
     assert module.TUNER.mode == module.SETTINGS.autotune  # None: what KFUSE_AUTOTUNE said when it loaded
+
+
+def test_unknown_baseline_is_one_line(monkeypatch):
+    """An unknown --baselines name: one line naming every model that can be timed, exit 2 (the GPU check comes
+    first, so a GPU is pretended here)."""
+    from typer.testing import CliRunner
+
+    from kfuse.cli import app
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    r = CliRunner().invoke(app, ["bench", str(SEEDS / "12_gemm_multiply_leakyrelu.py"), "--baselines", "eager,tf32"])
+    want = "kfuse: error: --baselines tf32: expected eager, eager_strict, compile_default or compile_max_autotune"
+    assert r.exit_code == 2 and r.output.strip() == want, r.output

@@ -436,8 +436,9 @@ def bench_cmd(
     chosen = tuple(b.strip() for b in baselines.split(",") if b.strip())
     unknown = [b for b in chosen if b not in MODELS or b == "kfuse"]
     if unknown:
-        typer.echo(f"kfuse: error: --baselines {unknown[0]}: expected eager, eager_strict, compile_default or "
-                   "compile_max_autotune", err=True)
+        expected = [m for m in MODELS if m != "kfuse"]
+        typer.echo(f"kfuse: error: --baselines {unknown[0]}: expected {', '.join(expected[:-1])} or {expected[-1]}",
+                   err=True)
         raise typer.Exit(2)
     check_backend(backend, None)  # optimize's check: a KfuseError, one line and exit 2 (cli.py)
     overrides = parse_set(set_)

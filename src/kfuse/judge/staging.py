@@ -12,6 +12,7 @@ the judge once the worker has answered (its mapping stays valid).
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import threading
@@ -34,7 +35,7 @@ class Slot:
     shape: tuple[int, ...]
 
 
-Item = Slot | Any  # a tensor's slot, or a plain value get_inputs returned (passed as it is)
+Item = Any  # a tensor's Slot, or a plain value get_inputs returned (passed as it is)
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,6 @@ def _item_json(item: Item) -> Any:
     if isinstance(item, Slot):
         return {"slot": [item.offset, item.dtype, list(item.shape)]}
     return {"value": item}
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 def _aligned(n: int) -> int:
@@ -77,12 +74,11 @@ def write_sets(path: Path, sets: Iterable[Sequence[Any]]) -> Manifest:
                     items.append(t)
                     continue
                 host = _on_host(t)
-                n = _nbytes(host)
-                if n:
-                    os.lseek(fd, offset, os.SEEK_SET)
-                    view = memoryview(host.reshape(-1).view(torch.uint8).numpy()).cast("B")
-                    while view:
-                        view = view[os.write(fd, view):]
+                n = host.nbytes
+                view = memoryview(host.reshape(-1).view(torch.uint8).numpy()).cast("B")
+                written = 0
+                while written < n:
+                    written += os.pwrite(fd, view[written:], offset + written)
                 items.append(Slot(offset, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
                 offset += _aligned(n)
             out.append(tuple(items))
@@ -100,7 +96,7 @@ def _on_host(t: torch.Tensor) -> torch.Tensor:
     fraction of the link's speed, and each set is copied once and written at once)."""
     if t.device.type != "cuda":
         return t.detach().contiguous()
-    n = _nbytes(t)
+    n = t.nbytes
     buf = getattr(_PINNED, "buf", None)
     if buf is None or buf.numel() < n:
         buf = _PINNED.buf = torch.empty(max(n, 1), dtype=torch.uint8, pin_memory=True)
@@ -126,10 +122,7 @@ def _view(buf: torch.Tensor, item: dict[str, Any]) -> Any:
         return item["value"]
     offset, dtype, shape = item["slot"]
     dt = getattr(torch, dtype)
-    n = 1
-    for d in shape:
-        n *= d
-    nbytes = n * torch.empty((), dtype=dt).element_size()
+    nbytes = math.prod(shape) * dt.itemsize
     if nbytes == 0:
         return torch.empty(shape, dtype=dt)
     return buf[offset:offset + nbytes].view(dt).view(shape)
