@@ -39,7 +39,6 @@ from kfuse.regions.common import (
 from kfuse.regions.conv_common import (
     TRANSPOSED,
     ConvForm,
-    channel_operand,
     conv_bias,
     conv_cost,
     conv_kernel,
@@ -47,10 +46,11 @@ from kfuse.regions.conv_common import (
     depthwise,
     form_of,
     geometry_code,
+    joins_after_norm,
     pixel_kernel,
     stores,
 )
-from kfuse.regions.kind import RegionKind, Walk, pointwise_with, same_tile
+from kfuse.regions.kind import RegionKind, Walk, same_tile
 
 FOLD_RULE = "bn-eval-fold"
 
@@ -246,14 +246,7 @@ class ConvBatchNorm(RegionKind):
         return norm_after_conv(walk, n)
 
     def joins(self, walk: Walk, n: Node) -> bool:
-        """After the norm, pointwise ops on the output's shape that read the norm's value or what follows it (the
-        apply pass holds nothing else), numbers and per-channel parameters."""
-        shape = walk.anchor.shape
-        if n.shape != shape or not n.value_args():
-            return False
-        at = next(i for i, m in enumerate(walk.members) if m.op == "batch_norm")
-        readable = {m.name for m in walk.members[at:]}
-        return pointwise_with(n, lambda a: channel_operand(a, shape, readable))
+        return joins_after_norm(walk, n, ("batch_norm",), norm_input=False)
 
     def finish(self, walk: Walk) -> list[Node]:
         return same_tile(walk)

@@ -21,7 +21,7 @@ from kfuse.regions.common import (
     signature,
     var,
 )
-from kfuse.regions.kind import numel
+from kfuse.regions.kind import Walk, numel, pointwise_with
 
 TRANSPOSED = "conv_transpose"  # capture's op for ConvTranspose1d/2d/3d and F.conv_transpose1d/2d/3d
 CONV_CONSTEXPRS = tuple(constexpr(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"))
@@ -123,6 +123,18 @@ def channel_operand(a: Arg, shape: tuple[int, ...], values: set[str]) -> bool:
         aligned = (1,) * (len(shape) - len(a.shape)) + tuple(a.shape)
         return aligned[1] in (1, shape[1]) and all(d == 1 for i, d in enumerate(aligned) if i != 1)
     return False
+
+
+def joins_after_norm(walk: Walk, n: Node, norm_ops: tuple[str, ...], norm_input: bool) -> bool:
+    """Does n join a norm kind's walk after its norm? Pointwise ops on the output's shape that read the norm's
+    value or what follows it (the apply pass holds nothing else; with `norm_input`, the norm's input too), numbers
+    and per-channel parameters."""
+    shape = walk.anchor.shape
+    if n.shape != shape or not n.value_args():
+        return False
+    at = next(i for i, m in enumerate(walk.members) if m.op in norm_ops)
+    readable = {m.name for m in walk.members[at:]} | ({walk.members[at].args[0]} if norm_input else set())
+    return pointwise_with(n, lambda a: channel_operand(a, shape, readable))
 
 
 def conv_cost(anchor: Node, g: Graph, outs: int) -> str:

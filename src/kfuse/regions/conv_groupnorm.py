@@ -44,18 +44,18 @@ from kfuse.regions.conv_common import (
     CONV_CONSTEXPRS,
     TRANSPOSED,
     ConvForm,
-    channel_operand,
     conv_bias,
     conv_cost,
     conv_launch,
     depthwise,
     form_of,
     geometry_code,
+    joins_after_norm,
     pixel_kernel,
     stores,
     tile_lines,
 )
-from kfuse.regions.kind import RegionKind, Walk, group_size, pointwise_with, same_tile
+from kfuse.regions.kind import RegionKind, Walk, group_size, same_tile
 
 NORMS = ("group_norm", "instance_norm")
 # stats-kernel sizes beyond the convolution's: samples a tile may touch, entries a sample has per phase
@@ -232,14 +232,7 @@ class ConvGroupNorm(RegionKind):
         return norm_after_conv(walk, n)
 
     def joins(self, walk: Walk, n: Node) -> bool:
-        """After the norm, pointwise ops on the output's shape that read the norm's input, the norm's value or what
-        follows it (the apply pass holds nothing else), numbers and per-channel parameters."""
-        shape = walk.anchor.shape
-        if n.shape != shape or not n.value_args():
-            return False
-        at = next(i for i, m in enumerate(walk.members) if m.op in NORMS)
-        readable = {m.name for m in walk.members[at:]} | {walk.members[at].args[0]}
-        return pointwise_with(n, lambda a: channel_operand(a, shape, readable))
+        return joins_after_norm(walk, n, NORMS, norm_input=True)  # the apply pass may read the norm's input (y)
 
     def finish(self, walk: Walk) -> list[Node]:
         return same_tile(walk)
