@@ -23,6 +23,9 @@ CASES = {
     "1d_strided": ((2, 3, 23), (6, 3, 5), 3, 2, 1, 1),
     "3d": ((2, 3, 5, 6, 7), (4, 3, 2, 3, 2), (1, 2, 1), (1, 0, 1), 1, 1),
     "3d_same_grouped": ((1, 4, 4, 5, 6), (6, 2, 3, 2, 3), 1, "same", (1, 2, 1), 2),
+    # groups of 20 and 37 channels: packed to 32 and 48 (two and three 16-deep K blocks a tap, padding in the last)
+    "2d_wide_groups": ((2, 40, 6, 5), (6, 20, 3, 2), 1, 1, 1, 2),
+    "1d_37_channels": ((2, 37, 9), (5, 37, 3), 2, 1, 1, 1),
 }
 
 
@@ -100,6 +103,37 @@ def test_geometry_gives_torch_output_shape(case):
     assert len(geo.args()) == 23
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_packed_input_layout(split):
+    """pack_input: pixel-major records of each group's channels padded to 16, on `split` the hi parts of x * s[n]
+    then the lo parts, whose sum gives back x * s[n] to ~2^-22 relative; zeros in the padding."""
+    x = torch.randn(3, 6, 5, 7)
+    geo = cv.conv_geometry(tuple(x.shape), (4, 3, 3, 3), 1, 1, 1, 2)
+    packed, scale = cv.pack_input(x, geo, split)
+    rec = packed.view(3, 5, 7, 2, -1, 16)  # (n, h, w, group, hi/lo or one part, channels)
+    want = x.view(3, 2, 3, 5, 7).permute(0, 3, 4, 1, 2)  # (n, h, w, group, channel)
+    assert (rec[..., 3:] == 0).all()
+    if split:
+        assert rec.shape[4] == 2 and scale.shape == (3,)
+        scaled = want.double() * scale.double().view(3, 1, 1, 1, 1)
+        got = rec[:, :, :, :, 0, :3].double() + rec[:, :, :, :, 1, :3].double()
+        assert ((got - scaled).abs() <= 2.0 ** -22 * scaled.abs().amax()).all()
+    else:
+        assert scale is None and torch.equal(rec[:, :, :, :, 0, :3], want)
+
+
+@pytest.mark.parametrize("cin_g", [1, 3, 16, 20, 37, 64, 96, 200])
+def test_k_blocks_divide_a_taps_channels(cin_g):
+    """The tile has no K mask: every config conv_config and the tuner make has K blocks that divide a tap's packed
+    channels, and as deep as they can be (up to the cap)."""
+    geo = cv.conv_geometry((2, cin_g, 9, 9), (8, cin_g, 3, 3), 1, 0, 1, 1)
+    cp = cv.packed_channels(cin_g)
+    configs = [cv.conv_config(geo, s, i) for s in ("fp16x3p", "ieee", "fp64") for i in (False, True)]
+    configs += cv.conv_candidates(geo, configs[0])
+    assert all(cp % c.block_k == 0 and c.block_k >= 16 for c in configs)
+    assert configs[0].block_k == min(32, cp & -cp) and cp % 16 == 0 and cp - cin_g < 16
+
+
 def test_geometry_rejects_mismatched_groups():
     with pytest.raises(ValueError):
         cv.conv_geometry((1, 6, 8, 8), (4, 4, 3, 3), 1, 0, 1, 2)
@@ -108,12 +142,13 @@ def test_geometry_rejects_mismatched_groups():
 def test_weight_split_is_cached_until_the_weight_changes():
     x, w, b = _inputs(*CASES["1d_strided"][:2], 1)
     w = torch.nn.Parameter(w)
-    first = cv.cached_conv_split(w)
-    assert cv.cached_conv_split(w) is first
+    first = cv.cached_conv_weight(w, "fp16x3p")
+    assert cv.cached_conv_weight(w, "fp16x3p") is first
+    assert cv.cached_conv_weight(w, "ieee") is not first  # another scheme: the fp32 packed matrix
     before = cv.conv_forward(x, w, None, 3, 2, scheme="fp16x3p")
     with torch.no_grad():
         w.mul_(2.0)
-    assert cv.cached_conv_split(w) is not first
+    assert cv.cached_conv_weight(w, "fp16x3p") is not first
     after = cv.conv_forward(x, w, None, 3, 2, scheme="fp16x3p")
     torch.testing.assert_close(after, 2 * before, rtol=1e-6, atol=1e-6)
 
@@ -148,6 +183,8 @@ else:
 kernel = getattr(module, name)
 values = {"HAS_BIAS": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SCHEME": scheme}
 signature, constexprs = {}, {}
+# fp16 on fp16x3p: the weight's parts, and the packed input of a convolution (a transposed one's x stays fp32)
+halves = ("w_ptr", "w_lo_ptr") + (() if any(p.name == "phase_ptr" for p in kernel.params) else ("x_ptr",))
 for i, p in enumerate(kernel.params):
     if p.is_constexpr:
         signature[p.name] = "constexpr"
@@ -155,10 +192,15 @@ for i, p in enumerate(kernel.params):
     elif p.name == "phase_ptr":  # conv_transpose's per-phase integers
         signature[p.name] = "*i32"
     elif p.name.endswith("_ptr"):
-        signature[p.name] = "*fp16" if scheme == "fp16x3p" and p.name in ("w_ptr", "w_lo_ptr") else "*fp32"
+        signature[p.name] = "*fp16" if scheme == "fp16x3p" and p.name in halves else "*fp32"
     else:
         signature[p.name] = "fp32" if p.name.startswith("s_") else "i32"
-built = triton.compile(ASTSource(kernel, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+# as Triton specializes them at a launch: torch's buffers are 16-byte aligned, a split weight's row stride is a
+# multiple of 64 (without the hints no load is pipelined and the register counts are not the GPU's)
+attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params)
+         if p.name.endswith("_ptr") or p.name == "stride_wn"}
+built = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps, "num_stages": stages})
 regs, spill = _ptxas_usage(built.asm["ptx"])
 print(json.dumps({"shared": built.metadata.shared, "registers": regs, "spill": spill}))
