@@ -34,7 +34,8 @@ def request_name(self, op, cap=0, **fields) -> str:
 
 WorkerHandle.request = _timed(request_name, WorkerHandle.request)
 WorkerHandle.quick = _timed(lambda self, message: f"quick:{message!r}", WorkerHandle.quick)
-WorkerHandle.__init__ = _timed(lambda self, **kw: "worker_start", WorkerHandle.__init__)
+WorkerHandle.__init__ = _timed(lambda self, **kw: "worker_spawn", WorkerHandle.__init__)  # returns at once
+WorkerHandle.wait_ready = _timed(lambda self: "worker_wait_ready", WorkerHandle.wait_ready)  # what overlap left
 ev.timed_draw = _timed(lambda *a: "timed_draw", ev.timed_draw)
 ev.references = _timed(lambda *a: "references(shape)", ev.references)
 

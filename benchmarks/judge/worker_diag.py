@@ -84,8 +84,8 @@ def plain(cand: Path, problem, state, inputs) -> dict:
 
 
 def through_worker(cand: Path, problem, state, inputs, isolated: bool) -> dict:
-    with WorkerHandle(interpret=False, timeout_s=300, candidate=cand, isolated=isolated, gpu=True) as w:
-        assert w.request("load", path=w.candidate_path, device="cuda", precision="fp32")["ok"]
+    with WorkerHandle(interpret=False, timeout_s=300, isolated=isolated, gpu=True) as w:
+        assert w.request("load", path=w.hand_over(cand.name, cand.read_bytes()), device="cuda", precision="fp32")["ok"]
         assert w.request("build", key="", seed=1, init_inputs=problem.init_inputs(), state=state)["ok"]
         out_bytes = 64 << 20  # a cap on the kept outputs sent back (unchecked here)
         out = {}

@@ -1,11 +1,13 @@
 """One (REF, CANDIDATE) pair -> an `EvalRecord` (-> JSON).
 
 The judge reads REF once (into a folder only it can see) and computes every reference result of every
-shape (verify.reference_run: eager in the chosen precision and float64) before the candidate starts. The
-candidate lives in a sandboxed worker process (sandbox.py, ipc.py, worker.py) that receives inputs and a
-model seed, and sends back outputs; it never sees a reference, an input seed or the base seed. Per shape the
-candidate is built once and called on fresh input draws, so a result cached across calls fails; its state is
-reset before each call so buffers (BatchNorm statistics) match a fresh reference.
+shape (verify.reference_run: eager in the chosen precision and float64) before the candidate starts. Its
+worker process starts meanwhile (sandbox, torch, on the GPU CUDA and CUPTI), so those seconds overlap the
+references, but it is handed the candidate's code only once they all exist. The candidate lives in a
+sandboxed worker process (sandbox.py, ipc.py, worker.py) that receives inputs and a model seed, and sends back
+outputs; it never sees a reference, an input seed or the base seed. Per shape the candidate is built once and
+called on fresh input draws, so a result cached across calls fails; its state is reset before each call so
+buffers (BatchNorm statistics) match a fresh reference.
 
 Shapes: the problem as given (`trials` draws), the batch changed and, where the file names feature sizes the
 reference accepts changed, those changed (one draw each), each by an odd step drawn per run from the base
@@ -24,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -67,7 +70,7 @@ class EvalConfig:
     trials: int = 5
     perf_trials: int = 100
     warmup: int = 5
-    timeout_s: float = 300.0  # the whole candidate: start, import, every call, timing
+    timeout_s: float = 300.0  # the candidate from its hand-over: import, every call, timing; the worker's start too
     seed: int | None = None  # None: drawn at random (and recorded), so no candidate can know it
     overrides: Mapping[str, int | float] = field(default_factory=dict)
     extra_shapes: bool = True
@@ -117,7 +120,7 @@ class EvalRecord:
     notes: list[str] = field(default_factory=list)
     error: str | None = None
     elapsed_s: float = 0.0
-    phases_s: dict[str, float] = field(default_factory=dict)  # references, worker_start, import, checks, timing
+    phases_s: dict[str, float] = field(default_factory=dict)  # references, worker_ready_wait, import, ...
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
@@ -197,7 +200,7 @@ def plan_shapes(problem: Problem, seed: int, trials: int, extra: bool) -> list[S
 
 @dataclass
 class PlannedShape:
-    """A shape with its references, computed before the worker starts."""
+    """A shape with its references, computed before the candidate's code reaches its worker."""
 
     shape: Shape
     refs: list[Reference]
@@ -274,9 +277,80 @@ def sandbox_refusal() -> str | None:
             "pass --unsandboxed to judge without it (the record says so)")
 
 
-def evaluate(ref_path: Path | str, cand_path: Path | str, cfg: EvalConfig) -> EvalRecord:
-    """Judge one candidate. Bad REF or usage raises KfuseError; anything the candidate does is a record."""
-    ref_path, cand_path = Path(ref_path), Path(cand_path)
+@dataclass(frozen=True)
+class Context:
+    """One evaluation's fixed facts: its config, base seed and the judge's private copy of REF."""
+
+    cfg: EvalConfig
+    seed: int
+    ref_copy: Path
+    ref_sha256: str
+
+    @property
+    def timed(self) -> bool:
+        return self.cfg.device == "cuda" or self.cfg.time_on_cpu
+
+
+def read_candidate(path: Path) -> bytes:
+    """The candidate's bytes, read once: hashed for its compile cache and handed to its worker, the same bytes."""
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise KfuseError(f"{path}: cannot read ({err.strerror})") from None
+
+
+@dataclass
+class Launched:
+    """A worker started for one candidate whose code it has not been given yet (`WorkerHandle.hand_over`)."""
+
+    worker: WorkerHandle
+    name: str  # the candidate's file name
+    source: bytes
+
+
+def spawn_worker(cfg: EvalConfig, source: bytes, warm_cuda: bool) -> WorkerHandle:
+    """A worker started for a file (`source`: its compile cache is this file's), returning at once: it starts
+    (sandbox, `import torch`, with `warm_cuda` its CUDA context and CUPTI) while the judge does other work."""
+    return WorkerHandle(interpret=cfg.device == "cpu", timeout_s=cfg.timeout_s, isolated=cfg.sandboxed,
+                        gpu=cfg.device == "cuda", limits=cfg.limits, warm_cuda=warm_cuda,
+                        compile_cache=cache.compile_cache(source) if cfg.compile_cache else None)
+
+
+def prestart(cand_path: Path, cfg: EvalConfig) -> Launched:
+    """eval-suite: the next candidate's worker, started and warmed while the current one is judged (pass it to
+    `evaluate` as a future). It shares the device gate until ready, so its CUDA warm-up never overlaps a
+    timing, and it holds nothing of the candidate but the judge's copy of its bytes."""
+    source = read_candidate(cand_path)
+    with GATE.shared():
+        worker = spawn_worker(cfg, source, warm_cuda=cfg.device == "cuda")
+        try:
+            worker.wait_ready()
+        except BaseException:
+            worker.close()
+            raise
+    return Launched(worker, cand_path.name, source)
+
+
+def close_launched(prestarted: Future[Launched]) -> None:
+    """A prestarted worker is closed when its evaluation ends, whether or not it was used."""
+    try:
+        prestarted.result().worker.close()
+    except BaseException:  # noqa: BLE001 - it failed to start: nothing to close
+        pass
+
+
+def evaluate(ref_path: Path | str, cand_path: Path | str, cfg: EvalConfig,
+             prestarted: Future[Launched] | None = None) -> EvalRecord:
+    """Judge one candidate. Bad REF or usage raises KfuseError; anything the candidate does is a record.
+    `prestarted` (eval-suite): this candidate's worker, already starting; it is closed here in any case."""
+    try:
+        return _evaluate(Path(ref_path), Path(cand_path), cfg, prestarted)
+    finally:
+        if prestarted is not None:
+            close_launched(prestarted)  # already closed where it was used; here too where it was not
+
+
+def _evaluate(ref_path: Path, cand_path: Path, cfg: EvalConfig, prestarted: Future[Launched] | None) -> EvalRecord:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise KfuseError("--device cuda: no CUDA device is available (use --device cpu)")
     if cfg.precision not in DTYPES:
@@ -293,19 +367,13 @@ def evaluate(ref_path: Path | str, cand_path: Path | str, cfg: EvalConfig) -> Ev
                             sandbox="bwrap" if cfg.sandboxed else "none (--unsandboxed)")
         started = time.monotonic()
         ref_sha256 = hashlib.sha256(ref_copy.read_bytes()).hexdigest()
-        with GATE.shared():  # references run on the device: never while another candidate is timed
-            planned = prepare(problem, seed, cfg, record, ref_sha256)
-            if cfg.device == "cuda":
-                torch.cuda.empty_cache()  # the float64 runs' memory back to the device, for the workers
-        _phase(record, "references", started)
         ctx = Context(cfg, seed, ref_copy, ref_sha256)
         ev = cheats.Evidence()
         verdicts: list[Verdict] = []
         try:
-            t0 = time.monotonic()
-            with _worker(ctx, cand_path) as worker:
-                _phase(record, "worker_start", t0)
-                _run(worker, planned, ctx, record, ev, verdicts)
+            with ExitStack() as workers:  # the candidate's worker ends here, whatever happened
+                launched, planned = _launch_and_prepare(cand_path, problem, ctx, record, prestarted, workers)
+                _run(launched, planned, ctx, record, ev, verdicts)
         except WorkerFailure as err:
             record.error = clean_text(err, 4000)
     _conclude(record, ev, verdicts)
@@ -313,25 +381,34 @@ def evaluate(ref_path: Path | str, cand_path: Path | str, cfg: EvalConfig) -> Ev
     return record
 
 
-@dataclass(frozen=True)
-class Context:
-    """One evaluation's fixed facts: its config, base seed and the judge's private copy of REF."""
-
-    cfg: EvalConfig
-    seed: int
-    ref_copy: Path
-    ref_sha256: str
-
-    @property
-    def timed(self) -> bool:
-        return self.cfg.device == "cuda" or self.cfg.time_on_cpu
-
-
-def _worker(ctx: Context, path: Path) -> WorkerHandle:
+def _launch_and_prepare(cand_path: Path, problem: Problem, ctx: Context, record: EvalRecord,
+                        prestarted: Future[Launched] | None,
+                        workers: ExitStack) -> tuple[Launched, list[PlannedShape]]:
+    """The candidate's worker starting (or prestarted) while every shape's references are computed from the
+    one snapshot of REF; the worker gets the candidate's code only later (`_run`), once they all exist.
+    Records `worker_ready_wait`: how long the references left the judge waiting for the worker."""
     cfg = ctx.cfg
-    return WorkerHandle(interpret=cfg.device == "cpu", timeout_s=cfg.timeout_s, candidate=path,
-                        isolated=cfg.sandboxed, gpu=cfg.device == "cuda", limits=cfg.limits,
-                        compile_cache=cache.compile_cache(path.read_bytes()) if cfg.compile_cache else None)
+    launched = None
+    t0 = time.monotonic()
+    with GATE.shared():  # references run on the device: never while another candidate is timed
+        if prestarted is None:
+            source = read_candidate(cand_path)
+            worker = workers.enter_context(spawn_worker(cfg, source, warm_cuda=cfg.device == "cuda"))
+            launched = Launched(worker, cand_path.name, source)
+        planned = prepare(problem, ctx.seed, cfg, record, ctx.ref_sha256)
+        if cfg.device == "cuda":
+            torch.cuda.empty_cache()  # the float64 runs' memory back to the device, for the workers
+        _phase(record, "references", t0)
+        t0 = time.monotonic()
+        if launched is not None:
+            launched.worker.wait_ready()  # inside the gate: its CUDA warm-up is device work too
+    if launched is None:  # outside the gate: the prestart may itself be waiting for it
+        launched = prestarted.result()
+        workers.enter_context(launched.worker)
+    _phase(record, "worker_ready_wait", t0)
+    if cfg.device == "cuda":
+        record.phases_s["worker_warmup"] = round(launched.worker.warmup_s, 3)
+    return launched, planned
 
 
 def answer_cap(ref: Reference) -> int:
@@ -340,11 +417,14 @@ def answer_cap(ref: Reference) -> int:
         + ANSWER_FLOOR_BYTES
 
 
-def _run(worker: WorkerHandle, planned: Sequence[PlannedShape], ctx: Context, record: EvalRecord,
+def _run(launched: Launched, planned: Sequence[PlannedShape], ctx: Context, record: EvalRecord,
          ev: cheats.Evidence, verdicts: list[Verdict]) -> None:
-    cfg = ctx.cfg
+    """The candidate's code handed to its ready worker (every reference exists by now), imported, checked at
+    every shape and, where timed and correct, timed against the baselines."""
+    cfg, worker = ctx.cfg, launched.worker
     t0 = time.monotonic()
-    loaded = worker.request("load", path=worker.candidate_path, device=cfg.device, precision=cfg.precision)
+    path = worker.hand_over(launched.name, launched.source)
+    loaded = worker.request("load", path=path, device=cfg.device, precision=cfg.precision)
     _phase(record, "import", t0)
     _absorb(ev, loaded.get("facts"))
     if not loaded["ok"]:
@@ -567,9 +647,10 @@ def _open_baselines(plan: PlannedShape, ctx: Context, workers: ExitStack) -> dic
             out[name] = Baseline(k, {**hit, "cached": True})
             continue
         try:
-            worker = workers.enter_context(_worker(ctx, ctx.ref_copy))
-            loaded = worker.request("load", path=worker.candidate_path, device=cfg.device, precision=cfg.precision,
-                                    class_name="Model")
+            source = ctx.ref_copy.read_bytes()  # the judge's private snapshot of REF
+            worker = workers.enter_context(spawn_worker(cfg, source, warm_cuda=False))  # never profiled
+            path = worker.hand_over(ctx.ref_copy.name, source)
+            loaded = worker.request("load", path=path, device=cfg.device, precision=cfg.precision, class_name="Model")
             built = worker.request("build", key=shape.label, seed=shape.model_seed, compile=compiled,
                                    init_inputs=shape.problem.init_inputs(), state=state) if loaded["ok"] else loaded
             if not built["ok"]:

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from kfuse.judge import sandbox, staging
+from kfuse.judge.worker import WARM_CUDA
 
 LOG_TAIL_BYTES = 1500
 ANSWER_FLOOR_BYTES = 8 << 20  # load/build answers and small outputs
@@ -149,18 +150,24 @@ def tensor_bytes(tensors: Any) -> int:
 
 
 class WorkerHandle:
-    def __init__(self, *, interpret: bool, timeout_s: float, candidate: Path, isolated: bool = True,
-                 gpu: bool = False, limits: sandbox.Limits = sandbox.Limits(),
-                 compile_cache: Path | None = None) -> None:
-        self.deadline = time.monotonic() + timeout_s
+    """One worker process, started before the judge needs it: the constructor returns at once, while the worker
+    imports torch (and, with `warm_cuda`, creates its CUDA context and starts CUPTI) in the sandbox; the judge
+    computes its references meanwhile, then `wait_ready` and `hand_over` the candidate's code. The worker
+    sees no candidate until `hand_over` writes it into its request folder."""
+
+    def __init__(self, *, interpret: bool, timeout_s: float, isolated: bool = True, gpu: bool = False,
+                 limits: sandbox.Limits = sandbox.Limits(), compile_cache: Path | None = None,
+                 warm_cuda: bool = False) -> None:
+        self.deadline = time.monotonic() + timeout_s  # set again by `wait_ready` (start) and `hand_over` (candidate)
         self.timeout_s = timeout_s
         self.tmp = tempfile.TemporaryDirectory(prefix="kfuse-judge-", dir=memory_folder())
         root = Path(self.tmp.name)
-        self.io_dir = root / "io"  # the worker's view: requests and its copy of the candidate
+        self.io_dir = root / "io"  # the worker's view: requests and, once handed over, its copy of the candidate
         self.io_dir.mkdir()
         self.log_path = root / "worker.log"
-        self.candidate = self.io_dir / candidate.name
-        shutil.copyfile(candidate, self.candidate)  # the worker never sees the user's path or its folder
+        self.candidate: Path | None = None
+        self.ready = False
+        self.warmup_s = 0.0
         self._n = 0
         self.cgroup: Path | None = None
         self.spin = gpu  # judge-clock exchanges busy-wait for the answer (see `quick`)
@@ -168,6 +175,8 @@ class WorkerHandle:
         up_r, up_w = os.pipe()
         limits = sandbox.limits_for(timeout_s, limits)
         worker = [sys.executable, "-m", "kfuse.judge.worker", str(down_r), str(up_w)]
+        if warm_cuda:
+            worker.append(WARM_CUDA)
         if isolated:
             box = sandbox.Sandbox(io_dir=self.io_dir, gpu=gpu, interpret=interpret, limits=limits,
                                   compile_cache=compile_cache)
@@ -194,17 +203,29 @@ class WorkerHandle:
         os.close(up_w)
         self._tx = Connection(down_w, readable=False)
         self._rx = Connection(up_r, writable=False)
-        try:
-            ready = self._receive(ANSWER_FLOOR_BYTES)  # imports done, counters installed
+
+    def wait_ready(self) -> float:
+        """Wait (at most timeout_s) for the worker's ready message: torch imported, counters installed,
+        CUDA warmed where asked. Returns the seconds its CUDA warm-up took, by its own clock (no candidate code
+        has run in it yet). A worker that dies or stays silent raises WorkerFailure."""
+        if not self.ready:
+            # the start's limit runs from when the judge needs the worker: the references' seconds are not its own
+            self.deadline = time.monotonic() + self.timeout_s
+            ready = self._receive(ANSWER_FLOOR_BYTES)
             if not isinstance(ready, dict) or ready.get("ready") is not True:
                 raise WorkerFailure("malformed answer from the worker: no ready message")
-        except WorkerFailure:
-            self.close()
-            raise
+            warmup = ready.get("warmup_s", 0.0)
+            self.warmup_s = float(warmup) if isinstance(warmup, float) and math.isfinite(warmup) else 0.0
+            self.ready = True
+        return self.warmup_s
 
-    @property
-    def candidate_path(self) -> str:
-        """The candidate's path as the worker sees it."""
+    def hand_over(self, name: str, source: bytes) -> str:
+        """Give the ready worker the candidate: its bytes (read once by the judge) written into the request folder
+        only now, and the candidate's own timeout starting now. Returns the path the worker imports it from."""
+        self.wait_ready()
+        self.candidate = self.io_dir / Path(name).name  # the worker never sees the user's path or its folder
+        self.candidate.write_bytes(source)
+        self.deadline = time.monotonic() + self.timeout_s
         return f"{self.worker_io}/{self.candidate.name}"
 
     def request(self, op: str, cap: int = ANSWER_FLOOR_BYTES, **fields: Any) -> dict[str, Any]:
@@ -327,7 +348,7 @@ class WorkerHandle:
         self.proc.wait()
 
     def close(self) -> None:
-        if self.proc.poll() is None:
+        if self.ready and self.proc.poll() is None:  # a worker still starting is simply killed
             try:
                 self.send("quit")
                 self.proc.wait(timeout=5)

@@ -16,7 +16,7 @@ import sqlite3
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from kfuse.errors import KfuseError
-from kfuse.judge.evaluate import EvalConfig, EvalRecord, evaluate
+from kfuse.judge.evaluate import EvalConfig, EvalRecord, Launched, close_launched, evaluate, prestart
 
 FAST_P = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0)
 PROBLEM_SEED_STRIDE = 100_003
@@ -111,19 +111,52 @@ def missing_record(ref: Path, cand_dir: Path, cfg: EvalConfig, seed: int) -> Eva
                       precision=cfg.precision, seed=seed, error=f"no candidate {ref.name} in {cand_dir}")
 
 
-def judge_pair(ref: Path, cand: Path | None, cand_dir: Path, cfg: EvalConfig, seed: int) -> EvalRecord:
+def judge_pair(ref: Path, cand: Path | None, cand_dir: Path, cfg: EvalConfig, seed: int,
+               prestarted: Future[Launched] | None = None) -> EvalRecord:
     """One row of a suite, whatever happens: a missing candidate, a bad REF or a judge failure on a hostile
     answer is that row's error, never the end of the suite."""
     if cand is None:
         return missing_record(ref, cand_dir, cfg, seed)
     try:
-        return evaluate(ref, cand, dataclasses.replace(cfg, seed=seed))
+        return evaluate(ref, cand, dataclasses.replace(cfg, seed=seed), prestarted)
     except KfuseError as err:
         text = f"reference: {err}"
     except Exception as err:  # noqa: BLE001 - the judge's own failure on this pair; the others go on
         text = f"judge failed on this candidate: {type(err).__name__}: {str(err)[:300]}"
     return EvalRecord(problem=ref.stem, ref=str(ref), candidate=str(cand), device=cfg.device,
                       precision=cfg.precision, seed=seed, error=text)
+
+
+class Prestarts:
+    """Workers started ahead: when the suite's n-th candidate starts, the worker of the (n + ahead)-th is
+    launched (evaluate.prestart: sandbox, `import torch`, CUDA and CUPTI warmed, no candidate code), so its
+    start overlaps the judging of the candidates before it instead of adding to its own."""
+
+    def __init__(self, cands: Sequence[Path], cfg: EvalConfig, ahead: int) -> None:
+        self.cands, self.cfg, self.ahead = list(cands), cfg, ahead
+        self.pool = ThreadPoolExecutor(max_workers=ahead, thread_name_prefix="kfuse-prestart")
+        self.futures: dict[int, Future[Launched]] = {}
+        self.claimed: set[int] = set()  # candidates that started, or whose worker was launched: never twice
+        self.lock = threading.Lock()
+
+    def take(self, n: int) -> Future[Launched] | None:
+        """Candidate n's prestarted worker, if any (the first `ahead` start their own), launching n + ahead's."""
+        with self.lock:
+            self.claimed.add(n)
+            later = n + self.ahead
+            if later < len(self.cands) and later not in self.claimed:
+                self.claimed.add(later)
+                self.futures[later] = self.pool.submit(prestart, self.cands[later], self.cfg)
+            return self.futures.pop(n, None)
+
+    def close(self) -> None:
+        """Workers started for candidates never judged (the suite was interrupted) are ended."""
+        with self.lock:
+            left, self.futures = list(self.futures.values()), {}
+        for future in left:
+            if not future.cancel():
+                close_launched(future)
+        self.pool.shutdown(wait=True)
 
 
 def run_suite(ref_dir: Path, cand_dir: Path, cfg: EvalConfig, db_path: Path,
@@ -156,14 +189,23 @@ def run_suite(ref_dir: Path, cand_dir: Path, cfg: EvalConfig, db_path: Path,
         from kfuse.judge.distributed import run_pairs
 
         run_pairs(present, cand_dir, cfg, ray_address, done)
-    elif jobs <= 1:
-        for i, ref, cand, seed in present:
-            done(i, judge_pair(ref, cand, cand_dir, cfg, seed))
     else:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:  # the work is in worker processes; threads wait
-            futures = {pool.submit(judge_pair, ref, cand, cand_dir, cfg, seed): i for i, ref, cand, seed in present}
-            for future in as_completed(futures):
-                done(futures[future], future.result())
+        prestarts = Prestarts([cand for _, _, cand, _ in present], cfg, ahead=max(jobs, 1))
+        try:
+            if jobs <= 1:
+                for n, (i, ref, cand, seed) in enumerate(present):
+                    done(i, judge_pair(ref, cand, cand_dir, cfg, seed, prestarts.take(n)))
+            else:
+                with ThreadPoolExecutor(max_workers=jobs) as pool:  # the work is in worker processes; threads wait
+                    def judge(n: int) -> EvalRecord:
+                        _, ref, cand, seed = present[n]
+                        return judge_pair(ref, cand, cand_dir, cfg, seed, prestarts.take(n))
+
+                    futures = {pool.submit(judge, n): i for n, (i, _, _, _) in enumerate(present)}
+                    for future in as_completed(futures):
+                        done(futures[future], future.result())
+        finally:
+            prestarts.close()
     ordered = [records[i] for i in sorted(records)]
     fp = fast_p(ordered)
     finish_run(db_path, run_id, fp)
