@@ -94,8 +94,8 @@ def test_geometry_gives_torch_output_shape(case):
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_phases_partition_the_taps(case):
     """No product with an inserted zero: every kernel tap belongs to exactly one phase, so the phase-ordered weight
-    holds each weight element once (its K columns sum to C_in/groups * kernel volume), and the tap lists agree with
-    the divisibility rule of the gather form."""
+    holds each weight element once (its K columns: the kernel volume's taps of CP packed channels), and the tap
+    lists agree with the divisibility rule of the gather form."""
     xs, ws, stride, padding, output_padding, groups, dilation = CASES[case]
     g = ct.conv_transpose_geometry(xs, ws, stride, padding, output_padding, groups, dilation)
     for ph, s, p, d, k in zip(g.phases, (g.SD, g.SH, g.SW), _pads(g, padding), _dils(g, dilation), g.kernel):
@@ -104,7 +104,12 @@ def test_phases_partition_the_taps(case):
             assert taps == [kk for kk in range(k) if (r + p - kk * d) % s == 0]
         assert sum(ph.nt) == k
     w = torch.randn(ws)
-    assert ct.phase_weight(w, g).shape == (g.C_out, g.CIN_G * g.kernel[0] * g.kernel[1] * g.kernel[2])
+    pw = ct.phase_weight(w, g)  # each tap's channels padded to CP: zeros past CIN_G, the elements once each
+    cp = cv.packed_channels(g.CIN_G)
+    assert pw.shape == (g.C_out, cp * g.kernel[0] * g.kernel[1] * g.kernel[2])
+    blocks = pw.view(g.C_out, -1, cp)
+    assert (blocks[..., g.CIN_G:] == 0).all()
+    assert torch.equal(blocks[..., :g.CIN_G].flatten().sort().values, w.flatten().sort().values)
 
 
 def _pads(g, padding) -> tuple[int, int, int]:

@@ -65,7 +65,7 @@ def bench_file(path: Path) -> dict:
         rec["eager_strict_err"] = (eager()[:k].double() - ref).abs().max().item()
         torch.backends.cudnn.allow_tf32 = True
         geo_, scheme, _, ops, sizes = cv.conv_plan(x, w, *args)
-        rec["pack_ms"] = do_bench(lambda: cv.pack_input(x, geo, True))
+        rec["pack_ms"] = do_bench(lambda: cv.pack_input(x, geo.groups, True))
         out = torch.empty(geo.out_shape, device=x.device)
         rec["configs"] = []
         for cfg in configs(geo):

@@ -9,23 +9,24 @@ each kernel tap k where that division is exact and 0 <= i < I. Write o = r + str
 are fixed, k = k0 + j * step (step = stride / gcd(stride, dil), j < nt), and their input is
     i = t + q - j * E,        q = (r + pad - k0 * dil) / stride,   E = dil / gcd(stride, dil)
 which is an ordinary convolution over t: stride 1, leading padding -q, dilation -E, nt taps. Each phase is therefore
-one dense implicit GEMM (gather_tile: conv.py's tile on unpacked operands): rows the phase's output pixels
-(n, td, th, tw), K = C_in/groups * ntd * nth * ntw. The phases partition the kernel taps, so the GEMMs together
-do exactly the convolution's useful products (N * D*H*W * C_in * C_out/groups * KD*KH*KW multiply-adds, less the
-taps that fall outside the input at the borders), never a product with an inserted zero. A phase with no tap
+one dense implicit GEMM (conv.py's conv_tile on its packed operands: x packed by pack_input): rows the phase's
+output pixels (n, td, th, tw), K = ntd * nth * ntw taps of CP packed channels. The phases partition the kernel
+taps, so the GEMMs together do exactly the convolution's useful products (N * D*H*W * C_in * C_out/groups *
+KD*KH*KW multiply-adds, less the taps that fall outside the input at the borders, plus the channels' padding to
+CP), never a product with an inserted zero. A phase with no tap
 (stride larger than the dilated kernel) gets K = 0: the bias and epilogue alone.
 
 One launch: program_id(2) is the phase (SD * SH * SW of them), program_id(1) the group, program_id(0) the row and
 column tile as in conv.py. Rows are counted for the largest phase (phase 0); a tile past its phase's rows skips
 its K loop and stores nothing.
 
-Weight preparation, once per weight version and geometry (cached_phase_weight): the weight rearranged into a
-(C_out, K_total) GEMM operand whose columns are the phases' blocks in phase order, each block (ci, jd, jh, jw)
-row-major, so gather_tile reads phase P's block at column offset col_P with the row stride of the whole matrix.
-It holds each weight element once (the phases partition the taps). On "fp16x3p" it is split like conv.py's weight
-(split_weight: one power of two per output channel over the channel's whole row, so every phase shares it). The
-per-phase integers (phase offsets, tap counts, q, col_P) are a small int32 table on the device (phase_table),
-cached per geometry and device, so a CUDA graph capture never builds one.
+Weight preparation, once per weight version and geometry (cached_phase_weight): the weight rearranged into a (C_out,
+K_total) GEMM operand whose columns are the phases' blocks in phase order, each block (jd, jh, jw, ci) row-major
+with the channels zero-padded to CP (conv.py's packed weight), so conv_tile reads phase P's block at column offset
+col_P with the row stride of the whole matrix. It holds each weight element once (the phases partition the taps). On
+"fp16x3p" it is split like conv.py's weight (split_weight: one power of two per output channel over the channel's
+whole row, so every phase shares it). The per-phase integers (phase offsets, tap counts, q, col_P) are a small int32
+table on the device (phase_table), cached per geometry and device, so a CUDA graph capture never builds one.
 
 Cost of one call: 2 * N*D*H*W * C_in * C_out/groups * KD*KH*KW flops at most (three fp16 products on "fp16x3p");
 bytes: x read once from memory (reused across taps from L1/L2), the weight's hi + lo (4 B per element) once per row
@@ -43,8 +44,17 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.conv import ConvConfig, _triple, conv_config, conv_scheme, conv_tile_ids, conv_x_scales
-from kfuse.kernels.gemm_core import _pow2_inv, cdiv, split_weight
+from kfuse.kernels.conv import (
+    ConvConfig,
+    _triple,
+    conv_config,
+    conv_scheme,
+    conv_tile,
+    conv_tile_ids,
+    pack_input,
+    packed_channels,
+)
+from kfuse.kernels.gemm_core import cdiv, split_weight
 from kfuse.kernels.runtime import SETTINGS, tensor_key
 
 PHASE_FIELDS = 10  # a phase_table row: rd, rh, rw, ntd, nth, ntw, qd, qh, qw, col
@@ -131,7 +141,7 @@ class TransposedGeometry:
                 for rw in range(self.SW):
                     nts = (pd.nt[rd], ph.nt[rh], pw.nt[rw])
                     rows.append((rd, rh, rw, *nts, pd.q[rd], ph.q[rh], pw.q[rw], col))
-                    col += self.CIN_G * nts[0] * nts[1] * nts[2]
+                    col += packed_channels(self.CIN_G) * nts[0] * nts[1] * nts[2]
         return rows
 
 
@@ -165,13 +175,16 @@ def conv_transpose_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...], 
 # ----------------------------------------------------------------------------------------------------------------
 def phase_weight(weight: torch.Tensor, geo: TransposedGeometry) -> torch.Tensor:
     """(C_in, C_out/g, KD, KH, KW) -> the (C_out, K_total) fp32 operand: per output channel, the phases' tap
-    blocks in phase order, each (ci, jd, jh, jw) row-major with tap k = k0 + j * step."""
+    blocks in phase order, each (jd, jh, jw, ci) row-major with tap k = k0 + j * step, the channels zero-padded to
+    CP (conv.py's packed_weight, per phase)."""
     kd, kh, kw = geo.kernel
     w = weight.detach().float().reshape(geo.groups, geo.CIN_G, geo.COUT_G, kd, kh, kw).transpose(1, 2)
     w = w.reshape(geo.C_out, geo.CIN_G, kd, kh, kw)
     taps = [[list(range(ph.k0[r], ph.k0[r] + ph.nt[r] * ph.step, ph.step)) for r in range(len(ph.nt))]
             for ph in geo.phases]
-    blocks = [w[:, :, taps[0][rd]][:, :, :, taps[1][rh]][:, :, :, :, taps[2][rw]].reshape(geo.C_out, -1)
+    pad = packed_channels(geo.CIN_G) - geo.CIN_G
+    blocks = [torch.nn.functional.pad(w[:, :, taps[0][rd]][:, :, :, taps[1][rh]][:, :, :, :, taps[2][rw]]
+                                      .permute(0, 2, 3, 4, 1), (0, pad)).reshape(geo.C_out, -1)
               for rd in range(geo.SD) for rh in range(geo.SH) for rw in range(geo.SW)]
     return torch.cat(blocks, dim=1).contiguous()
 
@@ -224,8 +237,9 @@ def conv_transpose_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, 
     parts = cached_phase_weight(weight, geo, split) if isinstance(weight, torch.nn.Parameter) else _weight_parts(
         weight, geo, split)
     w, w_lo, w_scale, stride_wn = parts
-    x_scale = conv_x_scales(x) if split else x
-    ops = (x, w, w_lo, x if w_scale is None else w_scale, x_scale, phase_table(geo, x.device))
+    xp, x_scale = pack_input(x, geo.groups, split)
+    ops = (xp, w, w_lo, xp if w_scale is None else w_scale, xp if x_scale is None else x_scale,
+           phase_table(geo, x.device))
     return geo, scheme, cfg, ops, (stride_wn, *geo.args())
 
 
@@ -249,93 +263,13 @@ def conv_transpose_grid(geo: TransposedGeometry, cfg: ConvConfig) -> tuple[int, 
 # the tile
 # ----------------------------------------------------------------------------------------------------------------
 @triton.jit
-def gather_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m, pid_n, g,
-              M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
-    """conv.py's tile on unpacked operands: x NC(D)HW fp32 gathered element by element, K ordered (ci, kd, kh, kw)
-    as the phase-ordered weight's blocks, the activation split in registers on "fp16x3p". The fp32 (BLOCK_M,
-    BLOCK_N) accumulator of output pixels pid_m * BLOCK_M + i and channels g * COUT_G + pid_n * BLOCK_N + j of
-    group g (no bias); the caller masks its store."""
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    S_out = OD * OH * OW
-    sp = offs_m % S_out
-    return gather_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, offs_m // S_out,
-                        sp // (OH * OW), (sp // OW) % OH, sp % OW, offs_m < M, pid_n, g,
-                        C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
-                        BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
-
-
-@triton.jit
-def gather_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_idx, od, oh, ow, mask_m, pid_n, g,
-                 C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
-    """gather_tile at any BLOCK_M output pixels: row i is pixel (od[i], oh[i], ow[i]) of sample n_idx[i], computed
-    where mask_m[i] (rows outside it read nothing and hold zeros)."""
-    # output pixel -> the input corner its window starts at (before the kernel offsets)
-    id0 = od * SD - PD
-    ih0 = oh * SH - PH
-    iw0 = ow * SW - PW
-    plane = D * H * W
-    # each row's pointer at its window's corner (may lie outside the input: such reads are masked); a K block then
-    # adds one (BLOCK_K,) offset vector, and only the bounds checks are (BLOCK_M, BLOCK_K) integer work
-    x_rows = (x_ptr + n_idx.to(tl.int64) * C_in * plane + (g * CIN_G).to(tl.int64) * plane
-              + (id0 * (H * W) + ih0 * W + iw0))
-    offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    w_rows = (g * COUT_G + tl.minimum(offs_c, COUT_G - 1)).to(tl.int64) * stride_wn  # clamped: in bounds
-    KV = KD * KH * KW
-    K = CIN_G * KV
-    if SCHEME == "fp16x3p":
-        a_s = tl.load(x_scale_ptr + n_idx, mask=mask_m, other=1.0)
-    if SCHEME == "fp64":
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        r = offs_k % KV
-        dd = (r // (KH * KW)) * DD  # the kernel offset's input displacement per dim
-        dh = ((r // KW) % KH) * DH
-        dw = (r % KW) * DW
-        col = (offs_k // KV) * plane + dd * (H * W) + dh * W + dw
-        di = id0[:, None] + dd[None, :]
-        hh = ih0[:, None] + dh[None, :]
-        wi = iw0[:, None] + dw[None, :]
-        inside = (di >= 0) & (di < D) & (hh >= 0) & (hh < H) & (wi >= 0) & (wi < W)
-        a_mask = inside & mask_m[:, None] & mask_k[None, :]  # outside the input: the zero padding
-        a = tl.load(x_rows[:, None] + col[None, :], mask=a_mask, other=0.0)
-        a = a.to(tl.float32)
-        b_off = w_rows[None, :] + offs_k[:, None]
-        if SCHEME == "fp16x3p":
-            b = tl.load(w_ptr + b_off, mask=mask_k[:, None], other=0.0)
-            b_lo = tl.load(w_lo_ptr + b_off, mask=mask_k[:, None], other=0.0)
-            av = a * a_s[:, None]  # exact (power of two)
-            a_hi = av.to(tl.float16)
-            a_lo = (av - a_hi.to(tl.float32)).to(tl.float16)
-            part = tl.dot(a_lo, b)
-            part = tl.dot(a_hi, b_lo, part)
-            part = tl.dot(a_hi, b, part)
-            acc = acc + part  # a fresh partial per K block, added with a round-to-nearest FADD (gemm_core)
-        elif SCHEME == "fp64":  # each K block's fp32 dot promoted into the float64 sum (Triton has no fp64 dot)
-            b = tl.load(w_ptr + b_off, mask=mask_k[:, None], other=0.0)
-            acc += tl.dot(a, b, input_precision="ieee").to(tl.float64)
-        else:
-            b = tl.load(w_ptr + b_off, mask=mask_k[:, None], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=SCHEME)
-    if SCHEME == "fp16x3p":  # undo the per-sample and per-channel powers of two (exact)
-        b_s = tl.load(w_scale_ptr + g * COUT_G + tl.minimum(offs_c, COUT_G - 1))
-        acc = acc * _pow2_inv(a_s)[:, None] * _pow2_inv(b_s)[None, :]
-    return acc.to(tl.float32)
-
-
-@triton.jit
 def conv_transpose_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, phase_ptr, stride_wn, pid_m, pid_n, g,
                         N, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, SD, SH, SW, ED, EH, EW,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
     """(acc, row offsets, row mask) of output rows pid_m * BLOCK_M + i of phase program_id(2) and channels
     g * COUT_G + pid_n * BLOCK_N + j: the fp32 accumulator (no bias), each row's offset in the NC(D)HW output at
     channel 0 (add channel * OD*OH*OW), and which rows exist. The phase is a convolution over its own pixels t:
-    gather_tile at stride 1, leading padding -q, dilation -E, its tap counts, its weight block at column `col`."""
+    conv_tile at stride 1, leading padding -q, dilation -E, its tap counts, its weight block at column `col`."""
     row = phase_ptr + tl.program_id(2) * 10  # PHASE_FIELDS
     rd = tl.load(row)
     rh = tl.load(row + 1)
@@ -343,14 +277,14 @@ def conv_transpose_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, phase_
     ntd = tl.load(row + 3)
     nth = tl.load(row + 4)
     ntw = tl.load(row + 5)
-    col = tl.load(row + 9)
+    col = tl.multiple_of(tl.load(row + 9), 16)  # phase blocks start at multiples of CP: aligned weight loads
     # the phase's output pixels per dim: r, r + s, ... below O (at least 1 for the index math; M is then 0)
     td = tl.maximum((OD - rd + SD - 1) // SD, 1)
     th = tl.maximum((OH - rh + SH - 1) // SH, 1)
     tw = tl.maximum((OW - rw + SW - 1) // SW, 1)
     M = N * ((OD - rd + SD - 1) // SD) * ((OH - rh + SH - 1) // SH) * ((OW - rw + SW - 1) // SW)
     if pid_m * BLOCK_M < M:
-        acc = gather_tile(x_ptr, w_ptr + col, w_lo_ptr + col, w_scale_ptr, x_scale_ptr, stride_wn, pid_m, pid_n, g,
+        acc = conv_tile(x_ptr, w_ptr + col, w_lo_ptr + col, w_scale_ptr, x_scale_ptr, stride_wn, pid_m, pid_n, g,
                         M, C_in, D, H, W, td, th, tw, C_out, CIN_G, COUT_G, ntd, nth, ntw, 1, 1, 1,
                         -tl.load(row + 6), -tl.load(row + 7), -tl.load(row + 8), -ED, -EH, -EW,
                         BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
