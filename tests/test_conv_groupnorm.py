@@ -216,14 +216,16 @@ def compile_sm90(path: str, name: str, tile: tuple[int, ...]) -> dict:
 def test_kernels_compile_for_sm90(tmp_path):
     """Compiled for sm_90 without a GPU: a transposed convolution's stats kernel (the per-sample loop of float64
     partials after the tile) at the GPU's default tile for 128 channels (64 x 128 x 16, 3 stages), the apply pass at
-    its launch tile and the two merge kernels lower. The stats kernel sits at 255 registers and spills 140 bytes (a
-    plain conv's stats kernel 116; conv_batchnorm's, without the loop, none; at 64 x 64 or 8 warps none): a speed
-    matter for a GPU run to weigh, bounded here so that it does not grow unnoticed."""
+    its launch tile and the two merge kernels lower. The stats kernel sits at 255 registers and spills 196 bytes on
+    the packed tile with the launch's divisibility hints (140 on the element-gather tile without them; conv_batchnorm's,
+    without the loop, none; at 64 x 64 or 8 warps none): a speed matter for a GPU run to weigh (level 2 problem 60,
+    ConvTranspose3d + GroupNorm, ran at 1.45x eager on an H100 with it), bounded here so that it does not grow
+    unnoticed."""
     _, compiled, _ = build(tmp_path, *CASES[1])
     path = str(tmp_path / "generated.py")
     Path(path).write_text(compiled.source)
     stem = "conv_transpose_instance_norm_relu"
-    assert compile_sm90(path, f"{stem}_stats_kernel", (64, 128, 16, 4, 3))["spill"] <= 160
+    assert compile_sm90(path, f"{stem}_stats_kernel", (64, 128, 16, 4, 3))["spill"] <= 200
     assert compile_sm90(path, f"{stem}_apply_kernel", (64, 32, 32, 4, 1))["spill"] == 0
     for merge in ("conv_gn_channel_kernel", "conv_gn_group_kernel"):
         assert compile_sm90("kfuse.kernels.conv_norm", merge, (0, 0, 0, 4, 1))["spill"] == 0

@@ -13,7 +13,7 @@ files=("$@")
     level1/67_conv_standard_1D.py level2/23_Conv3d_GroupNorm_Mean.py level1/87_conv_pointwise_2D.py)
 {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-    git log -1 --format=%h 2>/dev/null || cat COMMIT 2>/dev/null
+    cat COMMIT 2>/dev/null || git log -1 --format=%h
     timeout 420 python3 benchmarks/conv/packed_bench.py "$out/packed.json" "${files[@]/#/$kb/}"
     echo "packed_bench exit $?"
     timeout 150 python3 -m kfuse bench "$kb/level2/67_Conv2d_GELU_GlobalAvgPool.py" --baselines eager,eager_strict \
