@@ -7,33 +7,40 @@ leading spatial dims (conv_geometry), so one kernel serves all three.
 The GEMM view (one program per output tile, one group per program_id(1)):
   rows    M = N * OD * OH * OW output pixels (n, od, oh, ow), row-major as the output's spatial dims;
   cols    the C_out / groups output channels of group g;
-  K       C_in / groups * KD * KH * KW, ordered (ci, kd, kh, kw): the weight (C_out, C_in/g, KD, KH, KW) is
-          then exactly a row-major (C_out, K) GEMM operand, and the activation tile is gathered from x on the
-          fly (implicit im2col: input index = output index * stride - pad + kernel index * dilation, masked to
-          zero outside the input, which is the zero padding; no im2col buffer is ever written).
-The accumulator is the (pixels, channels) tile of the output; conv_tile returns it and the caller's epilogue
-stores it to the NC(D)HW layout (conv_out_offsets): along a column the pixels are contiguous, so the stores are
-coalesced.
+  K       KD * KH * KW taps of CP = CIN_G rounded up to 16 (PACK) channels, ordered (kd, kh, kw, ci).
+The operands are packed for that K order (implicit im2col: no im2col buffer is ever written):
+  x       pack_input, once per call (one Triton pass): pixel-major records, per pixel and group the CP channels
+          (zeros past CIN_G); on "fp16x3p" the fp16 hi parts of x * s[n] then the lo parts (4 bytes an element,
+          as x's fp32), else the fp32 values;
+  weight  packed_weight, once per version (cached_conv_weight): (C_out, taps * CP), zeros in the padding, split
+          on "fp16x3p".
+The tile walks K tap by tap, BLOCK_K channels at a time (BLOCK_K divides CP: k_block): a row's input pixel for a
+tap is output index * stride - pad + tap * dilation, one bounds check per row and tap (outside the input: the zero
+padding), and its BLOCK_K channels are contiguous, so the loads are 16-byte vectors with no K mask, which Triton
+pipelines (cp.async; wgmma on sm_90). The accumulator is the (pixels, channels) tile of the output; conv_tile
+returns it and the caller's epilogue stores it to the NC(D)HW layout (conv_out_offsets): along a column the pixels
+are contiguous, so the stores are coalesced. Padding a group of 3 or 8 channels to 16 costs tensor-core work
+(16 / CIN_G) that such convolutions, bound by their output's bytes, mostly hide.
 
 Precision: the scheme comes from the same switch as the GEMM's (conv_scheme -> runtime.scheme_for):
   "fp16x3p" on a GPU: the fp16 hi/lo split of kernels/gemm_core.py. The weight is split once per version
-            (cached_conv_split: split_weight on the (C_out, K) view, one power of two per output channel); the
-            activation is split in registers, scaled by one power of two per SAMPLE (conv_x_scales: its max |x|
-            lands in [2^14, 2^15), so fp16 neither overflows nor loses lo below its normal range for any value
-            within 2^-17 of the sample's largest; the bits lost below that are under 2^-38 of it, far below the
-            fp32 sum's own rounding). Three fp16 products per K block (lo*hi + hi*lo + hi*hi) go into a fresh
+            (split_weight on the packed (C_out, K) matrix, one power of two per output channel); the activation
+            is split by pack_input, scaled by one power of two per SAMPLE (conv_x_scales: its max |x| lands in
+            [2^14, 2^15), so fp16 neither overflows nor loses lo below its normal range for any value within
+            2^-17 of the sample's largest; the bits lost below that are under 2^-38 of it, far below the fp32
+            sum's own rounding). Three fp16 products per K block (lo*hi + hi*lo + hi*hi) go into a fresh
             tensor-core partial that is added to the fp32 register accumulator (gemm_core's "promotion").
-            A per-pixel scale, as the GEMM's per-row one, would need the max over each pixel's patch: one more
-            pass over the gathered tile.
+            A per-pixel scale, as the GEMM's per-row one, would need the max over each pixel's patch.
   "tf32x3"  Triton's three-pass TF32 dot.
   "ieee"    fp32 FMA dots (Triton's interpreter ignores input_precision; its fp16 dots are numpy's fp32 sums of
             exact fp16 products, so tests exercise "fp16x3p" there too).
   "fp64"    what the interpreter runs on the CPU: fp32 dots over 16-deep K blocks, each block's sum promoted
             into a float64 accumulator, rounded to fp32 once (conv_scheme says why; Triton has no float64 dot).
 
-Cost of one call: 2 * M * C_out/g * K flops per group (three fp16 products on "fp16x3p"); bytes: x read once
-from HBM (the KD*KH*KW-fold reuse of each value across a tile's rows and its K loop is served by L1/L2), the
-weight's hi + lo (4 bytes per element) once per row tile, the output written once.
+Cost of one call: 2 * M * C_out/g * taps * CP flops per group (three fp16 products on "fp16x3p"); bytes: x read
+twice and its packed copy written once (scales and pack_input), the packed copy read once from HBM (the taps' reuse
+of each value across a tile's rows and its K loop is served by L1/L2), the weight's hi + lo (4 bytes per element)
+once per row tile, the output written once.
 """
 
 from __future__ import annotations
@@ -263,7 +270,7 @@ def conv_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, 
               scheme: str | None = None) -> tuple:
     """(geo, scheme, cfg, ops, sizes) for one launch of a conv_tile kernel on contiguous x: its geometry, scheme
     (conv_scheme unless given), tile config (conv_config), operand tensors and size arguments (conv_tile's order).
-    A parameter's weight split is cached (cached_conv_split); any other weight is split on every call."""
+    A parameter's packed weight is cached (cached_conv_weight); any other weight is packed on every call."""
     geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
     scheme = scheme or conv_scheme(x)
     cfg = conv_config(geo, scheme, SETTINGS.interpret)

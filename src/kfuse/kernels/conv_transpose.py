@@ -202,7 +202,7 @@ def _weight_parts(weight: torch.Tensor, geo: TransposedGeometry, split: bool) ->
 def cached_phase_weight(weight: torch.Tensor, geo: TransposedGeometry, split: bool) -> tuple:
     """_weight_parts, made once and reused while the weight is the same tensor with the same storage and version
     counter (an optimizer step, load_state_dict or an in-place write under no_grad invalidate it, as conv.py's
-    cached_conv_split) and the geometry's taps are the same (stride, padding, dilation, kernel)."""
+    cached_conv_weight) and the geometry's taps are the same (stride, padding, dilation, kernel)."""
     key = (tensor_key(weight), geo.phases, split)
     hit = getattr(weight, "_kfuse_conv_transpose", None)
     if hit is not None and hit[0] == key:
