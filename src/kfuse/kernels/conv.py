@@ -435,7 +435,8 @@ def conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_
         inside = mask_m & (di >= 0) & (di < D) & (hh >= 0) & (hh < H) & (wi >= 0) & (wi < W)
         # BLOCK_K divides CP (k_block): no K mask, so the loads are vectorized along the channels and pipelined
         a_mask = inside[:, None]  # outside the input: the zero padding
-        a_ptrs = x_rows[:, None] + (((kd * DD) * H + kh * DH) * W + kw * DW) * PIX + c0 + offs_k[None, :]
+        tap_off = (((kd * DD).to(tl.int64) * H + kh * DH) * W + kw * DW) * PIX  # int64: a sample may pass 2^31
+        a_ptrs = x_rows[:, None] + tap_off + c0 + offs_k[None, :]
         a = tl.load(a_ptrs, mask=a_mask, other=0.0)
         b_off = w_rows[None, :] + (tap * CP + c0 + offs_k)[:, None]
         b = tl.load(w_ptr + b_off)
