@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 
 from kfuse.judge import evaluate as ev
+from kfuse.judge import shapes, speed
 from kfuse.judge.ipc import WorkerHandle
 
 LOG: dict[str, list[float]] = defaultdict(list)
@@ -36,8 +37,8 @@ WorkerHandle.request = _timed(request_name, WorkerHandle.request)
 WorkerHandle.quick = _timed(lambda self, message: f"quick:{message!r}", WorkerHandle.quick)
 WorkerHandle.__init__ = _timed(lambda self, **kw: "worker_spawn", WorkerHandle.__init__)  # returns at once
 WorkerHandle.wait_ready = _timed(lambda self: "worker_wait_ready", WorkerHandle.wait_ready)  # what overlap left
-ev.timed_draw = _timed(lambda *a: "timed_draw", ev.timed_draw)
-ev.references = _timed(lambda *a: "references(shape)", ev.references)
+speed.timed_draw = _timed(lambda *a: "timed_draw", speed.timed_draw)
+shapes.references = _timed(lambda *a: "references(shape)", shapes.references)
 
 
 def summary() -> dict:

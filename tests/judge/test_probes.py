@@ -10,7 +10,8 @@ import torch
 
 from kfuse import timing
 from kfuse.judge import cheats
-from kfuse.judge.evaluate import EvalRecord, derive, extra_problems, plan_shapes
+from kfuse.judge.evaluate import EvalRecord
+from kfuse.judge.shapes import derive, extra_problems, plan_shapes
 from kfuse.judge.suite import FAST_P, fast_p
 from kfuse.load import load_problem
 

@@ -19,7 +19,7 @@ import functools
 import gc
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -417,6 +417,20 @@ class Evidence:
     calls: int = 0  # forward calls the launch count covers
     ref_aliases_input: bool = False  # the reference itself returns a view of an input
     ref_modifies_inputs: bool = False  # the reference itself writes into an input
+
+    def absorb(self, facts: Mapping[str, Any] | None) -> None:
+        """The facts a worker answer carries (what its probes saw) added to this evidence."""
+        if not facts:
+            return
+        for key in ("replaced", "precision", "modes", "output_types", "aliases", "late_changes", "threads",
+                    "introspection"):
+            getattr(self, key).extend(facts.get(key) or [])
+        self.custom_launches += int(facts.get("launches") or 0)
+        self.custom_names = sorted(set(self.custom_names) | set(facts.get("launch_names") or []))
+        if facts.get("gpu_kernels") is not None:
+            custom, library = split_kernels(facts["gpu_kernels"])
+            self.gpu_custom = (self.gpu_custom or []) + custom
+            self.gpu_library += library
 
 
 def _no_custom(e: Evidence) -> str | None:

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from kfuse.errors import KfuseError
-from kfuse.judge.evaluate import EvalConfig, EvalRecord, Launched, close_launched, evaluate, prestart
+from kfuse.judge.evaluate import EvalConfig, EvalRecord, evaluate
+from kfuse.judge.launch import Launched, close_launched, prestart
 
 FAST_P = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0)
 PROBLEM_SEED_STRIDE = 100_003
@@ -129,7 +130,7 @@ def judge_pair(ref: Path, cand: Path | None, cand_dir: Path, cfg: EvalConfig, se
 
 class Prestarts:
     """Workers started ahead: when the suite's n-th candidate starts, the worker of the (n + ahead)-th is
-    launched (evaluate.prestart: sandbox, `import torch`, CUDA and CUPTI warmed, no candidate code), so its
+    launched (launch.prestart: sandbox, `import torch`, CUDA and CUPTI warmed, no candidate code), so its
     start overlaps the judging of the candidates before it instead of adding to its own."""
 
     def __init__(self, cands: Sequence[Path], cfg: EvalConfig, ahead: int) -> None:
