@@ -7,6 +7,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -57,3 +58,21 @@ def records() -> dict[str, EvalRecord]:
     # Threads are enough: the work happens in the worker processes; the judge's references take a lock.
     with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as pool:
         return dict(zip(CPU_CANDIDATES, pool.map(_evaluate, CPU_CANDIDATES)))
+
+
+@pytest.fixture
+def suite_folders(tmp_path: Path) -> Callable[[Mapping[str, tuple[str, str | None]]], tuple[Path, Path]]:
+    """eval-suite's two folders under tmp_path (refs/, cands/) from {name: (problem, candidate or None)}: the
+    problem file copied to refs/NAME.py, the planted candidate (if any) to cands/NAME.py."""
+
+    def make(pairs: Mapping[str, tuple[str, str | None]]) -> tuple[Path, Path]:
+        refs, cands = tmp_path / "refs", tmp_path / "cands"
+        refs.mkdir()
+        cands.mkdir()
+        for name, (problem, candidate) in pairs.items():
+            shutil.copy(PROBLEMS / f"{problem}.py", refs / f"{name}.py")
+            if candidate is not None:
+                shutil.copy(CANDIDATES / f"{candidate}.py", cands / f"{name}.py")
+        return refs, cands
+
+    return make

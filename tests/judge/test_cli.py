@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -40,12 +39,8 @@ def test_bad_reference_is_exit_2(tmp_path):
         assert "Traceback" not in res.output and "error" in res.output.lower(), res.output
 
 
-def test_suite_and_report(tmp_path):
-    refs, cands = tmp_path / "refs", tmp_path / "cands"
-    refs.mkdir()
-    cands.mkdir()
-    shutil.copy(PROBLEM, refs / "scale_relu.py")
-    shutil.copy(HONEST, cands / "scale_relu.py")
+def test_suite_and_report(tmp_path, suite_folders):
+    refs, cands = suite_folders({"scale_relu": ("scale_relu", "honest_scale")})
     db, png = tmp_path / "k.db", tmp_path / "r.png"
     res = runner.invoke(app, ["eval-suite", str(refs), str(cands), "--db", str(db), "--device", "cpu",
                               "--trials", "1", "--seed", "1"])

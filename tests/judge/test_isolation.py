@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
-HERE = Path(__file__).parent
-PROBLEMS, CANDIDATES = HERE / "problems", HERE / "candidates"
-
 
 def test_syntax_error_is_not_compiled(records):
     rec = records["syntax_error"]
@@ -61,16 +55,12 @@ def test_log_tail_never_follows_a_symlink(tmp_path):
     assert read_tail(tmp_path / "big.log", 20).endswith("[2Jend") and "\x1b" not in read_tail(tmp_path / "big.log", 20)
 
 
-def test_markup_and_escapes_never_reach_the_terminal(tmp_path):
+def test_markup_and_escapes_never_reach_the_terminal(tmp_path, suite_folders):
     from typer.testing import CliRunner
 
     from kfuse.cli import app
 
-    refs, cands = tmp_path / "refs", tmp_path / "cands"
-    refs.mkdir()
-    cands.mkdir()
-    shutil.copy(PROBLEMS / "scale_relu.py", refs / "scale_relu.py")
-    shutil.copy(CANDIDATES / "markup_error.py", cands / "scale_relu.py")
+    refs, cands = suite_folders({"scale_relu": ("scale_relu", "markup_error")})
     db = tmp_path / "k.db"
     runner = CliRunner()
     res = runner.invoke(app, ["eval-suite", str(refs), str(cands), "--db", str(db), "--device", "cpu",
@@ -83,17 +73,12 @@ def test_markup_and_escapes_never_reach_the_terminal(tmp_path):
         assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out
 
 
-def test_each_record_is_committed_as_it_is_judged(tmp_path):
+def test_each_record_is_committed_as_it_is_judged(tmp_path, suite_folders):
     """The judge dies after the first record: that record is in the database, and report shows the run."""
     from kfuse.judge.evaluate import EvalConfig
     from kfuse.judge.suite import load_run, run_suite
 
-    refs, cands = tmp_path / "refs", tmp_path / "cands"
-    refs.mkdir()
-    cands.mkdir()
-    for name in ("a", "b"):
-        shutil.copy(PROBLEMS / "scale_relu.py", refs / f"{name}.py")
-        shutil.copy(CANDIDATES / "honest_scale.py", cands / f"{name}.py")
+    refs, cands = suite_folders({name: ("scale_relu", "honest_scale") for name in ("a", "b")})
 
     def die(record):
         raise KeyboardInterrupt
@@ -108,16 +93,12 @@ def test_each_record_is_committed_as_it_is_judged(tmp_path):
     assert not meta["finished"] and meta["fast_p"]["fast_0"] == 1.0
 
 
-def test_jobs_judge_side_by_side_with_the_same_records(tmp_path):
+def test_jobs_judge_side_by_side_with_the_same_records(tmp_path, suite_folders):
     from kfuse.judge.evaluate import EvalConfig
     from kfuse.judge.suite import load_run, run_suite
 
-    refs, cands = tmp_path / "refs", tmp_path / "cands"
-    refs.mkdir()
-    cands.mkdir()
-    for name, cand in (("a", "honest_scale"), ("b", "raises"), ("c", "honest_scale")):
-        shutil.copy(PROBLEMS / "scale_relu.py", refs / f"{name}.py")
-        shutil.copy(CANDIDATES / f"{cand}.py", cands / f"{name}.py")
+    refs, cands = suite_folders({"a": ("scale_relu", "honest_scale"), "b": ("scale_relu", "raises"),
+                                 "c": ("scale_relu", "honest_scale")})
     cfg = EvalConfig(trials=1, seed=3, timeout_s=120, sandboxed=False)
     result = run_suite(refs, cands, cfg, tmp_path / "k.db", jobs=3)
     assert [r.problem for r in result.records] == ["a", "b", "c"]
@@ -126,19 +107,13 @@ def test_jobs_judge_side_by_side_with_the_same_records(tmp_path):
     assert meta["finished"] and len(rows) == 3 and result.fast_p["fast_0"] == 2 / 3
 
 
-def test_suite_goes_on_after_a_crash(tmp_path):
+def test_suite_goes_on_after_a_crash(tmp_path, suite_folders):
     from kfuse.judge.evaluate import EvalConfig
     from kfuse.judge.report import draw_png
     from kfuse.judge.suite import list_runs, load_run, run_suite
 
-    refs, cands = tmp_path / "refs", tmp_path / "cands"
-    refs.mkdir()
-    cands.mkdir()
-    for name in ("linear_relu", "scale_relu"):
-        shutil.copy(PROBLEMS / f"{name}.py", refs / f"{name}.py")
-    shutil.copy(PROBLEMS / "linear_relu.py", refs / "missing.py")
-    shutil.copy(CANDIDATES / "segfault.py", cands / "linear_relu.py")
-    shutil.copy(CANDIDATES / "honest_scale.py", cands / "scale_relu.py")
+    refs, cands = suite_folders({"linear_relu": ("linear_relu", "segfault"),
+                                 "scale_relu": ("scale_relu", "honest_scale"), "missing": ("linear_relu", None)})
     db = tmp_path / "k.db"
     result = run_suite(refs, cands, EvalConfig(trials=2, seed=7, timeout_s=120), db)
     by = {r.problem: r for r in result.records}

@@ -8,7 +8,6 @@ reference was computed."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -21,8 +20,7 @@ from kfuse.judge.evaluate import EvalConfig, evaluate
 from kfuse.judge.ipc import WorkerHandle
 from kfuse.judge.suite import run_suite
 
-HERE = Path(__file__).parent
-PROBLEMS, CANDIDATES = HERE / "problems", HERE / "candidates"
+PROBLEMS = Path(__file__).parent / "problems"
 CFG = EvalConfig(device="cpu", trials=1, seed=5, timeout_s=120, sandboxed=sandbox.unavailable() is None)
 MARKER = "references-done"
 # Lists the folder its own file was put in (the worker's request folder), as the error of its import.
@@ -90,13 +88,8 @@ def test_worker_starts_during_the_references_and_gets_the_candidate_after(tmp_pa
     assert rec.phases_s["worker_ready_wait"] < 1.0, rec.phases_s  # it was ready: the start overlapped them
 
 
-def test_suite_starts_the_next_worker_while_the_previous_candidate_is_judged(tmp_path, monkeypatch):
-    refs, cands = tmp_path / "refs", tmp_path / "cands"
-    refs.mkdir()
-    cands.mkdir()
-    for name in ("a", "b"):
-        shutil.copy(PROBLEMS / "scale_relu.py", refs / f"{name}.py")
-    shutil.copy(CANDIDATES / "honest_scale.py", cands / "a.py")
+def test_suite_starts_the_next_worker_while_the_previous_candidate_is_judged(tmp_path, monkeypatch, suite_folders):
+    refs, cands = suite_folders({"a": ("scale_relu", "honest_scale"), "b": ("scale_relu", None)})
     (cands / "b.py").write_text(REPORTER)
     seen: dict[str, object] = {}
 
@@ -124,13 +117,8 @@ def test_suite_starts_the_next_worker_while_the_previous_candidate_is_judged(tmp
     assert b.phases_s["worker_ready_wait"] < 1.0, b.phases_s
 
 
-def test_an_interrupted_suite_ends_the_prestarted_worker(tmp_path, monkeypatch):
-    refs, cands = tmp_path / "refs", tmp_path / "cands"
-    refs.mkdir()
-    cands.mkdir()
-    for name in ("a", "b"):
-        shutil.copy(PROBLEMS / "scale_relu.py", refs / f"{name}.py")
-        shutil.copy(CANDIDATES / "honest_scale.py", cands / f"{name}.py")
+def test_an_interrupted_suite_ends_the_prestarted_worker(tmp_path, monkeypatch, suite_folders):
+    refs, cands = suite_folders({name: ("scale_relu", "honest_scale") for name in ("a", "b")})
     spy = Spy(monkeypatch, lambda spy: None)
 
     def die(record):

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 
 from kfuse.judge import sandbox
@@ -12,7 +9,6 @@ from kfuse.judge.evaluate import EvalConfig
 from kfuse.judge.suite import load_run, run_suite
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'kfuse[ray]')")
-HERE = Path(__file__).parent
 CFG = EvalConfig(device="cpu", trials=1, seed=11, timeout_s=120, sandboxed=sandbox.unavailable() is None)
 
 
@@ -24,24 +20,13 @@ def cluster():
     ray.shutdown()
 
 
-def _folders(tmp_path: Path) -> tuple[Path, Path]:
-    refs, cands = tmp_path / "refs", tmp_path / "cands"
-    refs.mkdir()
-    cands.mkdir()
-    for name, cand in (("scale_relu", "honest_scale"), ("crash", "segfault"), ("missing", None)):
-        problem = "scale_relu" if name == "scale_relu" else "linear_relu"
-        shutil.copy(HERE / "problems" / f"{problem}.py", refs / f"{name}.py")
-        if cand:
-            shutil.copy(HERE / "candidates" / f"{cand}.py", cands / f"{name}.py")
-    return refs, cands
-
-
 def _comparable(rec: dict) -> dict:
     return {k: v for k, v in rec.items() if k not in ("elapsed_s", "phases_s")}
 
 
-def test_ray_records_match_local_records(cluster, tmp_path):
-    refs, cands = _folders(tmp_path)
+def test_ray_records_match_local_records(cluster, tmp_path, suite_folders):
+    refs, cands = suite_folders({"scale_relu": ("scale_relu", "honest_scale"), "crash": ("linear_relu", "segfault"),
+                                 "missing": ("linear_relu", None)})
     local = run_suite(refs, cands, CFG, tmp_path / "local.db")
     remote = run_suite(refs, cands, CFG, tmp_path / "ray.db", ray_address="auto")
     assert [r.problem for r in remote.records] == ["crash", "missing", "scale_relu"]
