@@ -564,11 +564,14 @@ class _Converter:
         self.names: dict[fx.Node, str] = {}
         self.params: dict[fx.Node, Param] = {}
         self.transposed: dict[fx.Node, Param] = {}  # W.T of a 2-d parameter W
+        self.numbers: dict[fx.Node, float | int] = {}  # torch.tensor(<number>) read as the number (_number_tensor)
 
     def arg(self, a: Any) -> Arg:
         if isinstance(a, fx.Node):
             if a in self.params:
                 return self.params[a]
+            if a in self.numbers:
+                return Scalar(self.numbers[a], self.attrs.get(self.numbers[a]))
             return self.names[a]
         if a is None:
             return None
@@ -581,6 +584,8 @@ class _Converter:
         if isinstance(a, fx.Node):
             if a in self.transposed:
                 return f"{self.transposed[a].expr()}.T"
+            if a in self.numbers:  # a CPU 0-d tensor: torch takes it beside tensors on any device
+                return f"torch.tensor({self.code_arg(self.numbers[a])})"
             return self.params[a].expr() if a in self.params else self.names[a]
         if isinstance(a, (tuple, list)):
             inner = ", ".join(self.code_arg(x) for x in a)
@@ -645,8 +650,13 @@ class _Converter:
             spec, origin = METHODS.get(node.target), f"Tensor.{node.target}"
         if spec is None:
             raise Reject(origin)
+        # a number tensor (_number_tensor) as its number: the spec sees `clamp(x, min=0.0)`; but torch.min(x, t) and
+        # torch.max(x, t) keep the tensor (a number there would be a dim), which self.arg then reads as the number
+        keep = node.target in (torch.min, torch.max)
+        node_args = [a if keep or not isinstance(a, fx.Node) else self.numbers.get(a, a) for a in node.args]
+        node_kwargs = {k: self.numbers.get(v, v) if isinstance(v, fx.Node) else v for k, v in node.kwargs.items()}
         try:
-            op, args, attrs = spec(*node.args, **node.kwargs)
+            op, args, attrs = spec(*node_args, **node_kwargs)
         except TypeError:
             raise Reject(origin) from None
         if op == "matmul" and args[1] in self.transposed:  # x @ W.T
@@ -706,6 +716,48 @@ def _constant_code(t: torch.Tensor) -> str:
     return f"torch.tensor({code(t.tolist())}, dtype={t.dtype})"
 
 
+# Functions that take a number wherever they take a 0-d tensor, with the same result for a float tensor's
+# operand: `torch.min(x, torch.tensor(0.0, device=x.device))` is `torch.min(x, 0.0)`'s clamp
+NUMBER_OPERAND_FUNCTIONS = frozenset({torch.min, torch.max, torch.minimum, torch.maximum, torch.clamp, torch.add,
+                                      torch.sub, torch.mul, torch.div, torch.where, operator.add, operator.sub,
+                                      operator.mul, operator.truediv})
+
+
+def _number_tensor(gm: fx.GraphModule, node: fx.Node) -> float | int | None:
+    """The number of a 0-d floating-point tensor made from it, `torch.tensor(<number>, [dtype=...,]
+    [device=x.device])` (a call where the device is a value's, else a constant the trace recorded), whose every
+    use is an operand (not the first) of NUMBER_OPERAND_FUNCTIONS: it then acts as that number. None otherwise."""
+    if node.op == "get_attr" and node.target.startswith("_tensor_constant"):
+        t = _resolve_attr(gm, node.target)
+        if not isinstance(t, torch.Tensor) or t.dim() != 0 or not t.is_floating_point():
+            return None
+        value = t.item()
+    elif node.op == "call_function" and node.target is torch.tensor and len(node.args) == 1:
+        value = node.args[0]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or set(node.kwargs) - {"dtype", "device"}:
+            return None
+        dtype = node.kwargs.get("dtype")
+        floating = isinstance(dtype, torch.dtype) and dtype.is_floating_point
+        if not (floating or dtype is None and isinstance(value, float)):
+            return None
+    else:
+        return None
+    users = list(node.users)
+    if not users or any(u.op != "call_function" or u.target not in NUMBER_OPERAND_FUNCTIONS or node in u.args[:1]
+                        or node in u.kwargs.values() and u.target is not torch.clamp for u in users):
+        return None
+    return value
+
+
+def _number_tensors(gm: fx.GraphModule) -> tuple[dict[fx.Node, float | int], set[fx.Node]]:
+    """The graph's number tensors (_number_tensor) and the host nodes only they read (`x.device`): both drop out
+    of the captured graph, the number standing where the tensor was read."""
+    numbers = {n: v for n in gm.graph.nodes if (v := _number_tensor(gm, n)) is not None}
+    devices = {a for n in numbers for a in n.all_input_nodes
+               if a.op == "call_function" and a.target is getattr and set(a.users) <= set(numbers)}
+    return numbers, devices
+
+
 def _values_of(node: fx.Node) -> bool:
     """Is this node `t[0]` or `t.values` (the values of a (values, indices) pair)?"""
     return node.op == "call_function" and (
@@ -722,6 +774,7 @@ def capture(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Graph:
     with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
         ShapeProp(gm).propagate(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
     conv = _Converter(gm, numeric_attributes(model))
+    conv.numbers, number_devices = _number_tensors(gm)
     host: set[fx.Node] = set()
     placeholders: list[str] = []
     shapes: list[tuple[int, ...]] = []
@@ -736,6 +789,8 @@ def capture(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Graph:
             shapes.append(_shape(node))
         elif _param_transpose(node, conv):  # self.weight.T / self.weight.t(): x @ W.T is linear(x, W)
             conv.transposed[node] = conv.params[node.args[0]]
+        elif node in conv.numbers or node in number_devices:
+            continue  # read as its number (conv.arg); `x.device` read only to make it
         elif node.op == "get_attr" and node.target.startswith("_tensor_constant"):
             # a tensor the forward made from numbers (`torch.tensor(self.c)`): made again, as written, by a torch call
             conv.names[node] = node.name

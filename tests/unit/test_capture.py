@@ -70,6 +70,31 @@ def test_spellings_map_to_one_op(tmp_path):
     assert [(r.kind, len(r.nodes)) for r in partition(g)] == [("gemm_epilogue", 7)]
 
 
+def test_number_tensors_read_as_numbers(tmp_path):
+    """`torch.tensor(c, device=x.device)` as an operand of min/max/clamp/arithmetic is the number c (KernelBench
+    level 2 problems 83 and 93): the region goes on through it, and neither the tensor nor `x.device` is left as
+    a torch call; a tensor used otherwise (its own method, an integer dtype) stays one."""
+    forward = """
+        y = self.lin(x)
+        y = torch.min(y, torch.tensor(0.25, device=y.device))
+        y = torch.clamp(y, min=torch.tensor(-1.0), max=1.0)
+        return y * torch.tensor(3.0, dtype=torch.float32)
+    """
+    g, _, _ = graph_of(write_problem(tmp_path, "self.lin = nn.Linear(in_features, out_features)", forward))
+    assert [(n.op, n.args[1:]) for n in g.nodes[1:]] == [
+        ("clamp_max", (Scalar(0.25),)), ("hardtanh", (Scalar(-1.0), Scalar(1.0))), ("mul", (Scalar(3.0),))]
+    assert [(r.kind, len(r.nodes)) for r in partition(g)] == [("gemm_epilogue", 4)]
+    kept = """
+        y = self.lin(x)
+        two = torch.tensor(2.0, device=y.device)
+        return y * two.expand(1) + torch.tensor(1, dtype=torch.int32)
+    """
+    g, _, _ = graph_of(write_problem(tmp_path, "self.lin = nn.Linear(in_features, out_features)", kept, name="kept"))
+    made = [n for n in g.nodes if n.origin == "torch.tensor" or "torch.tensor" in (n.fx_code or "")]
+    assert len(made) == 2 and all(n.op == "unknown" for n in made)  # a method of its own; an integer tensor
+    assert not any(isinstance(a, Scalar) for n in g.nodes for a in n.args)
+
+
 def test_unknown_op_falls_back_and_splits_region(tmp_path):
     forward = """
         y = self.lin(x)
