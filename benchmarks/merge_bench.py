@@ -81,8 +81,20 @@ def table(rep: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+# the bars a plot may draw, in order: (result key, colour, label); a baseline no result has is left out
+PLOT_BARS = (("speedup_vs_eager", "#7f7f7f", "vs eager (torch's default flags)"),
+             ("speedup_vs_eager_strict", "#bcbd22", "vs eager strict fp32"),
+             ("speedup_vs_compile_default", "#1f77b4", "vs torch.compile default"),
+             ("speedup_vs_compile_max_autotune", "#9467bd", "vs torch.compile max-autotune"))
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
 def plot(rep: dict[str, Any], path: Path) -> None:
-    """Horizontal bars: kfuse's speedup over eager and over max-autotune, one pair per problem."""
+    """Horizontal bars: kfuse's speedup over each baseline the results have, a group per problem; the title names
+    the GPU, the code (commit) and the versions."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -90,22 +102,26 @@ def plot(rep: dict[str, Any], path: Path) -> None:
 
     res = rep["results"]
     names = [r["problem"] + ("" if r["correct"] else "  [FAILED contract]") for r in res]
+    bars = [b for b in PLOT_BARS if any(r.get(b[0]) for r in res)]
     ys = range(len(res))
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(res) + 1.6))
-    bars = ((-0.2, "speedup_vs_eager", "#7f7f7f", "vs eager fp32"),
-            (0.2, "speedup_vs_compile_max_autotune", "#9467bd", "vs torch.compile max-autotune"))
-    for off, key, color, label in bars:
+    height = 0.8 / max(len(bars), 1)
+    fig, ax = plt.subplots(figsize=(9, 0.16 * len(bars) * len(res) + 2.0))
+    for i, (key, color, label) in enumerate(bars):
         vals = [r.get(key) or 0.0 for r in res]
-        ax.barh([y + off for y in ys], vals, height=0.38, color=color, label=label)
+        ax.barh([y - 0.4 + (i + 0.5) * height for y in ys], vals, height=height, color=color, label=label)
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_yticks(list(ys))
     ax.set_yticklabels(names, fontsize=7)
     ax.invert_yaxis()
     s = summary(rep)
     ax.set_xlabel("kfuse speedup (x, median ms ratio)")
-    ax.set_title(f"kfuse bench on {rep['gpu']}\n{s['correct']}/{s['problems']} meet the contract, geomean "
-                 f"{s['geomean_vs_eager']:.2f}x vs eager, {s['geomean_vs_max_autotune']:.2f}x vs max-autotune",
-                 fontsize=8)
+    means = ", ".join(f"{_geomean(v):.2f}x {label[3:]}" for key, _, label in bars
+                      if (v := [r[key] for r in res if r.get(key)]))
+    versions = rep.get("versions") or {k: rep[k] for k in ("torch", "triton") if k in rep}
+    commits = " ; ".join(dict.fromkeys(rep.get("commit", "?").split(" ; ")))  # each chunk's, once
+    head = f"kfuse bench on {rep['gpu']}, commit {commits}, " + ", ".join(f"{k} {v}" for k, v in versions.items())
+    ax.set_title("\n".join([head, f"{s['correct']}/{s['problems']} meet the contract; geometric means:",
+                            means, "(the commands: the JSON's `command`)"]), fontsize=8)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

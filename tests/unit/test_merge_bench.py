@@ -55,3 +55,23 @@ def test_different_gpus_are_refused(tmp_path, capsys):
     b.write_text(json.dumps(_rep("b", _res("p2"), gpu="H200")))
     assert mb.main([str(tmp_path / "out.json"), str(a), str(b)]) == 2
     assert "differ in gpu" in capsys.readouterr().err and not (tmp_path / "out.json").exists()
+
+
+def test_plot_draws_the_baselines_the_results_have(tmp_path, monkeypatch):
+    """Bars only for the baselines measured (no max-autotune here: no nan in the title); commit, versions in it."""
+    res = _res("p1")
+    del res["speedup_vs_compile_max_autotune"]
+    res["speedup_vs_eager_strict"] = 3.0
+    rep = mb.merge([_rep("a", res)])
+    rep["commit"] = "abc1234"
+    titles, labels = [], []
+    import matplotlib.axes
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda self, t, **kw: titles.append(t))
+    original = matplotlib.axes.Axes.barh
+    monkeypatch.setattr(matplotlib.axes.Axes, "barh",
+                        lambda self, *a, **kw: labels.append(kw["label"]) or original(self, *a, **kw))
+    mb.plot(rep, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+    assert labels == ["vs eager (torch's default flags)", "vs eager strict fp32"]
+    title = titles[0]
+    assert "abc1234" in title and "torch t" in title and "nan" not in title and "3.00x eager strict" in title
