@@ -19,8 +19,9 @@ tap is output index * stride - pad + tap * dilation, one bounds check per row an
 padding), and its BLOCK_K channels are contiguous, so the loads are 16-byte vectors with no K mask, which Triton
 pipelines (cp.async; wgmma on sm_90). The accumulator is the (pixels, channels) tile of the output; conv_tile
 returns it and the caller's epilogue stores it to the NC(D)HW layout (conv_out_offsets): along a column the pixels
-are contiguous, so the stores are coalesced. Padding a group of 3 or 8 channels to 16 costs tensor-core work
-(16 / CIN_G) that such convolutions, bound by their output's bytes, mostly hide.
+are contiguous, so the stores are coalesced. Padding a group of 3 or 8 channels to 16 multiplies the tensor-core
+work by 16 / CIN_G, and each tap is then one 16-deep K block: such convolutions ran far from their floors on an H100
+(20-90 TFLOP/s of fp16 work, benchmarks/conv/NOTES.md "The packed tile").
 
 Precision: the scheme comes from the same switch as the GEMM's (conv_scheme -> runtime.scheme_for):
   "fp16x3p" on a GPU: the fp16 hi/lo split of kernels/gemm_core.py. The weight is split once per version
@@ -157,12 +158,25 @@ def conv_scheme(x: torch.Tensor) -> str:
     return scheme_for(GEMM_SCHEME, compiled) if compiled else "fp64"
 
 
-PACK = 16  # a group's input channels are zero-padded to a multiple of this in the packed operands: tl.dot's least K
+# a group's input channels are zero-padded to a multiple of this in the packed operands: tl.dot's least K
+PACK: tl.constexpr = tl.constexpr(16)
 
 
 def packed_channels(cin_g: int) -> int:
     """CP: the channels of one group's record in the packed input and of one tap in the packed weight."""
-    return cdiv(cin_g, PACK) * PACK
+    return cdiv(cin_g, PACK.value) * PACK.value
+
+
+@triton.jit
+def packed_record(CIN_G, SPLIT: tl.constexpr):
+    """(CP, REC) in the kernels: packed_channels, and the elements of a group's record in the packed input (on
+    SPLIT the hi parts, then the lo parts)."""
+    CP = tl.cdiv(CIN_G, PACK) * PACK
+    if SPLIT:
+        REC = 2 * CP
+    else:
+        REC = CP
+    return CP, REC
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -212,16 +226,12 @@ def conv_pack_kernel(x_ptr, scale_ptr, out_ptr, P, C_in, CIN_G, S, SPLIT: tl.con
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     g = tl.program_id(1)
     offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    CP = tl.cdiv(CIN_G, 16) * 16  # PACK
+    CP, REC = packed_record(CIN_G, SPLIT)
     mask_p = offs_p < P
     n = offs_p // S
     src = (n.to(tl.int64) * C_in + g * CIN_G) * S + offs_p % S
     v = tl.load(x_ptr + src[:, None] + offs_c[None, :].to(tl.int64) * S,
                 mask=mask_p[:, None] & (offs_c < CIN_G)[None, :], other=0.0).to(tl.float32)
-    if SPLIT:
-        REC = 2 * CP
-    else:
-        REC = CP
     dst = out_ptr + (offs_p.to(tl.int64) * (C_in // CIN_G) + g)[:, None] * REC + offs_c[None, :]
     mask = mask_p[:, None] & (offs_c < CP)[None, :]
     if SPLIT:  # gemm_core's split: x * s (exact) = hi + lo to ~2^-22 relative
@@ -402,11 +412,7 @@ def conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_
 
     K is walked tap by tap, BLOCK_K packed channels at a time: a tap's bounds check is one per row (not per
     element), and each row's BLOCK_K channels are contiguous in the packed input (vectorized loads)."""
-    CP = tl.cdiv(CIN_G, 16) * 16  # PACK: a group's channels, padded
-    if SCHEME == "fp16x3p":
-        REC = 2 * CP  # a pixel's record per group: hi parts, then lo parts
-    else:
-        REC = CP
+    CP, REC = packed_record(CIN_G, SCHEME == "fp16x3p")  # a group's padded channels; its record (hi, then lo)
     PIX = (C_in // CIN_G) * REC  # elements per input pixel
     id0 = od * SD - PD  # output pixel -> the input corner its window starts at
     ih0 = oh * SH - PH
