@@ -13,8 +13,8 @@ one dense implicit GEMM (conv.py's conv_tile on its packed operands: x packed by
 output pixels (n, td, th, tw), K = ntd * nth * ntw taps of CP packed channels. The phases partition the kernel
 taps, so the GEMMs together do exactly the convolution's useful products (N * D*H*W * C_in * C_out/groups *
 KD*KH*KW multiply-adds, less the taps that fall outside the input at the borders, plus the channels' padding to
-CP), never a product with an inserted zero. A phase with no tap
-(stride larger than the dilated kernel) gets K = 0: the bias and epilogue alone.
+CP), never a product with an inserted zero. A phase with no tap (stride larger than the dilated kernel) gets K = 0:
+the bias and epilogue alone.
 
 One launch: program_id(2) is the phase (SD * SH * SW of them), program_id(1) the group, program_id(0) the row and
 column tile as in conv.py. Rows are counted for the largest phase (phase 0); a tile past its phase's rows skips
@@ -29,8 +29,9 @@ whole row, so every phase shares it). The per-phase integers (phase offsets, tap
 table on the device (phase_table), cached per geometry and device, so a CUDA graph capture never builds one.
 
 Cost of one call: 2 * N*D*H*W * C_in * C_out/groups * KD*KH*KW flops at most (three fp16 products on "fp16x3p");
-bytes: x read once from memory (reused across taps from L1/L2), the weight's hi + lo (4 B per element) once per row
-tile, the output written once. Stores are strided by the stride along W within a phase (a phase's pixels are
+bytes: x packed first (conv.py's pack_input: read twice, its packed copy written), the packed copy read once from
+memory (reused across taps from L1/L2), the weight's hi + lo (4 B per element) once per row tile, the output written
+once. Stores are strided by the stride along W within a phase (a phase's pixels are
 every stride-th one), so at stride 2 half of each stored sector is another phase's.
 """
 

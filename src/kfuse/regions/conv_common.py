@@ -146,11 +146,15 @@ def conv_cost(anchor: Node, g: Graph, outs: int) -> str:
         flops = 2 * x_numel * w_numel // anchor.args[1].shape[0]
     else:  # each output: C_in/groups * kernel volume products
         flops = 2 * out_numel * w_numel // anchor.shape[1]
-    moved = 4 * (x_numel + w_numel + outs * out_numel)
     plural = "s" if outs > 1 else ""
-    how = "exact products summed in float64" if form_of(anchor) is DEPTHWISE else "three fp16 products of each on a GPU"
+    if form_of(anchor) is DEPTHWISE:
+        how, x_reads, x_text = "exact products summed in float64", 1, "x read once"
+    else:  # x packed first (kernels/conv.py pack_input): read twice, its packed copy written and read once
+        how, x_reads = "three fp16 products of each on a GPU", 4
+        x_text = "x read twice and packed, the copy written and read once: more where channels pad to 16"
+    moved = 4 * (x_reads * x_numel + w_numel + outs * out_numel)
     return (f"At the problem's shape: {flops / 1e9:.3g} GFLOP ({how}), "
-            f"{moved / 2 ** 20:.3g} MiB moved (x and W read once, {outs} output{plural} written once).")
+            f"{moved / 2 ** 20:.3g} MiB moved ({x_text}, W once, {outs} output{plural} written once).")
 
 
 def tile_lines(form: ConvForm) -> list[str]:
