@@ -234,6 +234,48 @@ def test_cuda_source_compiles_without_spills(tmp_path, name, arch, std):
                                             for mt in (1, 4, 16) for v in (1, 4)), gemv
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None or runtime.cutlass_include() is None,
+                    reason="needs nvcc and CUTLASS's headers (scripts/setup installs nvidia-cutlass)")
+def test_hopper_gemm_compiles_for_sm90a_without_spills(tmp_path):
+    """With -DKF_SM90 (what runtime.cuda_flags adds on an H100), the translation unit of seed 12 also holds
+    CUTLASS's warp-specialized kernel on the promoting ("FP8") mainloop over fp16, 128 x 128 x 64 tiles, the
+    region's epilogue functor in its epilogue, and no kernel spills."""
+    cu = ast.literal_eval(re.search(r"CUDA_SRC = (r\'\'\'.*?\'\'\')",
+                                    compile_cuda(SEEDS / "12_gemm_multiply_leakyrelu.py").source, re.S).group(1))
+    (tmp_path / "k.cu").write_text(cu)
+    r = subprocess.run(["nvcc", "-c", "k.cu", "-o", "k.o", "-std=c++20", *NVCC_FLAGS, "-DKF_SM90",
+                        f"-I{runtime.cutlass_include()}", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
+                        "-diag-suppress", "2908"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    entries = re.findall(r"Compiling entry function '(\w+)'", r.stderr)
+    (hopper,) = [e for e in entries if "GemmUniversal" in e]
+    assert "MainloopSm90TmaGmmaWarpSpecializedFP8" in hopper and "KfSm90Epilogue" in hopper
+    assert "Epi_linear_mul_leaky_relu" in hopper and "MMA_64x128x16_F32F16F16_SS" in hopper
+    spills = re.findall(r"(\d+) bytes spill stores", r.stderr)
+    assert spills and set(spills) == {"0"}, r.stderr[-4000:]
+
+
+def test_hopper_flags_only_for_an_sm90_gpu_with_the_headers(monkeypatch, tmp_path):
+    """The Hopper GEMM is built where the GPU is sm_90 and CUTLASS's headers are found, else the WMMA tile alone
+    (and KFUSE_CUDA_SM90=0 keeps the WMMA tile); the flags enter the extension's name."""
+    inc = tmp_path / "include" / "cutlass"
+    inc.mkdir(parents=True)
+    (inc / "cutlass.h").write_text("")
+    monkeypatch.setenv("CUTLASS_PATH", str(tmp_path))
+    monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: True)
+    for cap, env, expect in [((9, 0), "1", True), ((8, 0), "1", False), ((9, 0), "0", False), ((10, 0), "1", False)]:
+        monkeypatch.setattr(runtime.torch.cuda, "get_device_capability", lambda cap=cap: cap)
+        monkeypatch.setenv("KFUSE_CUDA_SM90", env)
+        assert runtime.sm90_build() is expect
+        assert ("-DKF_SM90" in runtime.cuda_flags()) is expect
+        assert (runtime.arch_list() == "9.0a") is expect
+        if expect:
+            assert f"-I{tmp_path / 'include'}" in runtime.cuda_flags()
+    monkeypatch.delenv("CUTLASS_PATH")
+    monkeypatch.setattr(runtime.importlib.util, "find_spec", lambda name: None)
+    assert runtime.cutlass_include() is None
+
+
 def _torch_includes() -> list[str]:
     from torch.utils.cpp_extension import include_paths
 

@@ -33,8 +33,9 @@ from kfuse.regions import generate
 from kfuse.regions.common import docstring, gemm_cost, kernel_name
 
 SCHEME_NOTES = {
-    "fp16x3p": "fp16 hi/lo split of both operands, three WMMA tensor-core products per 32-deep K block, each "
-               "block's partial added into an fp32 register accumulator",
+    "fp16x3p": "fp16 hi/lo split of both operands, the three products on tensor cores with each short chunk's "
+               "partial added into an fp32 register accumulator: CUTLASS's TMA + wgmma kernel on an sm_90 GPU with "
+               "CUTLASS's headers (pip install nvidia-cutlass), else a WMMA tile",
     "ieee": "fp32 operands on the CUDA cores, float64 products and sums rounded to fp32 once",
 }
 RUNTIME_MARK = "# --- emitted below ---"

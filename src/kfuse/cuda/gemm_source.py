@@ -3,10 +3,13 @@
 out = x @ W^T (+ the region's epilogue) with x (M, K) and W (N, K) fp32, accurate to fp32 on the fp16 tensor
 cores, by the same split as the Triton tile (kfuse/kernels/gemm_core.py says why it is exact):
   kf_split_rows_kernel  one block per row: s = a power of two putting max|row| in [2^14, 2^15) (from the exponent
-                        bits: exact), hi = fp16(v s), lo = fp16(v s - hi), both zero-padded to a multiple of
-                        KF_BK columns so that every K block of the GEMM loads unmasked. Reads the row twice (the
-                        second time mostly from L1/L2), writes 4 bytes per element.
-  kf_gemm_fp16x3p_kernel  128 x 128 output tiles, 8 warps of 64 x 32 (nvcuda::wmma m16n16k16 fragments), K in
+                        bits: exact), hi = fp16(v s), lo = fp16(v s - hi), each zero-padded to CP = a multiple
+                        of KF_PAD_K columns so that every K block of the GEMM loads unmasked, written as a row of
+                        three CP-wide segments: x as [hi | hi | lo], W as [hi | lo | hi] (role 0 and 1), so that
+                        the Hopper kernel (gemm_sm90_source.py) sums the three products as one fp16 GEMM over 3 CP.
+                        Reads the row twice (the second time mostly from L1/L2), writes 6 bytes per element.
+  kf_gemm_fp16x3p_kernel  (GPUs other than sm_90, or no CUTLASS headers) 128 x 128 output tiles, 8 warps of
+                        64 x 32 (nvcuda::wmma m16n16k16 fragments), K in
                         blocks of 32 through a 2- or 3-stage cp.async ring in shared memory. Each K block's three
                         products lo*hi, hi*lo, hi*hi (lo*lo is below fp32's last bit) go into a FRESH fragment that
                         is then added into the fp32 register accumulator with a round-to-nearest FADD: the tensor
@@ -14,6 +17,7 @@ cores, by the same split as the Triton tile (kfuse/kernels/gemm_core.py says why
                         (the Triton tile's "promotion"). Then the tile goes through shared memory, so that each
                         lane owns one output column: the row and column scales are undone (exact powers of two)
                         and the region's epilogue functor runs on every element, stores coalesced.
+                        hi and lo are read from their segments (rows 3 CP apart).
                         Flops: 3 x 2 M N K on tensor cores. Bytes: x's and W's parts (2 + 2 bytes per element
                         each) read once per tile row / column (tiles in groups of 8 rows, so W's columns are
                         shared through L2), the outputs written once.
@@ -25,6 +29,8 @@ cores, by the same split as the Triton tile (kfuse/kernels/gemm_core.py says why
                         launcher passes "fp64" for them): memory-bound on W, read once and coalesced, x's rows in
                         shared memory, double sums per lane, a warp butterfly, fp32 rounding once, the epilogue.
                         fp16x3p's ~3e-7 relative error failed rule 3 against cuBLAS's GEMV at batch 1.
+On sm_90 with CUTLASS's headers, fp16x3p GEMMs of more than SKINNY_M rows run kf_launch_sm90 instead
+(gemm_sm90_source.py: TMA, wgmma, a producer warp; the same epilogue functor).
 Edges are handled by clamping loads to the last row / column (their results are never stored) and masking the
 stores; any M, N, K works. Host glue: `kf_gemm` picks the kernel for a KfGemmArgs; each region adds its epilogue
 struct (spellings.py) and one launcher calling kf_gemm with it (region_sources).
@@ -38,7 +44,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BLOCK_K = 32  # the GEMM's K block; split rows are zero-padded to a multiple of it
+from kfuse.cuda.gemm_sm90_source import GEMM_SM90
+
+BLOCK_K = 32  # the WMMA tile's K block
+PAD_K = 64  # split rows are zero-padded to a multiple of this: a whole number of the WMMA and Hopper tiles' K blocks
 SKINNY_M = 16  # GEMMs of at most this many rows run kf_gemv_kernel (float64 sums; the Triton path's SKINNY_M)
 SCHEME_IDS = {"fp16x3p": 0, "ieee": 1, "fp64": 2}  # KfGemmArgs.scheme
 
@@ -46,22 +55,21 @@ SCHEME_IDS = {"fp16x3p": 0, "ieee": 1, "fp64": 2}  # KfGemmArgs.scheme
 COMMON = r"""
 #include <cuda_runtime_api.h>
 
-// The operands of one GEMM out = a @ b^T: scheme 0 (fp16x3p): a, a_lo (M, K) and b, b_lo (N, K) fp16 hi/lo parts
-// with per-row power-of-two scales, K a multiple of KF_BK; schemes 1 and 2 (fp64 sums): a (M, K) and
-// b (N, K) fp32, the rest unused. All row-major and contiguous.
+// The operands of one GEMM out = a @ b^T: scheme 0 (fp16x3p): a (M, 3K) = [hi | hi | lo] and b (N, 3K) =
+// [hi | lo | hi] fp16 parts of x and W (kf_split_rows, roles 0 and 1) with per-row power-of-two scales, K = CP a
+// multiple of KF_PAD_K; schemes 1 and 2 (fp64 sums): a (M, K) and b (N, K) fp32, the scales unused. All row-major
+// and contiguous.
 struct KfGemmArgs {
   int scheme;
   long long M, N, K;
   const void* a;
-  const void* a_lo;
   const float* a_scale;
   const void* b;
-  const void* b_lo;
   const float* b_scale;
 };
 
 int kf_split_rows(const float* x, long long stride_r, long long stride_c, long long R, long long C, long long CP,
-                  void* hi, void* lo, float* scale, cudaStream_t stream);
+                  int role, void* parts, float* scale, cudaStream_t stream);
 """
 
 PRELUDE = r"""
@@ -93,11 +101,11 @@ __device__ __forceinline__ float kf_pow2_inv(float s) {
 
 SPLIT = r"""
 // One block per row: s[row] = kf_pow2_scale(max |x[row, :]|), hi = fp16(x s), lo = fp16(x s - hi), zeros in
-// columns C..CP. |x s| < 2^15 < 65504: no fp16 overflow.
+// columns C..CP, stored in a row of three CP-wide segments: role 0 [hi | hi | lo], role 1 [hi | lo | hi].
+// |x s| < 2^15 < 65504: no fp16 overflow.
 __global__ void __launch_bounds__(256) kf_split_rows_kernel(const float* __restrict__ x, long long stride_r,
-                                                            long long stride_c, int C, int CP,
-                                                            __half* __restrict__ hi, __half* __restrict__ lo,
-                                                            float* __restrict__ scale) {
+                                                            long long stride_c, int C, int CP, int role,
+                                                            __half* __restrict__ parts, float* __restrict__ scale) {
   __shared__ float warp_max[32];
   const long long row = blockIdx.x;
   const float* xr = x + row * stride_r;
@@ -114,21 +122,23 @@ __global__ void __launch_bounds__(256) kf_split_rows_kernel(const float* __restr
   __syncthreads();
   const float s = kf_pow2_scale(warp_max[0]);
   if (threadIdx.x == 0) scale[row] = s;
-  __half* hr = hi + row * CP;
-  __half* lr = lo + row * CP;
+  __half* hr = parts + row * 3 * CP;
+  __half* h2 = hr + (role == 0 ? CP : 2 * CP);  // hi's second segment
+  __half* lr = hr + (role == 0 ? 2 * CP : CP);
   for (int c = threadIdx.x; c < CP; c += blockDim.x) {
     const float v = c < C ? xr[c * stride_c] * s : 0.0f;
     const __half h = __float2half_rn(v);
     hr[c] = h;
+    h2[c] = h;
     lr[c] = __float2half_rn(v - __half2float(h));
   }
 }
 
 int kf_split_rows(const float* x, long long stride_r, long long stride_c, long long R, long long C, long long CP,
-                  void* hi, void* lo, float* scale, cudaStream_t stream) {
+                  int role, void* parts, float* scale, cudaStream_t stream) {
   if (R == 0) return 0;
-  kf_split_rows_kernel<<<(unsigned)R, 256, 0, stream>>>(x, stride_r, stride_c, (int)C, (int)CP,
-                                                        static_cast<__half*>(hi), static_cast<__half*>(lo), scale);
+  kf_split_rows_kernel<<<(unsigned)R, 256, 0, stream>>>(x, stride_r, stride_c, (int)C, (int)CP, role,
+                                                        static_cast<__half*>(parts), scale);
   return (int)cudaGetLastError();
 }
 """
@@ -174,18 +184,19 @@ __device__ __forceinline__ void kf_cp_async_wait() {
 #endif
 }
 
-// One K block of the four parts into shared stage `st`: rows past M (N) read the last row (never stored).
+// One K block of the four parts (rows ld halves apart) into shared stage `st`: rows past M (N) read the last row
+// (never stored).
 __device__ __forceinline__ void kf_load_stage(__half* st, const __half* __restrict__ a_hi,
                                               const __half* __restrict__ a_lo, const __half* __restrict__ b_hi,
                                               const __half* __restrict__ b_lo, int row0, int col0, int M, int N,
-                                              long long K, int k0) {
+                                              long long ld, int k0) {
 #pragma unroll
   for (int i = 0; i < KF_CHUNKS; ++i) {
     const int c = threadIdx.x + i * KF_THREADS;
     const int r = c / (KF_BK / 8);
     const int kc = (c % (KF_BK / 8)) * 8;
-    const long long ga = (long long)min(row0 + r, M - 1) * K + k0 + kc;
-    const long long gb = (long long)min(col0 + r, N - 1) * K + k0 + kc;
+    const long long ga = (long long)min(row0 + r, M - 1) * ld + k0 + kc;
+    const long long gb = (long long)min(col0 + r, N - 1) * ld + k0 + kc;
     const int s = r * KF_LDS + kc;
     kf_cp_async16(st + s, a_hi + ga);
     kf_cp_async16(st + KF_PART + s, a_lo + ga);
@@ -224,7 +235,7 @@ __global__ void __launch_bounds__(KF_THREADS) kf_gemm_fp16x3p_kernel(
   const int KT = (int)(K / KF_BK);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < KT) kf_load_stage(smem + s * KF_STAGE, a_hi, a_lo, b_hi, b_lo, row0, col0, M, N, K, s * KF_BK);
+    if (s < KT) kf_load_stage(smem + s * KF_STAGE, a_hi, a_lo, b_hi, b_lo, row0, col0, M, N, 3 * K, s * KF_BK);
     kf_cp_async_commit();
   }
   for (int kt = 0; kt < KT; ++kt) {
@@ -232,7 +243,8 @@ __global__ void __launch_bounds__(KF_THREADS) kf_gemm_fp16x3p_kernel(
     __syncthreads();                 // ... everyone's, and every warp is done with the stage refilled next
     const int next = kt + STAGES - 1;
     if (next < KT)
-      kf_load_stage(smem + (next % STAGES) * KF_STAGE, a_hi, a_lo, b_hi, b_lo, row0, col0, M, N, K, next * KF_BK);
+      kf_load_stage(smem + (next % STAGES) * KF_STAGE, a_hi, a_lo, b_hi, b_lo, row0, col0, M, N, 3 * K,
+                    next * KF_BK);
     kf_cp_async_commit();
 
     const __half* st = smem + (kt % STAGES) * KF_STAGE;
@@ -446,9 +458,10 @@ cudaError_t kf_launch_fp16x3p(const KfGemmArgs& g, const Epi& epi, cudaStream_t 
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
   const long long tiles = ((g.M + KF_BM - 1) / KF_BM) * ((g.N + KF_BN - 1) / KF_BN);
-  kernel<<<(unsigned)tiles, KF_THREADS, smem, stream>>>(
-      static_cast<const __half*>(g.a), static_cast<const __half*>(g.a_lo), g.a_scale,
-      static_cast<const __half*>(g.b), static_cast<const __half*>(g.b_lo), g.b_scale, (int)g.M, (int)g.N, g.K, epi);
+  const __half* a = static_cast<const __half*>(g.a);  // [hi | hi | lo]
+  const __half* b = static_cast<const __half*>(g.b);  // [hi | lo | hi]
+  kernel<<<(unsigned)tiles, KF_THREADS, smem, stream>>>(a, a + 2 * g.K, g.a_scale, b, b + g.K, g.b_scale, (int)g.M,
+                                                        (int)g.N, g.K, epi);
   return cudaGetLastError();
 }
 
@@ -492,21 +505,29 @@ cudaError_t kf_launch_gemv(const KfGemmArgs& g, const Epi& epi, cudaStream_t str
   return vec ? kf_launch_gemv_v<4>(g, epi, stream) : kf_launch_gemv_v<1>(g, epi, stream);
 }
 
-// The GEMM of `g` with epilogue `epi` on `stream`; 3 pipeline stages where the GPU lets a block have their
-// shared memory (sm_80, sm_90: 120 KiB), else 2 (80 KiB).
+GEMM_SM90_SOURCE
+
+// The GEMM of `g` with epilogue `epi` on `stream`. fp16x3p: the Hopper kernel where it was built (KF_SM90) and the
+// GPU is sm_90; else the WMMA tile with 3 pipeline stages where the GPU lets a block have their shared memory
+// (sm_80, sm_90: 120 KiB), else 2 (80 KiB).
 template <class Epi>
 int kf_gemm(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
   if (g.M == 0 || g.N == 0) return 0;
   if (g.scheme != 0 && g.M <= KF_GEMV_M) return (int)kf_launch_gemv(g, epi, stream);
   if (g.scheme != 0) return (int)kf_launch_cuda_core(g, epi, stream);
-  int dev = 0, optin = 0;
+  int dev = 0, optin = 0, major = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (err != cudaSuccess) return (int)err;
+#if defined(KF_SM90)
+  if (major == 9) return (int)kf_launch_sm90(g, epi, stream);
+#endif
   if ((size_t)optin >= kf_smem_bytes(3)) return (int)kf_launch_fp16x3p<3>(g, epi, stream);
   return (int)kf_launch_fp16x3p<2>(g, epi, stream);
 }
-""".replace("BLOCK_K_VALUE", str(BLOCK_K)).replace("SKINNY_M_VALUE", str(SKINNY_M))
+""".replace("BLOCK_K_VALUE", str(BLOCK_K)).replace("SKINNY_M_VALUE", str(SKINNY_M)) \
+    .replace("GEMM_SM90_SOURCE", GEMM_SM90.strip())
 
 # The C++ translation unit's fixed part: its headers (load_inline, with no_implicit_headers on torch >= 2.8, adds
 # none), then COMMON, then these helpers; load_inline appends the bindings.
@@ -519,7 +540,7 @@ CPP_HEADERS = r"""
 """
 
 CPP_HELPERS = r"""
-constexpr int64_t KF_PAD_K = BLOCK_K_VALUE;  // the CUDA side's KF_BK
+constexpr int64_t KF_PAD_K = PAD_K_VALUE;  // split rows' padding (gemm_source.PAD_K)
 constexpr int64_t KF_INT_MAX = 2147483647;
 
 static void kf_check(int err, const char* what) {
@@ -534,26 +555,26 @@ static void kf_expect(const torch::Tensor& t, const char* name, torch::ScalarTyp
   TORCH_CHECK(t.dim() == dim && t.is_contiguous(), "kfuse: ", name, " must be a contiguous ", dim, "-d tensor");
 }
 
-// hi, lo (R, CP) fp16 and scale (R,) fp32 of the rows of x (R, C) fp32 (any strides): CP = C padded to KF_PAD_K.
-std::vector<torch::Tensor> split_rows(torch::Tensor x) {
+// parts (R, 3 CP) fp16 and scale (R,) fp32 of the rows of x (R, C) fp32 (any strides): CP = C padded to
+// KF_PAD_K; role 0 (the GEMM's x): [hi | hi | lo], role 1 (its weight): [hi | lo | hi].
+std::vector<torch::Tensor> split_rows(torch::Tensor x, int64_t role) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.scalar_type() == torch::kFloat32,
               "kfuse: split_rows takes a 2-d float32 CUDA tensor");
+  TORCH_CHECK(role == 0 || role == 1, "kfuse: split_rows: role is 0 (x) or 1 (the weight)");
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t R = x.size(0), C = x.size(1), CP = (C + KF_PAD_K - 1) / KF_PAD_K * KF_PAD_K;
-  TORCH_CHECK(R <= KF_INT_MAX && CP <= KF_INT_MAX, "kfuse: split_rows: too many rows or columns");
-  auto hi = torch::empty({R, CP}, x.options().dtype(torch::kFloat16));
-  auto lo = torch::empty({R, CP}, x.options().dtype(torch::kFloat16));
+  TORCH_CHECK(R <= KF_INT_MAX && 3 * CP <= KF_INT_MAX, "kfuse: split_rows: too many rows or columns");
+  auto parts = torch::empty({R, 3 * CP}, x.options().dtype(torch::kFloat16));
   auto scale = torch::empty({R}, x.options());
-  kf_check(kf_split_rows(x.data_ptr<float>(), x.stride(0), x.stride(1), R, C, CP, hi.data_ptr(), lo.data_ptr(),
-                         scale.data_ptr<float>(), c10::cuda::getCurrentCUDAStream()),
+  kf_check(kf_split_rows(x.data_ptr<float>(), x.stride(0), x.stride(1), R, C, CP, static_cast<int>(role),
+                         parts.data_ptr(), scale.data_ptr<float>(), c10::cuda::getCurrentCUDAStream()),
            "kf_split_rows_kernel");
-  return {hi, lo, scale};
+  return {parts, scale};
 }
 
 // The GEMM operands as the Python launcher passes them (runtime.gemm_operands), checked.
-static KfGemmArgs kf_gemm_args(const torch::Tensor& a, const torch::Tensor& a_lo, const torch::Tensor& a_scale,
-                               const torch::Tensor& b, const torch::Tensor& b_lo, const torch::Tensor& b_scale,
-                               int64_t scheme) {
+static KfGemmArgs kf_gemm_args(const torch::Tensor& a, const torch::Tensor& a_scale, const torch::Tensor& b,
+                               const torch::Tensor& b_scale, int64_t scheme) {
   TORCH_CHECK(scheme >= 0 && scheme <= 2, "kfuse: unknown GEMM scheme ", scheme);
   const bool split = scheme == 0;
   const auto dtype = split ? torch::kFloat16 : torch::kFloat32;
@@ -561,18 +582,16 @@ static KfGemmArgs kf_gemm_args(const torch::Tensor& a, const torch::Tensor& a_lo
   kf_expect(b, "the weight", dtype, 2, a);
   TORCH_CHECK(a.size(1) == b.size(1), "kfuse: GEMM operands disagree on K: ", a.size(1), " and ", b.size(1));
   TORCH_CHECK(a.size(0) <= KF_INT_MAX && b.size(0) <= KF_INT_MAX, "kfuse: GEMM too large for int row indices");
-  KfGemmArgs g{static_cast<int>(scheme), a.size(0), b.size(0), a.size(1), a.data_ptr(), nullptr, nullptr,
-               b.data_ptr(), nullptr, nullptr};
-  if (split) {
-    TORCH_CHECK(a.size(1) % KF_PAD_K == 0, "kfuse: split operands must be padded to ", KF_PAD_K, " columns");
-    kf_expect(a_lo, "x's lo part", torch::kFloat16, 2, a);
-    kf_expect(b_lo, "the weight's lo part", torch::kFloat16, 2, a);
+  KfGemmArgs g{static_cast<int>(scheme), a.size(0), b.size(0), a.size(1), a.data_ptr(), nullptr, b.data_ptr(),
+               nullptr};
+  if (split) {  // three segments of CP columns each (split_rows)
+    TORCH_CHECK(a.size(1) % (3 * KF_PAD_K) == 0, "kfuse: split operands must be three segments padded to ",
+                KF_PAD_K, " columns");
     kf_expect(a_scale, "x's row scales", torch::kFloat32, 1, a);
     kf_expect(b_scale, "the weight's row scales", torch::kFloat32, 1, a);
-    TORCH_CHECK(a_lo.sizes() == a.sizes() && b_lo.sizes() == b.sizes() && a_scale.size(0) == a.size(0) &&
-                b_scale.size(0) == b.size(0), "kfuse: split parts of different shapes");
-    g.a_lo = a_lo.data_ptr();
-    g.b_lo = b_lo.data_ptr();
+    TORCH_CHECK(a_scale.size(0) == a.size(0) && b_scale.size(0) == b.size(0),
+                "kfuse: split parts and their scales of different lengths");
+    g.K = a.size(1) / 3;
     g.a_scale = a_scale.data_ptr<float>();
     g.b_scale = b_scale.data_ptr<float>();
   }
@@ -585,7 +604,7 @@ static const float* kf_vector(const torch::Tensor& p, int64_t n, const char* nam
   TORCH_CHECK(p.size(0) == n, "kfuse: ", name, " has ", p.size(0), " elements, expected ", n);
   return p.data_ptr<float>();
 }
-""".replace("BLOCK_K_VALUE", str(BLOCK_K))
+""".replace("PAD_K_VALUE", str(PAD_K))
 
 
 @dataclass(frozen=True)
@@ -637,9 +656,9 @@ def region_sources(stem: str, struct: str, members: list[Member]) -> tuple[str, 
     tensors = "".join(f", torch::Tensor {m.name}" if m.kind in ("vector", "single") else f", double {m.name}"
                       for m in inputs)
     lines = [decl, "",
-             f"std::vector<torch::Tensor> {function}(torch::Tensor a, torch::Tensor a_lo, torch::Tensor a_scale, "
-             f"torch::Tensor b, torch::Tensor b_lo, torch::Tensor b_scale, int64_t scheme{tensors}, bool store_z) {{",
-             "  const KfGemmArgs g = kf_gemm_args(a, a_lo, a_scale, b, b_lo, b_scale, scheme);",
+             f"std::vector<torch::Tensor> {function}(torch::Tensor a, torch::Tensor a_scale, torch::Tensor b, "
+             f"torch::Tensor b_scale, int64_t scheme{tensors}, bool store_z) {{",
+             "  const KfGemmArgs g = kf_gemm_args(a, a_scale, b, b_scale, scheme);",
              "  const c10::cuda::CUDAGuard guard(a.device());",
              "  const auto options = a.options().dtype(torch::kFloat32);"]
     lines += [f"  torch::Tensor {m.name} = torch::empty({{g.M, g.N}}, options);" for m in outs]

@@ -47,12 +47,42 @@ def cache_folder() -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "kfuse", "cuda")
 
 
+def cutlass_include():
+    """CUTLASS's C++ headers: $CUTLASS_PATH/include (a CUTLASS checkout), else the copy the pip package
+    nvidia-cutlass installs (cutlass_library/source/include; found without importing it); None where neither."""
+    roots = [os.path.join(os.environ["CUTLASS_PATH"], "include")] if os.environ.get("CUTLASS_PATH") else []
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is not None and spec.submodule_search_locations:
+        roots += [os.path.join(loc, "source", "include") for loc in spec.submodule_search_locations]
+    return next((r for r in roots if os.path.exists(os.path.join(r, "cutlass", "cutlass.h"))), None)
+
+
+def sm90_build() -> bool:
+    """Whether this build carries the Hopper GEMM (wgmma needs the sm_90a target): an sm_90 GPU, CUTLASS's headers,
+    and KFUSE_CUDA_SM90 not set to 0 (which keeps the WMMA tile, e.g. to compare the two)."""
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+            and os.environ.get("KFUSE_CUDA_SM90", "1") != "0" and cutlass_include() is not None)
+
+
+def cuda_flags() -> list:
+    """nvcc's flags for the CUDA translation unit: CUDA_FLAGS, and for the Hopper GEMM its macro and headers."""
+    flags = list(CUDA_FLAGS)
+    if sm90_build():
+        flags += ["-DKF_SM90", f"-I{cutlass_include()}", "--expt-relaxed-constexpr"]
+    return flags
+
+
+def arch_list() -> str:
+    """TORCH_CUDA_ARCH_LIST for the build: 9.0a where the Hopper GEMM is built, else the user's setting."""
+    return "9.0a" if sm90_build() else os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+
+
 def build_identity() -> str:
-    """What besides the sources decides the binary: torch's and CUDA's versions, the GPU's compute capability
-    and the architectures asked for."""
+    """What besides the sources decides the binary: torch's and CUDA's versions, the GPU's compute capability,
+    the architectures and the flags (with CUTLASS's include folder)."""
     cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else ("none",)
-    return "|".join([torch.__version__, str(torch.version.cuda), "sm_" + "".join(map(str, cap)),
-                     os.environ.get("TORCH_CUDA_ARCH_LIST", ""), " ".join(CUDA_FLAGS)])
+    return "|".join([torch.__version__, str(torch.version.cuda), "sm_" + "".join(map(str, cap)), arch_list(),
+                     " ".join(cuda_flags())])
 
 
 def extension_name(cuda_src: str, cpp_src: str, functions, identity: str) -> str:
@@ -92,13 +122,31 @@ def load_extension(cuda_src: str, cpp_src: str, functions):
         extra = {}
         if "no_implicit_headers" in inspect.signature(load_inline).parameters:  # torch >= 2.8: keep torch's
             extra["no_implicit_headers"] = True  # headers out of the CUDA file (the C++ one includes them itself)
-        module = load_inline(name=name, cpp_sources=[cpp_src], cuda_sources=[cuda_src], functions=list(functions),
-                             extra_cflags=["-O3"], extra_cuda_cflags=list(CUDA_FLAGS), build_directory=folder,
-                             **extra)
+        with arch_env(arch_list()):
+            module = load_inline(name=name, cpp_sources=[cpp_src], cuda_sources=[cuda_src],
+                                 functions=list(functions), extra_cflags=["-O3"], extra_cuda_cflags=cuda_flags(),
+                                 build_directory=folder, **extra)
         with open(os.path.join(folder, BUILT_MARK), "w") as f:
             f.write(name + "\n")
     _EXTENSIONS[name] = module
     return module
+
+
+@contextlib.contextmanager
+def arch_env(archs: str):
+    """TORCH_CUDA_ARCH_LIST set to `archs` (unset where empty) while torch builds, the user's value restored."""
+    old = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if archs:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = archs
+    else:
+        os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = old
 
 
 def tensor_key(t: torch.Tensor) -> tuple:
@@ -127,18 +175,18 @@ def weight_nk(weight: torch.Tensor, kn: bool) -> torch.Tensor:
 
 
 def gemm_operands(ext, x2: torch.Tensor, weight: torch.Tensor, kn: bool, scheme: str) -> tuple:
-    """((a, a_lo, a_scale, b, b_lo, b_scale), scheme id) for the region functions of the extension: x2 (M, K) and
-    the weight split for "fp16x3p", else both fp32 (N, K) contiguous (the CUDA-core tile; skinny GEMMs: "fp64",
-    the GEMV kernel)."""
+    """((a, a_scale, b, b_scale), scheme id) for the region functions of the extension: for "fp16x3p" x2 (M, K)
+    split as [hi | hi | lo] and the weight as [hi | lo | hi] (split_rows' roles 0 and 1), else both fp32 (N, K)
+    contiguous (the CUDA-core tile; skinny GEMMs: "fp64", the GEMV kernel) with the scales unused."""
     if x2.shape[0] <= SKINNY_M:
         scheme = "fp64"
     if scheme == "fp16x3p":
-        a = ext.split_rows(x2.float())
-        b = cached_on(weight, ("split", kn), lambda: tuple(ext.split_rows(weight_nk(weight, kn))))
+        a = ext.split_rows(x2.float(), 0)
+        b = cached_on(weight, ("split", kn), lambda: tuple(ext.split_rows(weight_nk(weight, kn), 1)))
         return (*a, *b), SCHEME_IDS[scheme]
     a = x2.float().contiguous()
     b = cached_on(weight, ("nk", kn), lambda: weight_nk(weight, kn).contiguous())
-    return (a, a, a, b, b, b), SCHEME_IDS[scheme]
+    return (a, a, b, b), SCHEME_IDS[scheme]
 
 
 def as_vector(t: torch.Tensor) -> torch.Tensor:

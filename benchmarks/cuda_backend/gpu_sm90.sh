@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The GPU check of `--backend cuda` with the Hopper GEMM (CUTLASS's TMA + wgmma kernel, gemm_sm90_source.py), on
+# a GPU machine from the repository root:
+#     benchmarks/cuda_backend/gpu_sm90.sh OUT STEP...
+# Steps (each writes under OUT; run several in one call or one per call, the built extensions stay in
+# KFUSE_CACHE_DIR, default ./.kfuse-cache, between calls on the same machine):
+#   smoke   kfuse optimize --backend cuda of seed 12 (builds the extension, checks the contract), then the GPU
+#           tests of the odd sizes (both schemes) and the CUDA-core kernels against their CPU models
+#   verify  kfuse optimize --backend cuda of every seed and every problems/gemm file, 14 at a time (nvcc dominates)
+#   bench   kfuse bench of the seeds, --backend cuda then --backend triton, eager beside each (one contract draw)
+#   tests   the rest of the GPU tests of tests/test_cuda_backend.py (gradients, second process, GEMV timing)
+#   variants  tile, cluster and promotion variants of the Hopper GEMM on seed 12 (sm90_variants.py)
+#   wmma    kfuse bench of seed 12 with KFUSE_CUDA_SM90=0 (the WMMA tile; the A/B against the Hopper kernel)
+# CUTLASS's headers: $CUTLASS_PATH/include, else ./.cutlass/include (a copy carried to a machine without the pip
+# package), else the nvidia-cutlass package's. Needs nvcc and ninja (torch's load_inline).
+set -uo pipefail
+out="${1:-out/cuda_sm90}"
+shift || true
+export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 KFUSE_CACHE_DIR="${KFUSE_CACHE_DIR:-$PWD/.kfuse-cache}"
+if [ -z "${CUTLASS_PATH:-}" ] && [ -f .cutlass/include/cutlass/cutlass.h ]; then export CUTLASS_PATH="$PWD/.cutlass"; fi
+mkdir -p "$out/cuda" "$KFUSE_CACHE_DIR"
+seeds=(problems/seeds/*.py)
+optimize_one() {  # problem file, output folder
+    local n; n="$(basename "$1" .py)"
+    timeout 420 python3 -m kfuse optimize "$1" --backend cuda --trials 2 -o "$2/$n.py" --json "$2/$n.json" \
+        > "$2/$n.log" 2>&1
+    echo "$n: exit $? $(grep -E "^contract|^max abs|error" "$2/$n.log" | tr '\n' ' ' | cut -c1-300)"
+}
+export -f optimize_one
+{
+date
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+python3 -c "from kfuse.cuda.runtime import cutlass_include, sm90_build; print('cutlass', cutlass_include(), 'sm90 build', sm90_build())"
+for step in "$@"; do
+    start=$SECONDS
+    echo "== $step =="
+    case "$step" in
+    smoke)
+        optimize_one problems/seeds/12_gemm_multiply_leakyrelu.py "$out/cuda"
+        TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_backend.py \
+            -k "odd_sizes or bit_for_bit" > "$out/pytest-smoke.log" 2>&1
+        echo "pytest: exit $? $(tail -1 "$out/pytest-smoke.log")";;
+    verify14)  # the problems/gemm files a change of the promotion interval can move (a sum over outputs)
+        printf '%s\n' problems/gemm/14_*.py problems/gemm/04_*.py problems/gemm/05_*.py problems/gemm/15_*.py \
+            problems/seeds/39_*.py | xargs -P 5 -I{} bash -c 'optimize_one {} '"$out/cuda"
+        ;;
+    verify)
+        printf '%s\n' "${seeds[@]}" problems/gemm/*.py | xargs -P 14 -I{} bash -c 'optimize_one {} '"$out/cuda"
+        ;;
+    bench)
+        timeout 200 python3 -m kfuse bench "${seeds[@]}" --baselines eager --trials 1 --backend cuda \
+            --json "$out/bench-cuda.json" --plot "$out/bench-cuda.png" > "$out/bench-cuda.log" 2>&1
+        echo "bench cuda: exit $?"; tail -12 "$out/bench-cuda.log"
+        timeout 200 python3 -m kfuse bench "${seeds[@]}" --baselines eager --trials 1 --backend triton \
+            --json "$out/bench-triton.json" > "$out/bench-triton.log" 2>&1
+        echo "bench triton: exit $?"; tail -12 "$out/bench-triton.log";;
+    tests)
+        TRITON_INTERPRET=0 timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_backend.py \
+            -k "not odd_sizes and not bit_for_bit" > "$out/pytest-rest.log" 2>&1
+        echo "pytest: exit $? $(tail -1 "$out/pytest-rest.log")";;
+    variants)  # the Hopper GEMM's variants on seed 12 (sm90_variants.py): built in parallel, timed one by one
+        vs=(${VARIANTS:-t128c1 t128c2 t192c1 t128c1p8 wmma})
+        for v in "${vs[@]}"; do
+            timeout 300 python3 benchmarks/cuda_backend/sm90_variants.py "$v" --build-only > "$out/build-$v.log" 2>&1 &
+        done
+        wait
+        timeout 200 python3 benchmarks/cuda_backend/sm90_variants.py "${vs[@]}" --json "$out/variants.json" \
+            2>&1 | tail -8;;
+    wmma)
+        KFUSE_CUDA_SM90=0 timeout 200 python3 -m kfuse bench problems/seeds/12_gemm_multiply_leakyrelu.py \
+            --baselines eager --trials 1 --backend cuda --json "$out/bench-wmma.json" > "$out/bench-wmma.log" 2>&1
+        echo "bench wmma: exit $?"; tail -6 "$out/bench-wmma.log";;
+    *) echo "unknown step $step";;
+    esac
+    echo "$step: $((SECONDS - start)) s"
+done
+date
+} 2>&1 | tee -a "$out/gpu_sm90.log"
