@@ -34,6 +34,8 @@ SCHEME_IDS = {"fp16x3p": 0, "ieee": 1, "fp64": 2}  # gemm_source.SCHEME_IDS
 CUDA_FLAGS = ("-O3",)  # no -std: torch adds the one its headers need (C++20 since torch 2.10)
 BUILT_MARK = "kfuse-built"
 _EXTENSIONS: dict = {}  # name -> the loaded module, in this process
+_BY_SOURCE: dict = {}  # (cuda_src, cpp_src, functions) -> the loaded module: a call's only look-up (Python caches a
+# string's hash), where naming it (hashing the sources, finding CUTLASS's headers) cost a skinny GEMM its speed
 
 
 def cache_folder() -> str:
@@ -110,8 +112,12 @@ def load_extension(cuda_src: str, cpp_src: str, functions):
     if not torch.cuda.is_available():
         raise RuntimeError("kfuse: this ModelNew runs CUDA C++ kernels (kfuse optimize --backend cuda): it needs a "
                            "CUDA GPU and the CUDA toolkit (nvcc)")
+    key = (cuda_src, cpp_src, tuple(functions))
+    if key in _BY_SOURCE:
+        return _BY_SOURCE[key]
     name = extension_name(cuda_src, cpp_src, functions, build_identity())
     if name in _EXTENSIONS:
+        _BY_SOURCE[key] = _EXTENSIONS[name]
         return _EXTENSIONS[name]
     folder = os.path.join(cache_folder(), name)
     module = _import_built(name, folder)
@@ -128,7 +134,7 @@ def load_extension(cuda_src: str, cpp_src: str, functions):
                                  build_directory=folder, **extra)
         with open(os.path.join(folder, BUILT_MARK), "w") as f:
             f.write(name + "\n")
-    _EXTENSIONS[name] = module
+    _EXTENSIONS[name] = _BY_SOURCE[key] = module
     return module
 
 
