@@ -172,7 +172,7 @@ def small(problem, on_meta: bool = True):
     """The chosen instance: found in seconds, it builds and runs; it fits the budget on meta where it runs there."""
     start = time.perf_counter()
     chosen = choose_sizes(problem)
-    assert time.perf_counter() - start < 4.0
+    assert time.perf_counter() - start < 10.0  # seconds, not minutes (4.4 s once on a 2-core machine under load)
     prob = problem.with_overrides(chosen)
     with torch.no_grad():
         prob.build()(*prob.inputs())
@@ -240,7 +240,7 @@ def test_a_forward_that_always_raises_is_quick(tmp_path):
     text = MLP.replace("return self.out(self.layers(x))", "raise ValueError('never runs')")
     start = time.perf_counter()
     choose_sizes(write(tmp_path, text))
-    assert time.perf_counter() - start < 4.0
+    assert time.perf_counter() - start < 10.0  # seconds, not minutes (4.4 s once on a 2-core machine under load)
 
 
 def test_optimize_on_the_cpu_picks_a_small_instance(tmp_path):

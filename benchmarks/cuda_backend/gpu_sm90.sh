@@ -60,7 +60,7 @@ for step in "$@"; do
             -k "not odd_sizes and not bit_for_bit" > "$out/pytest-rest.log" 2>&1
         echo "pytest: exit $? $(tail -1 "$out/pytest-rest.log")";;
     variants)  # the Hopper GEMM's variants on seed 12 (sm90_variants.py): built in parallel, timed one by one
-        vs=(${VARIANTS:-split concat p4 p16 concat_p16 wmma})
+        vs=(${VARIANTS:-split p1 p2 p4 wmma})
         for v in "${vs[@]}"; do
             timeout 300 python3 benchmarks/cuda_backend/sm90_variants.py "$v" --build-only > "$out/build-$v.log" 2>&1 &
         done

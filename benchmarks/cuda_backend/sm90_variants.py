@@ -26,15 +26,12 @@ from kfuse.load import load_problem  # noqa: E402
 from kfuse.optimize import Options, compile_problem, load_module  # noqa: E402
 
 SEED = ROOT / "problems/seeds/12_gemm_multiply_leakyrelu.py"
-VARIANTS = {  # the default is the split mainloop (KF_SM90_SPLIT=1); "concat" the concatenated K on CUTLASS's
+VARIANTS = {  # the Hopper GEMM's macros (gemm_sm90_source.py); the earlier sweeps' concatenated K is gone
     "split": (),
     "t128c2": ("-DKF_SM90_CLUSTER_N=2",),
-    "t192c1": ("-DKF_SM90_TILE_N=192",),
-    "p4": ("-DKF_SM90_FIXED_PROMOTE=4",),  # MMAs of hi*hi between promotions (the split mainloop: / 4 K blocks)
-    "p8": ("-DKF_SM90_FIXED_PROMOTE=8",),
-    "p16": ("-DKF_SM90_FIXED_PROMOTE=16",),
-    "concat": ("-DKF_SM90_SPLIT=0",),
-    "concat_p16": ("-DKF_SM90_SPLIT=0", "-DKF_SM90_FIXED_PROMOTE=16"),
+    "p1": ("-DKF_SM90_FIXED_PROMOTE=1",),  # K blocks of hi*hi between promotions
+    "p2": ("-DKF_SM90_FIXED_PROMOTE=2",),
+    "p4": ("-DKF_SM90_FIXED_PROMOTE=4",),
     "wmma": None,  # KFUSE_CUDA_SM90=0: the WMMA tile
 }
 ODD = [(37, 70, 129), (130, 97, 300), (17, 64, 128), (300, 1000, 999), (64, 4096, 515), (64, 8192, 515),

@@ -7,21 +7,18 @@ machinery is what CUTLASS 3's sm90 kernels and collectives are, header-only (pip
 runtime.cutlass_include finds them), so the backend builds on them rather than on a hand-kept copy, and keeps its
 own arithmetic:
 
-  operands   the split of gemm_source.py, each row three CP-wide segments (CP = K padded to KF_PAD_K): x as
-             [hi | hi | lo], W as [hi | lo | hi]. The WMMA tile reads hi at segment 0 and lo at segment 2 of x and 1
-             of W, so there is one operand format.
-  mainloop   SplitMainloop (the default, KF_SM90_SPLIT=1): the Gluon tile's arrangement (kfuse/kernels/
-             gemm_sm90.py). Each pipeline stage holds a 64-deep K block of x's hi and lo and W's hi and lo (four
-             16 KiB tiles; TMA reads the rows as (rows, CP, 2), hi at 0, lo at 1); the consumers issue hi*hi into
-             `part`, promoted into the fp32 register sum every kf_sm90_promote K blocks with a round-to-nearest
-             FADD (the tensor core truncates as it accumulates), and lo*hi + hi*lo into `cross` over all of K
-             (2^-11 of the result: its truncation costs nothing). The promotion waits for hi*hi alone while the
-             cross products run on. 3 stages (64 KiB each).
-             With KF_SM90_SPLIT=0: one fp16 GEMM over the concatenated K (3 CP: [hi|hi|lo] . [hi|lo|hi] sums the
-             same three products) on CUTLASS's promoting ("FP8") mainloop instantiated on fp16: 6 tiles for 3
-             products, 22% slower and up to 2.8x eager's error (benchmarks/cuda_backend/NOTES.md); kept for the A/B.
-             Both: tiles 128 x 128 x 64, two consumer warpgroups (cooperative) and a producer warp, clusters of 2
-             along M sharing W's tiles by TMA multicast, a persistent grid.
+  operands   the split of gemm_source.py: rows [hi | lo] of 2 CP fp16 (CP = K padded to KF_PAD_K), the format
+             the WMMA tile reads too.
+  mainloop   SplitMainloop, the Gluon tile's arrangement (kfuse/kernels/gemm_sm90.py): each pipeline stage holds
+             a 64-deep K block of x's hi and lo and W's hi and lo (four 16 KiB tiles; TMA reads the rows as
+             (rows, CP, 2), hi at 0, lo at 1); the consumers issue hi*hi into `part`, promoted into the fp32
+             register sum every kf_sm90_promote K blocks with a round-to-nearest FADD (the tensor core truncates as
+             it accumulates), and lo*hi + hi*lo into `cross` over all of K (2^-11 of the result: its truncation
+             costs nothing). The promotion waits for hi*hi alone while the cross products run on. 3 stages (64 KiB
+             each); tiles 128 x 128 x 64, two consumer warpgroups (cooperative) and a producer warp, clusters of 2
+             along M sharing W's tiles by TMA multicast, a persistent grid. It replaced one fp16 GEMM over a
+             concatenated K ([hi|hi|lo] . [hi|lo|hi] on CUTLASS's promoting mainloop: 6 tiles for 3 products, 22%
+             slower and up to 2.8x eager's error; benchmarks/cuda_backend/NOTES.md).
   epilogue   KfSm90Epilogue: each accumulator element, at its (m, n), has the row scales undone (exact powers of
              two) and goes through the region's epilogue functor (spellings.py), stores masked to m < M, n < N: the
              same functor the WMMA tile calls, so no second spelling of any op.
@@ -33,7 +30,7 @@ this one.
 
 from __future__ import annotations
 
-PROMOTE = 8  # MMAs (of 16 of K) between promotions at CP >= 2048: 128 of K (kf_sm90_promote says why)
+PROMOTE = 2  # K blocks (of 64) of hi*hi between promotions at CP >= 2048 (kf_sm90_promote says why)
 
 GEMM_SM90 = r"""
 #if defined(KF_SM90)
@@ -55,27 +52,24 @@ GEMM_SM90 = r"""
 #ifndef KF_SM90_CLUSTER_N
 #define KF_SM90_CLUSTER_N 1  // CTAs of a cluster along N, sharing x's tiles by multicast
 #endif
-#ifndef KF_SM90_SPLIT
-#define KF_SM90_SPLIT 1  // the split mainloop (4 tiles a K block); 0: the concatenated K on CUTLASS's mainloop
-#endif
 #ifndef KF_SM90_SPLIT_STAGES
 #define KF_SM90_SPLIT_STAGES 3  // 64 KiB a stage
 #endif
 #ifndef KF_SM90_MAX_PROMOTE
-#define KF_SM90_MAX_PROMOTE PROMOTE_VALUE  // MMAs between promotions at the most (at large K)
+#define KF_SM90_MAX_PROMOTE PROMOTE_VALUE  // K blocks between promotions at the most (at large K)
 #endif
 
-// MMAs of hi*hi (16 of K each) between promotions (the split mainloop promotes every this / 4 K blocks), from H100
-// sweeps (benchmarks/cuda_backend/NOTES.md, "The Hopper GEMM": errors against float64 over eager fp32's at 10
-// shapes, and every problems/gemm file at full size): below CP = 2048 a chunk is most of the sum and its truncation
-// shows, so every K block is promoted; from 2048 on, every 2 (fewer fp32 additions, and the fastest measured: seed
-// 12 0.624 ms against 0.668 at every block and 0.696 at every 4). Problem 14 (a sum of 4096 outputs, where the
-// truncation's bias adds up) needs it short: the concatenated mainloop missed rule 3 there at 16 MMAs.
-inline unsigned kf_sm90_promote(long long k3) {
+// K blocks of hi*hi (64 of K each) between promotions, from H100 sweeps (benchmarks/cuda_backend/NOTES.md, "The
+// Hopper GEMM": errors against float64 over eager fp32's at 10 shapes, and every problems/gemm file at full size):
+// below CP = 2048 a chunk is most of the sum and its truncation shows, so every K block is promoted; from 2048 on,
+// every 2 (fewer fp32 additions, and the fastest measured: seed 12 0.624 ms against 0.668 at every block and 0.696
+// at every 4). Problem 14 (a sum of 4096 outputs, where the truncation's bias adds up) needs it short: an earlier
+// mainloop missed rule 3 there at 4 blocks.
+inline unsigned kf_sm90_promote(long long cp) {
 #ifdef KF_SM90_FIXED_PROMOTE
   return KF_SM90_FIXED_PROMOTE;  // benchmarks/cuda_backend/sm90_variants.py's sweep
 #else
-  return k3 >= 3 * 2048 ? KF_SM90_MAX_PROMOTE : 4;
+  return cp >= 2048 ? KF_SM90_MAX_PROMOTE : 1;
 #endif
 }
 
@@ -152,21 +146,14 @@ using Builder = cutlass::gemm::collective::CollectiveBuilder<
     cutlass::half_t, cutlass::layout::ColumnMajor, 8, float, Tile, Cluster,
     cutlass::gemm::collective::StageCountAutoCarveout<0>, Schedule>;
 using Plain = typename Builder::CollectiveOp;
-// ... and the promoting mainloop is run on them
-using Mainloop = cutlass::gemm::collective::CollectiveMma<
-    cutlass::gemm::MainloopSm90TmaGmmaWarpSpecializedFP8<Builder::PipelineStages, Cluster, Schedule>, Tile,
-    cutlass::half_t, typename Plain::StrideA, cutlass::half_t, typename Plain::StrideB, typename Plain::TiledMma,
-    typename Plain::GmemTiledCopyA, typename Plain::SmemLayoutAtomA, typename Plain::SmemCopyAtomA,
-    typename Plain::TransformA, typename Plain::GmemTiledCopyB, typename Plain::SmemLayoutAtomB,
-    typename Plain::SmemCopyAtomB, typename Plain::TransformB>;
-#if KF_SM90_SPLIT
+
 // The Gluon tile's arrangement (kfuse/kernels/gemm_sm90.py) on CUTLASS's machinery: each pipeline stage holds a K
 // block of x's hi and lo and of W's hi and lo (four 16 KiB tiles, two of the base collective's slots each for x and
-// W), loaded by two TMA copies per operand from the three-segment rows viewed as (rows, CP, 2) with hi at l = 0 and
-// lo at l = 1 (x's lo at 2 CP, W's at CP); the consumers issue hi*hi into `part` (promoted into the fp32 sum every
+// W), loaded by two TMA copies per operand from the rows [hi | lo] viewed as (rows, CP, 2), hi at l = 0 and lo at
+// l = 1; the consumers issue hi*hi into `part` (promoted into the fp32 sum every
 // `interval` K blocks: the wait is for that batch only, wgmma batches retiring in order, while the cross products
 // run on) and lo*hi + hi*lo into `cross` (2^-11 of the result: its truncation costs nothing; added at the end).
-// 4 tiles for 3 products where the concatenated K loads 6.
+// 4 tiles for 3 products (a concatenated K loads 6).
 constexpr int SplitStages = KF_SM90_SPLIT_STAGES;
 using SplitBase = cutlass::gemm::collective::CollectiveMma<
     cutlass::gemm::MainloopSm90TmaGmmaWarpSpecializedFP8<2 * SplitStages, Cluster, Schedule>, Tile,
@@ -343,36 +330,21 @@ struct SplitMainloop : SplitBase {
     pipeline.consumer_release(release);
   }
 };
-#endif
 
 template <class Epi>
 using Kernel = cutlass::gemm::kernel::GemmUniversal<
-    cute::Shape<int, int, int, int>,
-#if KF_SM90_SPLIT
-    SplitMainloop,
-#else
-    Mainloop,
-#endif
+    cute::Shape<int, int, int, int>, SplitMainloop,
     cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<KfSm90Epilogue<Epi>>>;
 }  // namespace kf_sm90
 
-// g.a, g.b: the three-segment rows (M, 3 g.K) = [hi | hi | lo] and (N, 3 g.K) = [hi | lo | hi], g.K = CP
+// g.a, g.b: the rows [hi | lo] of x (M, 2 g.K) and W (N, 2 g.K), g.K = CP
 template <class Epi>
 cudaError_t kf_launch_sm90(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<kf_sm90::Kernel<Epi>>;
-  const long long k3 = 3 * g.K;
-#if KF_SM90_SPLIT
-  // (rows, CP, part): hi at part 0; lo at 2 CP in x's rows, at CP in W's; one K block per `interval`'s unit
-  const long long k = g.K;
-  typename kf_sm90::SplitMainloop::StrideA sa = cute::make_stride((int64_t)k3, cute::Int<1>{}, (int64_t)(2 * k));
-  typename kf_sm90::SplitMainloop::StrideB sb = cute::make_stride((int64_t)k3, cute::Int<1>{}, (int64_t)k);
-  const unsigned interval = kf_sm90_promote(k3) / 4;
-#else
-  const long long k = k3;
-  typename kf_sm90::Mainloop::StrideA sa = cute::make_stride((int64_t)k3, cute::Int<1>{}, (int64_t)0);
-  typename kf_sm90::Mainloop::StrideB sb = cute::make_stride((int64_t)k3, cute::Int<1>{}, (int64_t)0);
-  const unsigned interval = kf_sm90_promote(k3);
-#endif
+  const long long k = g.K;  // (rows, CP, part): hi at part 0, lo at part 1 (CP further on)
+  typename kf_sm90::SplitMainloop::StrideA sa = cute::make_stride((int64_t)(2 * k), cute::Int<1>{}, (int64_t)k);
+  typename kf_sm90::SplitMainloop::StrideB sb = cute::make_stride((int64_t)(2 * k), cute::Int<1>{}, (int64_t)k);
+  const unsigned interval = kf_sm90_promote(k);
   typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                 {(int)g.M, (int)g.N, (int)k, 1},
                                 {static_cast<const cutlass::half_t*>(g.a), sa,

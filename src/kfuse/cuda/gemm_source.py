@@ -4,10 +4,10 @@ out = x @ W^T (+ the region's epilogue) with x (M, K) and W (N, K) fp32, accurat
 cores, by the same split as the Triton tile (kfuse/kernels/gemm_core.py says why it is exact):
   kf_split_rows_kernel  one block per row: s = a power of two putting max|row| in [2^14, 2^15) (from the exponent
                         bits: exact), hi = fp16(v s), lo = fp16(v s - hi), each zero-padded to CP = a multiple
-                        of KF_PAD_K columns so that every K block of the GEMM loads unmasked, written as a row of
-                        three CP-wide segments: x as [hi | hi | lo], W as [hi | lo | hi] (role 0 and 1), so that
-                        the Hopper kernel (gemm_sm90_source.py) sums the three products as one fp16 GEMM over 3 CP.
-                        Reads the row twice (the second time mostly from L1/L2), writes 6 bytes per element.
+                        of KF_PAD_K columns so that every K block of the GEMM loads unmasked, written as one row
+                        [hi | lo] of 2 CP (both GEMM tiles read it). Reads the row twice (the second time mostly
+                        from L1/L2), writes 4 bytes per element; 16-byte loads and 8-byte stores where the row is
+                        contiguous, 16-byte aligned and C % 4 == 0.
   kf_gemm_fp16x3p_kernel  (GPUs other than sm_90, or no CUTLASS headers) 128 x 128 output tiles, 8 warps of
                         64 x 32 (nvcuda::wmma m16n16k16 fragments), K in
                         blocks of 32 through a 2- or 3-stage cp.async ring in shared memory. Each K block's three
@@ -17,7 +17,7 @@ cores, by the same split as the Triton tile (kfuse/kernels/gemm_core.py says why
                         (the Triton tile's "promotion"). Then the tile goes through shared memory, so that each
                         lane owns one output column: the row and column scales are undone (exact powers of two)
                         and the region's epilogue functor runs on every element, stores coalesced.
-                        hi and lo are read from their segments (rows 3 CP apart).
+                        hi and lo are read from their segments (rows 2 CP apart).
                         Flops: 3 x 2 M N K on tensor cores. Bytes: x's and W's parts (2 + 2 bytes per element
                         each) read once per tile row / column (tiles in groups of 8 rows, so W's columns are
                         shared through L2), the outputs written once.
@@ -55,10 +55,9 @@ SCHEME_IDS = {"fp16x3p": 0, "ieee": 1, "fp64": 2}  # KfGemmArgs.scheme
 COMMON = r"""
 #include <cuda_runtime_api.h>
 
-// The operands of one GEMM out = a @ b^T: scheme 0 (fp16x3p): a (M, 3K) = [hi | hi | lo] and b (N, 3K) =
-// [hi | lo | hi] fp16 parts of x and W (kf_split_rows, roles 0 and 1) with per-row power-of-two scales, K = CP a
-// multiple of KF_PAD_K; schemes 1 and 2 (fp64 sums): a (M, K) and b (N, K) fp32, the scales unused. All row-major
-// and contiguous.
+// The operands of one GEMM out = a @ b^T: scheme 0 (fp16x3p): a (M, 2K) and b (N, 2K) = [hi | lo], the fp16 parts
+// of x and W (kf_split_rows) with per-row power-of-two scales, K = CP a multiple of KF_PAD_K; schemes 1 and 2 (fp64
+// sums): a (M, K) and b (N, K) fp32, the scales unused. All row-major and contiguous.
 struct KfGemmArgs {
   int scheme;
   long long M, N, K;
@@ -69,7 +68,7 @@ struct KfGemmArgs {
 };
 
 int kf_split_rows(const float* x, long long stride_r, long long stride_c, long long R, long long C, long long CP,
-                  int role, void* parts, float* scale, cudaStream_t stream);
+                  void* parts, float* scale, cudaStream_t stream);
 """
 
 PRELUDE = r"""
@@ -101,16 +100,28 @@ __device__ __forceinline__ float kf_pow2_inv(float s) {
 
 SPLIT = r"""
 // One block per row: s[row] = kf_pow2_scale(max |x[row, :]|), hi = fp16(x s), lo = fp16(x s - hi), zeros in
-// columns C..CP, stored in a row of three CP-wide segments: role 0 [hi | hi | lo], role 1 [hi | lo | hi].
-// |x s| < 2^15 < 65504: no fp16 overflow.
+// columns C..CP, stored as the row [hi | lo] of 2 CP. VEC: float4 loads and 4-half stores (the host checks that the
+// row is contiguous and 16-byte aligned and C % 4 == 0; CP % 4 == 0 always). |x s| < 2^15 < 65504: no overflow.
+__device__ __forceinline__ unsigned kf_half_pair(__half a, __half b) {
+  return (unsigned)__half_as_ushort(a) | ((unsigned)__half_as_ushort(b) << 16);
+}
+
+template <bool VEC>
 __global__ void __launch_bounds__(256) kf_split_rows_kernel(const float* __restrict__ x, long long stride_r,
-                                                            long long stride_c, int C, int CP, int role,
+                                                            long long stride_c, int C, int CP,
                                                             __half* __restrict__ parts, float* __restrict__ scale) {
   __shared__ float warp_max[32];
   const long long row = blockIdx.x;
   const float* xr = x + row * stride_r;
   float m = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, fabsf(xr[c * stride_c]));
+  if (VEC) {
+    for (int c = 4 * threadIdx.x; c < C; c += 4 * blockDim.x) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(xr + c));
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+  } else {
+    for (int c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, fabsf(xr[c * stride_c]));
+  }
   for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
   __syncthreads();
@@ -122,23 +133,42 @@ __global__ void __launch_bounds__(256) kf_split_rows_kernel(const float* __restr
   __syncthreads();
   const float s = kf_pow2_scale(warp_max[0]);
   if (threadIdx.x == 0) scale[row] = s;
-  __half* hr = parts + row * 3 * CP;
-  __half* h2 = hr + (role == 0 ? CP : 2 * CP);  // hi's second segment
-  __half* lr = hr + (role == 0 ? 2 * CP : CP);
-  for (int c = threadIdx.x; c < CP; c += blockDim.x) {
-    const float v = c < C ? xr[c * stride_c] * s : 0.0f;
-    const __half h = __float2half_rn(v);
-    hr[c] = h;
-    h2[c] = h;
-    lr[c] = __float2half_rn(v - __half2float(h));
+  __half* hr = parts + row * 2 * CP;
+  __half* lr = hr + CP;
+  if (VEC) {
+    for (int c = 4 * threadIdx.x; c < CP; c += 4 * blockDim.x) {
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (c < C) v = __ldg(reinterpret_cast<const float4*>(xr + c));
+      const float e[4] = {v.x * s, v.y * s, v.z * s, v.w * s};
+      __half h[4], l[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        h[i] = __float2half_rn(e[i]);
+        l[i] = __float2half_rn(e[i] - __half2float(h[i]));
+      }
+      *reinterpret_cast<uint2*>(hr + c) = make_uint2(kf_half_pair(h[0], h[1]), kf_half_pair(h[2], h[3]));
+      *reinterpret_cast<uint2*>(lr + c) = make_uint2(kf_half_pair(l[0], l[1]), kf_half_pair(l[2], l[3]));
+    }
+  } else {
+    for (int c = threadIdx.x; c < CP; c += blockDim.x) {
+      const float v = c < C ? xr[c * stride_c] * s : 0.0f;
+      const __half h = __float2half_rn(v);
+      hr[c] = h;
+      lr[c] = __float2half_rn(v - __half2float(h));
+    }
   }
 }
 
 int kf_split_rows(const float* x, long long stride_r, long long stride_c, long long R, long long C, long long CP,
-                  int role, void* parts, float* scale, cudaStream_t stream) {
+                  void* parts, float* scale, cudaStream_t stream) {
   if (R == 0) return 0;
-  kf_split_rows_kernel<<<(unsigned)R, 256, 0, stream>>>(x, stride_r, stride_c, (int)C, (int)CP, role,
-                                                        static_cast<__half*>(parts), scale);
+  const bool vec = stride_c == 1 && C % 4 == 0 && stride_r % 4 == 0 && reinterpret_cast<size_t>(x) % 16 == 0;
+  if (vec)
+    kf_split_rows_kernel<true><<<(unsigned)R, 256, 0, stream>>>(x, stride_r, stride_c, (int)C, (int)CP,
+                                                                static_cast<__half*>(parts), scale);
+  else
+    kf_split_rows_kernel<false><<<(unsigned)R, 256, 0, stream>>>(x, stride_r, stride_c, (int)C, (int)CP,
+                                                                 static_cast<__half*>(parts), scale);
   return (int)cudaGetLastError();
 }
 """
@@ -235,7 +265,7 @@ __global__ void __launch_bounds__(KF_THREADS) kf_gemm_fp16x3p_kernel(
   const int KT = (int)(K / KF_BK);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < KT) kf_load_stage(smem + s * KF_STAGE, a_hi, a_lo, b_hi, b_lo, row0, col0, M, N, 3 * K, s * KF_BK);
+    if (s < KT) kf_load_stage(smem + s * KF_STAGE, a_hi, a_lo, b_hi, b_lo, row0, col0, M, N, 2 * K, s * KF_BK);
     kf_cp_async_commit();
   }
   for (int kt = 0; kt < KT; ++kt) {
@@ -243,7 +273,7 @@ __global__ void __launch_bounds__(KF_THREADS) kf_gemm_fp16x3p_kernel(
     __syncthreads();                 // ... everyone's, and every warp is done with the stage refilled next
     const int next = kt + STAGES - 1;
     if (next < KT)
-      kf_load_stage(smem + (next % STAGES) * KF_STAGE, a_hi, a_lo, b_hi, b_lo, row0, col0, M, N, 3 * K,
+      kf_load_stage(smem + (next % STAGES) * KF_STAGE, a_hi, a_lo, b_hi, b_lo, row0, col0, M, N, 2 * K,
                     next * KF_BK);
     kf_cp_async_commit();
 
@@ -458,9 +488,9 @@ cudaError_t kf_launch_fp16x3p(const KfGemmArgs& g, const Epi& epi, cudaStream_t 
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
   const long long tiles = ((g.M + KF_BM - 1) / KF_BM) * ((g.N + KF_BN - 1) / KF_BN);
-  const __half* a = static_cast<const __half*>(g.a);  // [hi | hi | lo]
-  const __half* b = static_cast<const __half*>(g.b);  // [hi | lo | hi]
-  kernel<<<(unsigned)tiles, KF_THREADS, smem, stream>>>(a, a + 2 * g.K, g.a_scale, b, b + g.K, g.b_scale, (int)g.M,
+  const __half* a = static_cast<const __half*>(g.a);  // [hi | lo]
+  const __half* b = static_cast<const __half*>(g.b);
+  kernel<<<(unsigned)tiles, KF_THREADS, smem, stream>>>(a, a + g.K, g.a_scale, b, b + g.K, g.b_scale, (int)g.M,
                                                         (int)g.N, g.K, epi);
   return cudaGetLastError();
 }
@@ -555,19 +585,18 @@ static void kf_expect(const torch::Tensor& t, const char* name, torch::ScalarTyp
   TORCH_CHECK(t.dim() == dim && t.is_contiguous(), "kfuse: ", name, " must be a contiguous ", dim, "-d tensor");
 }
 
-// parts (R, 3 CP) fp16 and scale (R,) fp32 of the rows of x (R, C) fp32 (any strides): CP = C padded to
-// KF_PAD_K; role 0 (the GEMM's x): [hi | hi | lo], role 1 (its weight): [hi | lo | hi].
-std::vector<torch::Tensor> split_rows(torch::Tensor x, int64_t role) {
+// parts (R, 2 CP) = [hi | lo] fp16 and scale (R,) fp32 of the rows of x (R, C) fp32 (any strides): CP = C padded
+// to KF_PAD_K.
+std::vector<torch::Tensor> split_rows(torch::Tensor x) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.scalar_type() == torch::kFloat32,
               "kfuse: split_rows takes a 2-d float32 CUDA tensor");
-  TORCH_CHECK(role == 0 || role == 1, "kfuse: split_rows: role is 0 (x) or 1 (the weight)");
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t R = x.size(0), C = x.size(1), CP = (C + KF_PAD_K - 1) / KF_PAD_K * KF_PAD_K;
-  TORCH_CHECK(R <= KF_INT_MAX && 3 * CP <= KF_INT_MAX, "kfuse: split_rows: too many rows or columns");
-  auto parts = torch::empty({R, 3 * CP}, x.options().dtype(torch::kFloat16));
+  TORCH_CHECK(R <= KF_INT_MAX && 2 * CP <= KF_INT_MAX, "kfuse: split_rows: too many rows or columns");
+  auto parts = torch::empty({R, 2 * CP}, x.options().dtype(torch::kFloat16));
   auto scale = torch::empty({R}, x.options());
-  kf_check(kf_split_rows(x.data_ptr<float>(), x.stride(0), x.stride(1), R, C, CP, static_cast<int>(role),
-                         parts.data_ptr(), scale.data_ptr<float>(), c10::cuda::getCurrentCUDAStream()),
+  kf_check(kf_split_rows(x.data_ptr<float>(), x.stride(0), x.stride(1), R, C, CP, parts.data_ptr(),
+                         scale.data_ptr<float>(), c10::cuda::getCurrentCUDAStream()),
            "kf_split_rows_kernel");
   return {parts, scale};
 }
@@ -584,14 +613,14 @@ static KfGemmArgs kf_gemm_args(const torch::Tensor& a, const torch::Tensor& a_sc
   TORCH_CHECK(a.size(0) <= KF_INT_MAX && b.size(0) <= KF_INT_MAX, "kfuse: GEMM too large for int row indices");
   KfGemmArgs g{static_cast<int>(scheme), a.size(0), b.size(0), a.size(1), a.data_ptr(), nullptr, b.data_ptr(),
                nullptr};
-  if (split) {  // three segments of CP columns each (split_rows)
-    TORCH_CHECK(a.size(1) % (3 * KF_PAD_K) == 0, "kfuse: split operands must be three segments padded to ",
+  if (split) {  // [hi | lo], CP columns each (split_rows)
+    TORCH_CHECK(a.size(1) % (2 * KF_PAD_K) == 0, "kfuse: split operands must be two segments padded to ",
                 KF_PAD_K, " columns");
     kf_expect(a_scale, "x's row scales", torch::kFloat32, 1, a);
     kf_expect(b_scale, "the weight's row scales", torch::kFloat32, 1, a);
     TORCH_CHECK(a_scale.size(0) == a.size(0) && b_scale.size(0) == b.size(0),
                 "kfuse: split parts and their scales of different lengths");
-    g.K = a.size(1) / 3;
+    g.K = a.size(1) / 2;
     g.a_scale = a_scale.data_ptr<float>();
     g.b_scale = b_scale.data_ptr<float>();
   }

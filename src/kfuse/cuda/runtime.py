@@ -182,13 +182,13 @@ def weight_nk(weight: torch.Tensor, kn: bool) -> torch.Tensor:
 
 def gemm_operands(ext, x2: torch.Tensor, weight: torch.Tensor, kn: bool, scheme: str) -> tuple:
     """((a, a_scale, b, b_scale), scheme id) for the region functions of the extension: for "fp16x3p" x2 (M, K)
-    split as [hi | hi | lo] and the weight as [hi | lo | hi] (split_rows' roles 0 and 1), else both fp32 (N, K)
-    contiguous (the CUDA-core tile; skinny GEMMs: "fp64", the GEMV kernel) with the scales unused."""
+    and the weight split into [hi | lo] rows (split_rows), else both fp32 (N, K) contiguous (the CUDA-core tile;
+    skinny GEMMs: "fp64", the GEMV kernel) with the scales unused."""
     if x2.shape[0] <= SKINNY_M:
         scheme = "fp64"
     if scheme == "fp16x3p":
-        a = ext.split_rows(x2.float(), 0)
-        b = cached_on(weight, ("split", kn), lambda: tuple(ext.split_rows(weight_nk(weight, kn), 1)))
+        a = ext.split_rows(x2.float())
+        b = cached_on(weight, ("split", kn), lambda: tuple(ext.split_rows(weight_nk(weight, kn))))
         return (*a, *b), SCHEME_IDS[scheme]
     a = x2.float().contiguous()
     b = cached_on(weight, ("nk", kn), lambda: weight_nk(weight, kn).contiguous())
