@@ -72,3 +72,34 @@ def test_monkeypatch_names_what_was_replaced(records):
 def test_precision_flags_found_at_import_and_in_forward(records):
     detail = records["precision_flags"].flag_details["precision_flags"]
     assert "allow_tf32" in detail and "'medium'" in detail
+
+
+# Kernel names as the profiler records them (demangled): library kernels do not count as the candidate's own.
+OWN_CUTLASS = ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>, "
+               "kf_sm90::SplitMainloop, cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<"
+               "KfSm90Epilogue<Epi_linear_mul_leaky_relu> >, void, void> >(cutlass::gemm::kernel::GemmUniversal<"
+               "cute::tuple<int, int, int, int>, kf_sm90::SplitMainloop, void, void, void>::Params)")
+STOCK_CUTLASS = ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>, "
+                 "cutlass::gemm::collective::CollectiveMma<cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<7, "
+                 "cute::tuple<cute::C<2>, cute::C<1>, cute::C<1> >, cutlass::gemm::KernelTmaWarpSpecializedCooperative"
+                 ">, cutlass::half_t, cute::array<int, 4ul> >, void, void> >(cutlass::gemm::kernel::GemmUniversal<"
+                 "void>::Params)")
+
+
+@pytest.mark.parametrize("name,own", [
+    (OWN_CUTLASS, True),  # CUTLASS's entry point around the candidate's own mainloop and epilogue
+    (STOCK_CUTLASS, False),  # every type CUTLASS's or CuTe's: a stock GEMM, as torch's own CUTLASS kernels are
+    ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_16x3_nt_align4>(cutlass_80_tensorop_s1688gemm_"
+     "128x128_16x3_nt_align4::Params)", False),  # cuBLAS's CUTLASS kernels
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__"
+     "5x_cublas", False),
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN", False),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >("
+     "int, at::native::FillFunctor<float>, std::array<char*, 1ul>)", False),
+    ("void kf_split_rows_kernel<true>(float const*, long long, long long, int, int, __half*, float*)", True),
+    ("triton_red_fused_sum_0", False),  # Inductor's
+    ("fused_gemm_epilogue_kernel", True),  # a Triton kernel of the candidate's
+])
+def test_kernels_counted_as_the_candidates_own(name, own):
+    custom, library = cheats.split_kernels([name])
+    assert (custom, library) == (([name], []) if own else ([], [name]))

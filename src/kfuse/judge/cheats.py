@@ -380,11 +380,36 @@ def gpu_kernel_names(profiler: Any) -> list[str]:
     return names[:4096]
 
 
+# A kernel instantiated from CUTLASS's templates (`cutlass::device_kernel<...>`, CUTLASS 3's entry point) is the
+# candidate's own where its template names a type of its own (a mainloop, an epilogue, a functor: kfuse's
+# `--backend cuda` GEMM names kf_sm90::SplitMainloop and its region's epilogue), and a library's where every name
+# in it is CUTLASS's, CuTe's, torch's or the language's (torch's own CUTLASS GEMMs, or a stock CUTLASS GEMM).
+CUTLASS_ENTRY = re.compile(r"^void cutlass::device_kernel<")
+LIBRARY_NAMESPACES = ("cutlass::", "cute::", "std::", "at::", "c10::", "torch::", "cub::", "thrust::")
+PLAIN_NAMES = frozenset("void bool char short int long float double signed unsigned const volatile true false "
+                        "half __half __nv_bfloat16 nv_bfloat16 Params".split())
+
+
+def own_type_in(name: str) -> bool:
+    """Whether a kernel name's template names a type outside the library namespaces and the language's."""
+    for ident in re.findall(r"(?<!\w)[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*", name):  # not a literal's suffix (1ul)
+        if not ident.startswith(LIBRARY_NAMESPACES) and ident not in PLAIN_NAMES:
+            return True
+    return False
+
+
+def is_library_kernel(name: str) -> bool:
+    if CUTLASS_ENTRY.search(name) and own_type_in(name):
+        return False
+    return bool(LIBRARY_KERNEL.search(name))
+
+
 def split_kernels(names: Sequence[str]) -> tuple[list[str], list[str]]:
     """(the candidate's own kernels, library kernels): what LIBRARY_KERNEL does not match is custom --
-    Triton, load_inline CUDA, CuPy, raw PTX alike."""
-    custom = [n for n in names if not LIBRARY_KERNEL.search(n)]
-    return custom, [n for n in names if LIBRARY_KERNEL.search(n)]
+    Triton, load_inline CUDA, CuPy, raw PTX alike -- and so is a CUTLASS template the candidate instantiated with a
+    type of its own (own_type_in)."""
+    custom = [n for n in names if not is_library_kernel(n)]
+    return custom, [n for n in names if is_library_kernel(n)]
 
 
 # --- the detector table (judge side) ------------------------------------------------------------------
