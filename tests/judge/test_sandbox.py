@@ -138,3 +138,19 @@ def test_reference_is_read_once_before_the_candidate_starts(tmp_path):
     rec = evaluate(ref, cand, EvalConfig(**{**FAST.__dict__, "sandboxed": False}))
     assert "torch.randn(16, in_features)" in ref.read_text()  # the candidate did rewrite it
     assert not rec.correct and "shape_specialized" in rec.flags, (rec.flags, rec.failures)
+
+
+def test_cutlass_headers_are_bound_read_only_and_named(tmp_path, monkeypatch):
+    """A --backend cuda candidate builds its Hopper GEMM from $CUTLASS_PATH's headers where CUTLASS is not a pip
+    package in a bound site-packages: the folder is bound read-only and the variable passed; nothing without it."""
+    box = sandbox.Sandbox(io_dir=tmp_path, gpu=False, interpret=True, limits=sandbox.limits_for(60.0))
+    monkeypatch.delenv("CUTLASS_PATH", raising=False)
+    assert sandbox.header_dirs() == [] and "CUTLASS_PATH" not in sandbox.environment(box)
+    headers = tmp_path / "cutlass"
+    headers.mkdir()
+    monkeypatch.setenv("CUTLASS_PATH", str(headers))
+    args = sandbox.argv(box, ["true"])
+    binds = [args[i + 1:i + 3] for i, a in enumerate(args) if a == "--ro-bind"]
+    assert [str(headers), str(headers)] in binds and ["--bind", str(headers)] not in [args[i:i + 2] for i in
+                                                                                  range(len(args))]
+    assert sandbox.environment(box)["CUTLASS_PATH"] == str(headers)

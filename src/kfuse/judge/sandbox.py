@@ -37,7 +37,7 @@ SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/passwd",
              "/etc/group", "/etc/nsswitch.conf", "/etc/localtime")
 PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "TRITON_LIBCUDA_PATH", "TRITON_PTXAS_PATH",
-              "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+              "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUTLASS_PATH")
 GIB = 1 << 30
 
 
@@ -163,6 +163,13 @@ def python_dirs() -> list[str]:
     return [d for d in keep if d not in SYSTEM_DIRS and not any(d.startswith(s + "/") for s in SYSTEM_DIRS)]
 
 
+def header_dirs() -> list[str]:
+    """Read-only header folders a candidate's load_inline build may need: $CUTLASS_PATH (CUTLASS's headers where
+    they are not a pip package in a bound site-packages; `kfuse optimize --backend cuda` files look there)."""
+    d = os.environ.get("CUTLASS_PATH", "")
+    return [d] if d and os.path.isdir(d) and d not in SYSTEM_DIRS else []
+
+
 def gpu_devices() -> list[str]:
     """The NVIDIA device nodes (control, UVM, the cards, MIG capabilities): the only devices on the GPU."""
     return sorted(p for pat in ("/dev/nvidia*", "/dev/nvidia-caps/*") for p in glob.glob(pat)
@@ -199,6 +206,8 @@ def argv(box: Sandbox, command: Sequence[str]) -> list[str]:
     # there, its .venv) stays visible instead of being hidden by the scratch folder
     bwrap += ["--size", str(lim.scratch_bytes), "--tmpfs", SCRATCH]
     for d in python_dirs():
+        bwrap += ["--ro-bind", d, d]
+    for d in header_dirs():
         bwrap += ["--ro-bind", d, d]
     # kfuse itself, alone in a folder on PYTHONPATH: found whether it was installed or reached by the judge's
     # own PYTHONPATH (which the cleared environment drops)
