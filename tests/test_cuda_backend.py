@@ -237,7 +237,7 @@ def test_cuda_source_compiles_without_spills(tmp_path, name, arch, std):
 @pytest.mark.skipif(shutil.which("nvcc") is None or runtime.cutlass_include() is None,
                     reason="needs nvcc and CUTLASS's headers (scripts/setup installs nvidia-cutlass)")
 def test_hopper_gemm_compiles_for_sm90a_without_spills(tmp_path):
-    """With -DKF_SM90 (what runtime.cuda_flags adds on an H100), the translation unit of seed 12 also holds
+    """With -DKF_SM90 (what runtime.build_options adds on an H100), the translation unit of seed 12 also holds
     CUTLASS's warp-specialized kernel on kfuse's split mainloop (hi and lo tiles, hi*hi promoted, the cross products
     apart), the region's epilogue functor in its epilogue, wgmma not serialized by ptxas (C7514: a read of an
     accumulator it cannot match to its wait), and no kernel spills."""
@@ -267,11 +267,12 @@ def test_hopper_flags_only_for_an_sm90_gpu_with_the_headers(monkeypatch, tmp_pat
     for cap, env, expect in [((9, 0), "1", True), ((8, 0), "1", False), ((9, 0), "0", False), ((10, 0), "1", False)]:
         monkeypatch.setattr(runtime.torch.cuda, "get_device_capability", lambda cap=cap: cap)
         monkeypatch.setenv("KFUSE_CUDA_SM90", env)
-        assert runtime.sm90_build() is expect
-        assert ("-DKF_SM90" in runtime.cuda_flags()) is expect
-        assert (runtime.arch_list() == "9.0a") is expect
+        archs, flags = runtime.build_options()
+        assert (runtime.sm90_headers() is not None) is expect
+        assert ("-DKF_SM90" in flags) is expect
+        assert (archs == "9.0a") is expect
         if expect:
-            assert f"-I{tmp_path / 'include'}" in runtime.cuda_flags()
+            assert f"-I{tmp_path / 'include'}" in flags
     monkeypatch.delenv("CUTLASS_PATH")
     monkeypatch.setattr(runtime.importlib.util, "find_spec", lambda name: None)
     assert runtime.cutlass_include() is None

@@ -31,7 +31,7 @@ export -f optimize_one
 date
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-python3 -c "from kfuse.cuda.runtime import cutlass_include, sm90_build; print('cutlass', cutlass_include(), 'sm90 build', sm90_build())"
+python3 -c "from kfuse.cuda.runtime import cutlass_include, sm90_headers; print('cutlass', cutlass_include(), 'sm90 build', sm90_headers() is not None)"
 for step in "$@"; do
     start=$SECONDS
     echo "== $step =="

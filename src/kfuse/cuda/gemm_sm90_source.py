@@ -23,7 +23,7 @@ own arithmetic:
              two) and goes through the region's epilogue functor (spellings.py), stores masked to m < M, n < N: the
              same functor the WMMA tile calls, so no second spelling of any op.
 
-Built only where the GPU is sm_90 and the headers are there (runtime.cuda_flags adds -DKF_SM90, the include path
+Built only where the GPU is sm_90 and the headers are there (runtime.build_options adds -DKF_SM90, the include path
 and the sm_90a target); everywhere else the translation unit holds the WMMA tile alone and kf_gemm never calls
 this one.
 """

@@ -33,9 +33,9 @@ SKINNY_M = 16  # GEMMs of at most this many rows run the GEMV kernel, float64 su
 SCHEME_IDS = {"fp16x3p": 0, "ieee": 1, "fp64": 2}  # gemm_source.SCHEME_IDS
 CUDA_FLAGS = ("-O3",)  # no -std: torch adds the one its headers need (C++20 since torch 2.10)
 BUILT_MARK = "kfuse-built"
-_EXTENSIONS: dict = {}  # name -> the loaded module, in this process
-_BY_SOURCE: dict = {}  # (cuda_src, cpp_src, functions) -> the loaded module: a call's only look-up (Python caches a
-# string's hash), where naming it (hashing the sources, finding CUTLASS's headers) cost a skinny GEMM its speed
+_EXTENSIONS: dict = {}  # (cuda_src, cpp_src, functions) -> the loaded module, in this process: a call's only look-up
+# (Python caches a string's hash), where naming it (hashing the sources, finding CUTLASS's headers) cost a skinny
+# GEMM its speed
 
 
 def cache_folder() -> str:
@@ -59,32 +59,32 @@ def cutlass_include():
     return next((r for r in roots if os.path.exists(os.path.join(r, "cutlass", "cutlass.h"))), None)
 
 
-def sm90_build() -> bool:
-    """Whether this build carries the Hopper GEMM (wgmma needs the sm_90a target): an sm_90 GPU, CUTLASS's headers,
-    and KFUSE_CUDA_SM90 not set to 0 (which keeps the WMMA tile, e.g. to compare the two)."""
-    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-            and os.environ.get("KFUSE_CUDA_SM90", "1") != "0" and cutlass_include() is not None)
+def sm90_headers():
+    """CUTLASS's include folder where this build carries the Hopper GEMM (wgmma needs the sm_90a target): an sm_90
+    GPU, the headers found, and KFUSE_CUDA_SM90 not set to 0 (which keeps the WMMA tile, e.g. to compare the two);
+    else None."""
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+            and os.environ.get("KFUSE_CUDA_SM90", "1") != "0"):
+        return None
+    return cutlass_include()
 
 
-def cuda_flags() -> list:
-    """nvcc's flags for the CUDA translation unit: CUDA_FLAGS, and for the Hopper GEMM its macro and headers."""
-    flags = list(CUDA_FLAGS)
-    if sm90_build():
-        flags += ["-DKF_SM90", f"-I{cutlass_include()}", "--expt-relaxed-constexpr"]
-    return flags
+def build_options() -> tuple:
+    """(TORCH_CUDA_ARCH_LIST, nvcc's flags for the CUDA translation unit), from one look for the headers: for the
+    Hopper GEMM 9.0a and CUDA_FLAGS with its macro and headers, else the user's setting and CUDA_FLAGS."""
+    headers = sm90_headers()
+    if headers is None:
+        return os.environ.get("TORCH_CUDA_ARCH_LIST", ""), list(CUDA_FLAGS)
+    return "9.0a", [*CUDA_FLAGS, "-DKF_SM90", f"-I{headers}", "--expt-relaxed-constexpr"]
 
 
-def arch_list() -> str:
-    """TORCH_CUDA_ARCH_LIST for the build: 9.0a where the Hopper GEMM is built, else the user's setting."""
-    return "9.0a" if sm90_build() else os.environ.get("TORCH_CUDA_ARCH_LIST", "")
-
-
-def build_identity() -> str:
+def build_identity(options: tuple) -> str:
     """What besides the sources decides the binary: torch's and CUDA's versions, the GPU's compute capability,
-    the architectures and the flags (with CUTLASS's include folder)."""
+    the architectures and the flags (with CUTLASS's include folder): `options` as build_options gives them."""
+    archs, flags = options
     cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else ("none",)
-    return "|".join([torch.__version__, str(torch.version.cuda), "sm_" + "".join(map(str, cap)), arch_list(),
-                     " ".join(cuda_flags())])
+    return "|".join([torch.__version__, str(torch.version.cuda), "sm_" + "".join(map(str, cap)), archs,
+                     " ".join(flags)])
 
 
 def extension_name(cuda_src: str, cpp_src: str, functions, identity: str) -> str:
@@ -113,12 +113,10 @@ def load_extension(cuda_src: str, cpp_src: str, functions):
         raise RuntimeError("kfuse: this ModelNew runs CUDA C++ kernels (kfuse optimize --backend cuda): it needs a "
                            "CUDA GPU and the CUDA toolkit (nvcc)")
     key = (cuda_src, cpp_src, tuple(functions))
-    if key in _BY_SOURCE:
-        return _BY_SOURCE[key]
-    name = extension_name(cuda_src, cpp_src, functions, build_identity())
-    if name in _EXTENSIONS:
-        _BY_SOURCE[key] = _EXTENSIONS[name]
-        return _EXTENSIONS[name]
+    if key in _EXTENSIONS:
+        return _EXTENSIONS[key]
+    archs, flags = options = build_options()
+    name = extension_name(cuda_src, cpp_src, functions, build_identity(options))
     folder = os.path.join(cache_folder(), name)
     module = _import_built(name, folder)
     if module is None:
@@ -128,13 +126,13 @@ def load_extension(cuda_src: str, cpp_src: str, functions):
         extra = {}
         if "no_implicit_headers" in inspect.signature(load_inline).parameters:  # torch >= 2.8: keep torch's
             extra["no_implicit_headers"] = True  # headers out of the CUDA file (the C++ one includes them itself)
-        with arch_env(arch_list()):
+        with arch_env(archs):
             module = load_inline(name=name, cpp_sources=[cpp_src], cuda_sources=[cuda_src],
-                                 functions=list(functions), extra_cflags=["-O3"], extra_cuda_cflags=cuda_flags(),
+                                 functions=list(functions), extra_cflags=["-O3"], extra_cuda_cflags=flags,
                                  build_directory=folder, **extra)
         with open(os.path.join(folder, BUILT_MARK), "w") as f:
             f.write(name + "\n")
-    _EXTENSIONS[name] = _BY_SOURCE[key] = module
+    _EXTENSIONS[key] = module
     return module
 
 

@@ -408,8 +408,8 @@ def split_kernels(names: Sequence[str]) -> tuple[list[str], list[str]]:
     """(the candidate's own kernels, library kernels): what LIBRARY_KERNEL does not match is custom --
     Triton, load_inline CUDA, CuPy, raw PTX alike -- and so is a CUTLASS template the candidate instantiated with a
     type of its own (own_type_in)."""
-    custom = [n for n in names if not is_library_kernel(n)]
-    return custom, [n for n in names if is_library_kernel(n)]
+    library = {n for n in set(names) if is_library_kernel(n)}  # each distinct name classified once
+    return [n for n in names if n not in library], [n for n in names if n in library]
 
 
 # --- the detector table (judge side) ------------------------------------------------------------------
