@@ -30,14 +30,15 @@ from kfuse.load import load_problem
 from kfuse.modes import variants
 from kfuse.ops import POINTWISE
 from kfuse.optimize import Compiled, Options, capture_problem, compile_problem, load_module
-from kfuse_testing import ROOT, SEEDS, SMALL, requires_cuda
+from kfuse_testing import ROOT, SEEDS, SMALL, requires_cuda, write_problem
 
 GEMM = ROOT / "problems" / "gemm"
 # problems/gemm files whose emitted files are checked: two regions, x @ W (K, N), a batch of 1, every activation
 GEMM_SAMPLE = ["02_gemm_gelu_tanh_scale", "06_matmul_scale_residual_clamp_logsumexp_mish", "07_matmul_mish_mish",
                "13_gemm_scaling_hardtanh_gelu", "24_gemm_swish_divide_clamp_tanh_clamp",
                "29_matmul_add_swish_tanh_gelu_hardtanh", "35_mlp_linear_relu_linear", "36_matmul_kn_param_tanh_scale",
-               "37_gemm_softplus_hardswish_batch1", "19_matmul_dropout_mean_softmax"]
+               "37_gemm_softplus_hardswish_batch1", "19_matmul_dropout_mean_softmax", "04_gemm_divide_sum_scaling",
+               "05_matmul_sum_max_avg_logsumexp"]
 PROBLEMS = [*sorted(SEEDS.glob("*.py")), *[GEMM / f"{n}.py" for n in GEMM_SAMPLE]]
 # CUDA math functions the spellings may call (libdevice; accurate versions, no fast-math intrinsics)
 CUDA_MATH = {"tanhf", "erff", "expf", "expm1f", "log1pf", "logf", "fabsf", "fmaxf", "fminf", "sqrtf"}
@@ -115,13 +116,23 @@ def test_cuda_spellings_compute_what_torch_computes(tmp_path):
 
 # ---- partition ---------------------------------------------------------------------------------------------------
 def test_cuda_partition_keeps_the_gemm_and_says_why_the_rest_is_torch():
-    prob = load_problem(SEEDS / "62_matmul_groupnorm_leakyrelu_sum.py", SMALL["62_matmul_groupnorm_leakyrelu_sum"])
+    """A row reduction after the GEMM (logsumexp) has no CUDA kind: it and the ops after it stay torch calls, each
+    with the reason (the Triton backend's kind for it)."""
+    prob = load_problem(GEMM / "06_matmul_scale_residual_clamp_logsumexp_mish.py", {})
     (v,) = variants(capture_problem(prob, "cpu"), KINDS)
     assert [r.kind for r in v.regions if r.fused] == ["gemm_epilogue"]
-    assert [n.op for n in v.regions[0].nodes] == ["linear"]
+    assert [n.op for n in v.regions[0].nodes] == ["linear", "mul", "mul", "hardtanh"]
     reasons = unfused_reasons(v)
     assert set(reasons) == set(v.unfused) and v.unfused
-    assert "gemm_groupnorm" in reasons["nn.GroupNorm gn"] and "no CUDA version" in reasons["nn.GroupNorm gn"]
+    assert "gemm_rowreduce" in reasons["torch.logsumexp"] and "no CUDA version" in reasons["torch.logsumexp"]
+
+
+def test_cuda_partition_fuses_the_seeds_norms():
+    """Seeds 62 (GroupNorm) and 39 (BatchNorm1d): one region each, nothing left as a torch call."""
+    for name, kind in (("62_matmul_groupnorm_leakyrelu_sum", "gemm_groupnorm"), ("39_gemm_scale_batchnorm",
+                                                                                 "gemm_batchnorm")):
+        (v,) = variants(capture_problem(load_problem(SEEDS / f"{name}.py", SMALL[name]), "cpu"), KINDS)
+        assert [r.kind for r in v.regions] == [kind] and not v.unfused
 
 
 def test_cuda_partition_fuses_the_whole_pointwise_chain():
@@ -172,7 +183,7 @@ def check_emitted(source: str) -> None:
         assert kernel in globals_ or re.search(rf"auto {kernel} = (\w+)<", cu), kernel
     for struct in re.findall(r"\b(Epi_\w+) epi;", cu):
         assert re.search(rf"^struct {struct} \{{", cu, flags=re.M), struct
-    classes = re.findall(r"^class (\w+Fn)\(CudaGemmFn\):", source, flags=re.M)
+    classes = re.findall(r"^class (\w+Fn)\((?:CudaGemmFn|CudaRecomputeFn)\):", source, flags=re.M)
     model_new = source[source.index("class ModelNew(Model):"):]
     assert classes and all(f"{c}.run(self, " in model_new for c in classes)
 
@@ -202,10 +213,10 @@ def test_emitted_file_imports_and_builds_modelnew_on_the_cpu(tmp_path):
 
 
 def test_header_names_the_unfused_ops_and_why():
-    source = compile_cuda(SEEDS / "39_gemm_scale_batchnorm.py", SMALL["39_gemm_scale_batchnorm"]).source
-    head = source.split("\n\n")[0]
-    assert "gemm_epilogue: nn.Linear gemm -> operator.mul" in head
-    assert "nn.BatchNorm1d bn (--backend triton fuses it in a gemm_batchnorm region" in head.replace("\n#     ", " ")
+    source = compile_cuda(GEMM / "06_matmul_scale_residual_clamp_logsumexp_mish.py").source
+    head = source.split("\n\n")[0].replace("\n#     ", " ")
+    assert "gemm_epilogue: nn.Linear matmul -> operator.mul" in head
+    assert "torch.logsumexp (--backend triton fuses it in a gemm_rowreduce region" in head
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
@@ -284,12 +295,27 @@ def _torch_includes() -> list[str]:
     return include_paths()
 
 
+# one Model with a region of every CUDA kind: BatchNorm1d, GroupNorm (43-channel groups), the row sum, the epilogue
+EVERY_KIND = ("self.fc1 = nn.Linear(in_features, out_features)\nself.bn = nn.BatchNorm1d(out_features)\n"
+              "self.fc2 = nn.Linear(out_features, out_features)\nself.gn = nn.GroupNorm(3, out_features)\n"
+              "self.fc3 = nn.Linear(out_features, out_features)\nself.fc4 = nn.Linear(out_features, 40)",
+              "y = torch.relu(self.bn(self.fc1(x)))\nz = self.gn(self.fc2(y))\n"
+              "return self.fc3(z).sum(dim=1, keepdim=True) * 0.5, torch.tanh(self.fc4(z))")
+
+
+def test_every_kind_problem_has_one_region_of_each_kind(tmp_path):
+    prob = load_problem(write_problem(tmp_path, *EVERY_KIND, name="every_kind"))
+    (v,) = variants(capture_problem(prob, "cpu"), KINDS)
+    assert sorted(r.kind for r in v.regions) == ["gemm_batchnorm", "gemm_epilogue", "gemm_groupnorm_wide",
+                                                "gemm_rowsum"] and not v.unfused
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_cpp_glue_compiles_against_torch_headers(tmp_path):
     """The C++ translation unit and the bindings load_inline adds, syntax-checked by g++ against this torch's
     headers (the CUDA toolkit's runtime header where installed; a CPU-only torch lacks one generated c10 header,
-    stubbed here)."""
-    compiled = compile_cuda(GEMM / "36_matmul_kn_param_tanh_scale.py")
+    stubbed here): one file with a region of every kind."""
+    compiled = compile_cuda(write_problem(tmp_path, *EVERY_KIND, name="every_kind"))
     ns = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(compiled.source).body
           if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id in
           ("CPP_SRC", "CUDA_FUNCTIONS")}
@@ -345,26 +371,44 @@ def test_weight_cache_follows_the_version_counter():
 
 
 # ---- autograd through CudaGemmFn, the kernel replaced by torch ---------------------------------------------------
-def _torch_launch(fn):
-    """Fn.launch computed in torch (what the CUDA kernel computes): the outputs, and z with save_z."""
+def _detached(outs):
+    return tuple(o.detach().clone() for o in outs) if isinstance(outs, tuple) else outs.detach().clone()
+
+
+def _torch_launch(module, fn):
+    """Fn.launch computed in torch (what the CUDA kernels compute): the epilogue from z, a training BatchNorm
+    updating its running statistics as the kernel does (batch_norm_mode's bookkeeping, then torch's update)."""
+    plain_ref = module.batch_norm_ref
+
+    def updating_ref(y, bn, saved, cast):
+        if saved is None and bn.training and bn.track_running_stats:
+            _, factor = module.batch_norm_mode(bn)
+            return torch.nn.functional.batch_norm(y, bn.running_mean, bn.running_var, bn.weight, bn.bias, True,
+                                                  factor, bn.eps)
+        return plain_ref(y, bn, saved, cast)
+
     def launch(self, x, save_z=False):
         w, b = fn.gemm(self)
         z = x @ w if fn.KN else torch.nn.functional.linear(x, w)
-        if b is not None:
-            z = z + b
-        z = z.detach()
-        outs = fn.epilogue(self, lambda t: t, z)
+        z = (z if b is None else z + b).detach()
+        module.batch_norm_ref = updating_ref
+        try:
+            with torch.no_grad():
+                outs = fn.epilogue(self, fn.state(self), lambda t: t, z)
+        finally:
+            module.batch_norm_ref = plain_ref
         outs = outs if isinstance(outs, tuple) else (outs,)
         outs = tuple(o.detach().clone() for o in outs)
         return (outs, z) if save_z else (outs[0] if len(outs) == 1 else outs)
+
     return staticmethod(launch)
 
 
 @pytest.mark.parametrize("name,sizes", [
     ("12_gemm_multiply_leakyrelu", SMALL["12_gemm_multiply_leakyrelu"]),
-    ("39_gemm_scale_batchnorm", SMALL["39_gemm_scale_batchnorm"]),
     ("36_matmul_kn_param_tanh_scale", SMALL["12_gemm_multiply_leakyrelu"]),
     ("21_gemm_sigmoid_scaling_residualadd", SMALL["12_gemm_multiply_leakyrelu"]),
+    ("04_gemm_divide_sum_scaling", {"batch_size": 37, "in_features": 70, "out_features": 129}),
 ])
 def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernel(tmp_path, monkeypatch, name, sizes):
     from kfuse.gradients import gradient_contract
@@ -376,9 +420,14 @@ def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernel(
     module = load_module(out)
     fns = [v for k, v in vars(module).items() if k.endswith("Fn") and isinstance(v, type)
            and issubclass(v, module.CudaGemmFn) and v is not module.CudaGemmFn]
-    assert fns
+    recomputed = [v for k, v in vars(module).items() if k.endswith("Fn") and isinstance(v, type)
+                  and issubclass(v, module.CudaRecomputeFn) and v is not module.CudaRecomputeFn]
+    assert fns or recomputed
     for fn in fns:
-        monkeypatch.setattr(fn, "launch", _torch_launch(fn))
+        monkeypatch.setattr(fn, "launch", _torch_launch(module, fn))
+    for fn in recomputed:  # the region's own torch reference in place of the kernel
+        monkeypatch.setattr(fn, "launch", staticmethod(
+            lambda self, x, fn=fn: _detached(fn.reference(self, {}, lambda t: t, x.detach()))))
     verdict = gradient_contract(prob, module.ModelNew, device="cpu", draws=2)
     assert verdict.correct, verdict.failures
 
@@ -602,7 +651,8 @@ def test_gpu_gemv_reads_the_weight_at_memory_speed():
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("name", ["36_matmul_kn_param_tanh_scale", "35_mlp_linear_relu_linear",
-                                  "37_gemm_softplus_hardswish_batch1", "29_matmul_add_swish_tanh_gelu_hardtanh"])
+                                  "37_gemm_softplus_hardswish_batch1", "29_matmul_add_swish_tanh_gelu_hardtanh",
+                                  "04_gemm_divide_sum_scaling"])
 def test_gpu_gemm_problems_meet_the_contract(name):
     _, _, contract = _contract(GEMM / f"{name}.py", {})
     assert contract.correct, contract.failures
@@ -611,7 +661,8 @@ def test_gpu_gemm_problems_meet_the_contract(name):
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("name,sizes", [("12_gemm_multiply_leakyrelu", SMALL["12_gemm_multiply_leakyrelu"]),
-                                        ("36_matmul_kn_param_tanh_scale", SMALL["12_gemm_multiply_leakyrelu"])])
+                                        ("36_matmul_kn_param_tanh_scale", SMALL["12_gemm_multiply_leakyrelu"]),
+                                        ("04_gemm_divide_sum_scaling", SMALL["12_gemm_multiply_leakyrelu"])])
 def test_gpu_gradients_meet_the_contract(name, sizes):
     from kfuse.gradients import gradient_contract
 

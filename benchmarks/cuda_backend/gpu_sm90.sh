@@ -9,6 +9,10 @@
 #   verify  kfuse optimize --backend cuda of every seed and every problems/gemm file, 14 at a time (nvcc dominates)
 #   bench   kfuse bench of the seeds, --backend cuda then --backend triton, eager beside each (one contract draw)
 #   tests   the rest of the GPU tests of tests/test_cuda_backend.py (gradients, second process, GEMV timing)
+#   kinds   the norm and row-sum kinds: kfuse optimize --backend cuda of tests/test_cuda_norms.py's cases, of the
+#           Model with a region of every kind (tests/test_cuda_backend.py's EVERY_KIND) and of problems/gemm/04 and
+#           05 (row sums), 8 at a time (which builds their extensions), then the GPU tests of test_cuda_norms.py and
+#           test_cuda_backend.py's tests of 04
 #   variants  tile, cluster and promotion variants of the Hopper GEMM on seed 12 (sm90_variants.py)
 #   wmma    kfuse bench of seed 12 with KFUSE_CUDA_SM90=0 (the WMMA tile; the A/B against the Hopper kernel)
 # CUTLASS's headers: $CUTLASS_PATH/include, else ./.cutlass/include (a copy carried to a machine without the pip
@@ -59,6 +63,20 @@ for step in "$@"; do
         TRITON_INTERPRET=0 timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_backend.py \
             -k "not odd_sizes and not bit_for_bit" > "$out/pytest-rest.log" 2>&1
         echo "pytest: exit $? $(tail -1 "$out/pytest-rest.log")";;
+    kinds)
+        mkdir -p "$out/kind_cases" "$out/kinds"
+        python3 -c "
+import sys; sys.path[:0] = ['tests']
+from pathlib import Path
+from kfuse_testing import write_problem
+from test_cuda_norms import CASES, EVERY_KIND, _problem
+for name in CASES: _problem(Path(sys.argv[1]), name)
+write_problem(Path(sys.argv[1]), *EVERY_KIND, name='every_kind')" "$out/kind_cases"
+        printf '%s\n' "$out"/kind_cases/*.py problems/gemm/04_*.py problems/gemm/05_*.py \
+            | xargs -P 8 -I{} bash -c 'optimize_one {} '"$out/kinds"
+        TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_norms.py \
+            tests/test_cuda_backend.py -k "norm or every_kind or 04_gemm" > "$out/pytest-kinds.log" 2>&1
+        echo "pytest: exit $? $(tail -1 "$out/pytest-kinds.log")";;
     variants)  # the Hopper GEMM's variants on seed 12 (sm90_variants.py): built in parallel, timed one by one
         vs=(${VARIANTS:-split p1 p2 p4 wmma})
         for v in "${vs[@]}"; do

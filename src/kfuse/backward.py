@@ -143,6 +143,11 @@ def _body(nodes: list[Node], region: Region) -> list[str]:
     return lines + [_returns(region)]
 
 
+def reference_body(region: Region) -> list[str]:
+    """A `reference` method's body: every node of the region spelled in torch, then the return of its outputs."""
+    return _body(list(region.nodes), region)
+
+
 BODY_WIDTH = 190  # 200 characters less the method body's indent
 
 

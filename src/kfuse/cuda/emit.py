@@ -22,15 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kfuse.backward import class_name, param_exprs, region_inputs, spell
-from kfuse.cuda.gemm_source import bound_name, cpp_source, cuda_source, region_sources
-from kfuse.cuda.regions import unfused_reasons
-from kfuse.cuda.spellings import bias_of, epilogue_struct
+from kfuse.cuda.epilogue import CudaRegion
+from kfuse.cuda.gemm_source import cpp_source, cuda_source
+from kfuse.cuda.regions import cuda_kind, unfused_reasons
 from kfuse.emit import CALL_MODULES, STRICT_FP32, _split_future, claim_stem, emit, forward_method, generated_line
-from kfuse.ir import Graph, Param, Region
 from kfuse.modes import Variant, guards
 from kfuse.regions import generate
-from kfuse.regions.common import docstring, gemm_cost, kernel_name
+from kfuse.regions.common import kernel_name
 
 SCHEME_NOTES = {
     "fp16x3p": "fp16 hi/lo split of both operands, the three products on tensor cores with each short chunk's "
@@ -46,86 +44,10 @@ CUDA_MODULE = '''def cuda_module():
 RUNTIME_IMPORTS = ("import contextlib", "import hashlib", "import importlib.util", "import inspect", "import os")
 
 
-@dataclass(frozen=True)
-class CudaRegion:
-    """One fused region's pieces: CUDA (epilogue struct + launcher), C++ wrapper, bound function, Python."""
-
-    function: str
-    cu: str
-    cpp: str
-    python: str  # launcher + Function class
-    forward: tuple[str, ...]
-
-
 def runtime_source() -> str:
     """kfuse/cuda/runtime.py below its marker."""
     text = (Path(__file__).parent / "runtime.py").read_text()
     return text.split(RUNTIME_MARK, 1)[1].strip("\n")
-
-
-def _weight_expr(region: Region) -> str:
-    return region.anchor.args[1].expr()
-
-
-def launcher_source(region: Region, g: Graph, stem: str, members: list) -> str:
-    """`fused_<stem>(x, weight, <the struct's inputs>, save_z=False)`: outputs, and z with save_z."""
-    inputs = [m for m in members if m.kind not in ("out", "z")]
-    names = [m.name for m in inputs]
-    kn = region.anchor.op == "matmul"
-    n_out = len(region.outputs)
-    ret = "outs[0]" if n_out == 1 else "tuple(outs)"
-    doc = (f"Fused: {', '.join(n.origin for n in region.nodes)}: the CUDA function `{bound_name(stem)}` of CUDA_SRC "
-           f"(the GEMM tile with the epilogue struct Epi_{stem}). {gemm_cost(region, g)} save_z: also return z = "
-           "x W^T + b (kept for backward).")
-    body = ["ext = cuda_module()",
-            "lead = x.shape[:-1]",
-            "x2 = x.reshape(-1, x.shape[-1])",
-            f"ops, scheme = gemm_operands(ext, x2, weight, {kn}, GEMM_SCHEME)",
-            f"got = ext.{bound_name(stem)}(*ops, scheme, {''.join(n + ', ' for n in names)}save_z)",
-            "outs = [o.reshape(*lead, o.shape[-1]).to(x.dtype) for o in got]",
-            "if save_z:",
-            f"    return tuple(outs[:{n_out}]), outs[{n_out}]",
-            f"return {ret}"]
-    params = ", ".join(["x", "weight", *names, "save_z=False"])
-    return "\n".join([f"def fused_{stem}({params}):", docstring(doc), *[f"    {ln}" for ln in body]]) + "\n"
-
-
-def _method(name: str, params: list[str], body: list[str]) -> list[str]:
-    return ["", "    @staticmethod", f"    def {name}({', '.join(params)}):", *[f"        {ln}" for ln in body]]
-
-
-def function_source(region: Region, stem: str, cls: str, members: list) -> str:
-    """The region's autograd Function: CudaGemmFn with the launch, the GEMM's operands and the epilogue in torch."""
-    anchor = region.anchor
-    values = [m.value for m in members if m.kind not in ("out", "z")]
-    bias = bias_of(anchor)
-    bias_expr = bias.expr() if isinstance(bias, Param) else "None"
-    params = param_exprs(region)
-    epilogue = [f"{n.name} = {spell(n)}  # {n.origin}" for n in region.nodes[1:]]
-    replaced = " -> ".join(n.origin for n in region.nodes)
-    lines = [f"class {cls}(CudaGemmFn):",
-             docstring(f"Autograd for fused_{stem} ({replaced}). Forward: the CUDA kernel, which also keeps z = x W^T "
-                       "+ b. Backward: the epilogue differentiated in float64 torch from z, then dX, dW and db by "
-                       "fp32 torch matmuls (TF32 off).")]
-    if anchor.op == "matmul":
-        lines += ["", "    KN = True  # x @ W, W (K, N)"]
-    launch = f"return fused_{stem}(x, {_weight_expr(region)}, {''.join(v + ', ' for v in values)}save_z=save_z)"
-    lines += _method("launch", ["self", "x", "save_z=False"], [launch])
-    lines += _method("gemm", ["self"], [f"return {_weight_expr(region)}, {bias_expr}"])
-    lines += _method("params", ["self"], [f"return ({', '.join(params)}{',' if len(params) == 1 else ''})"])
-    lines += _method("epilogue", ["self", "cast", anchor.name], [*epilogue, f"return {', '.join(region.outputs)}"])
-    return "\n".join(lines) + "\n"
-
-
-def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaRegion:
-    (x,) = region_inputs(region)
-    struct = f"Epi_{stem}"
-    struct_src, members = epilogue_struct(region, struct)
-    cu, cpp = region_sources(stem, struct, members)
-    cls = class_name(stem, classes)
-    python = launcher_source(region, g, stem, members) + "\n\n" + function_source(region, stem, cls, members)
-    forward = (f"{', '.join(region.outputs)} = {cls}.run(self, {x})",)
-    return CudaRegion(bound_name(stem), struct_src + "\n" + cu, cpp, python, forward)
 
 
 def _forward_lines(v: Variant, stems: set[str], classes: set[str]) -> tuple[list[str], list[CudaRegion]]:
@@ -133,7 +55,7 @@ def _forward_lines(v: Variant, stems: set[str], classes: set[str]) -> tuple[list
     fused: list[CudaRegion] = []
     for r in v.regions:
         if r.fused:
-            code = region_code(r, v.graph, claim_stem(kernel_name(r), stems), classes)
+            code = cuda_kind(r.kind).cuda_code(r, v.graph, claim_stem(kernel_name(r), stems), classes)
             fused.append(code)
             lines += code.forward
         else:

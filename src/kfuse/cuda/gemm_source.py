@@ -45,6 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kfuse.cuda.gemm_sm90_source import GEMM_SM90
+from kfuse.cuda.norm_source import NORM, NORM_DECLS
+from kfuse.cuda.row_dot_source import ROW_DOT
 
 BLOCK_K = 32  # the WMMA tile's K block
 PAD_K = 64  # split rows are zero-padded to a multiple of this: a whole number of the WMMA and Hopper tiles' K blocks
@@ -633,6 +635,18 @@ static const float* kf_vector(const torch::Tensor& p, int64_t n, const char* nam
   TORCH_CHECK(p.size(0) == n, "kfuse: ", name, " has ", p.size(0), " elements, expected ", n);
   return p.data_ptr<float>();
 }
+
+// An optional affine vector of a norm: nullptr where the Python launcher passed an empty tensor (no affine).
+static const float* kf_optional_vector(const torch::Tensor& p, int64_t n, const char* name, const torch::Tensor& like) {
+  return p.numel() == 0 ? nullptr : kf_vector(p, n, name, like);
+}
+
+// A BatchNorm's running statistic, read or updated in place: (N,) contiguous float32 on the GEMM's device.
+static float* kf_running(const torch::Tensor& p, int64_t n, const char* name, const torch::Tensor& like) {
+  kf_expect(p, name, torch::kFloat32, 1, like);
+  TORCH_CHECK(p.size(0) == n, "kfuse: ", name, " has ", p.size(0), " elements, expected ", n);
+  return p.data_ptr<float>();
+}
 """.replace("PAD_K_VALUE", str(PAD_K))
 
 
@@ -641,25 +655,27 @@ class Member:
     """One member of a region's epilogue struct, and what feeds it from the Python launcher."""
 
     name: str  # C++ member (and wrapper parameter) name
-    kind: str  # "out" (an (M, N) output), "z" (x W^T + b for backward), "vector" (N,), "single" (1,), "scalar"
+    kind: str  # "out" (an (M, N) output), "z" (x W^T + b for backward), "saved" (an (M, N) value an earlier
+    # kernel stored), "vector" (N,), "single" (1,), "scalar"
     value: str = ""  # the Python launcher expression (vectors, singles and scalars)
 
     @property
     def c_type(self) -> str:
-        return {"out": "float*", "z": "float*", "vector": "const float*", "single": "const float*",
+        return {"out": "float*", "z": "float*", "saved": "const float*", "vector": "const float*",
+                "single": "const float*",
                 "scalar": "float"}[self.kind]
 
 
 def cuda_source(regions: list[str]) -> str:
     """The whole CUDA translation unit: the fixed kernels, then each region's epilogue struct and launcher."""
-    return "\n".join([COMMON.strip(), PRELUDE.strip(), SPLIT.strip(), GEMM.strip(), *[r.strip() for r in regions]]) \
-        + "\n"
+    return "\n".join([COMMON.strip(), PRELUDE.strip(), SPLIT.strip(), GEMM.strip(), NORM.strip(),
+                      ROW_DOT.strip(), *[r.strip() for r in regions]]) + "\n"
 
 
 def cpp_source(regions: list[str]) -> str:
     """The C++ translation unit (load_inline appends the bindings)."""
-    return "\n".join([CPP_HEADERS.strip(), COMMON.strip(), CPP_HELPERS.strip(), *[r.strip() for r in regions]]) \
-        + "\n"
+    return "\n".join([CPP_HEADERS.strip(), COMMON.strip(), NORM_DECLS.strip(), CPP_HELPERS.strip(),
+                      *[r.strip() for r in regions]]) + "\n"
 
 
 def _launcher_params(members: list[Member]) -> str:

@@ -1,9 +1,16 @@
 """The region kinds of the CUDA backend, and why each op it leaves unfused stays a torch call.
 
-The backend fuses one kind so far: the plain GEMM epilogue kind of the registry (the one kind that is `upgradable`),
-as it anchors on nn.Linear / F.linear / `x @ W` with W a 2-d parameter (not batched products, not products of two
-values: their operands are not cached weights), and the pointwise chain after it. It never hands a walk over to the
-norm, reduction or pool kinds (no CUDA versions yet): a GroupNorm after the GEMM ends the region, and stays a torch
+The backend's kinds are the registry's, each with its CUDA code (`cuda_code`), admitting what the registry's
+kind admits where the CUDA code can run it:
+  gemm_rowsum          the sum or mean over a GEMM's features rewritten to a GEMV (rewrite.py), W a 2-d parameter,
+                       and the per-row ops after it (kfuse/cuda/rowsum.py)
+  gemm_epilogue        nn.Linear / F.linear / `x @ W` with W a 2-d parameter (not batched products, not products
+                       of two values: their operands are not cached weights) and the pointwise chain after it
+                       (kfuse/cuda/epilogue.py); taken over at a norm by
+  gemm_groupnorm,      a GroupNorm over the GEMM's columns, any group size (one CUDA pass serves both registry
+  gemm_groupnorm_wide  kinds: the Triton twins differ in how a column tile holds the groups)
+  gemm_batchnorm       a BatchNorm1d module over the GEMM's rows (kfuse/cuda/norms.py).
+The reduction and pool kinds have no CUDA version: a row reduction after the GEMM ends the region and stays a torch
 call with the ops after it. The kinds that launch nothing of kfuse's (host values and views, torch calls) are the
 registry's own. Kinds are found in the registry by what they are, never by name (tests/unit/test_region_kinds.py).
 """
@@ -12,11 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kfuse.cuda import epilogue, norms, rowsum
 from kfuse.ir import Graph, Node, Param
 from kfuse.modes import Variant
 from kfuse.partition import partition
 from kfuse.regions import KINDS as REGISTRY
-from kfuse.regions.kind import RegionKind
+from kfuse.regions import gemm_batchnorm, gemm_groupnorm, gemm_groupnorm_wide, gemm_rowsum
+from kfuse.regions.kind import RegionKind, Walk
 
 BACKEND = "cuda"
 
@@ -30,19 +39,53 @@ def weight_gemm(n: Node, g: Graph) -> bool:
             and isinstance(n.args[1], Param) and len(n.args[1].shape) == 2)
 
 
+class CudaGemmRowSum(type(gemm_rowsum.KIND)):
+    """The row sum of a GEMM with a 2-d weight parameter (its float64 row sums are cached on it)."""
+
+    cuda_code = staticmethod(rowsum.region_code)
+
+    def starts(self, n: Node, g: Graph) -> bool:
+        w = n.args[1] if n.op == "linear_rowsum" else None
+        return isinstance(w, Param) and len(w.shape) == 2 and super().starts(n, g)
+
+
 class CudaGemmEpilogue(type(EPILOGUE)):
     """The GEMM epilogue kind as the CUDA backend runs it (same name: the report and the registry's flags are the
-    Triton kind's): weight GEMMs only, never taken over by another kind."""
+    Triton kind's): weight GEMMs only, taken over only by this backend's norm kinds."""
 
-    upgradable = False
+    cuda_code = staticmethod(epilogue.region_code)
 
     def starts(self, n: Node, g: Graph) -> bool:
         return weight_gemm(n, g)
 
 
-# the epilogue kind, then the registry's kinds that launch no kernel of kfuse's, in its order (torch calls last)
-KINDS: tuple[RegionKind, ...] = (CudaGemmEpilogue(), *[k for k in REGISTRY if not k.fused])
-FUSED_KINDS = (EPILOGUE.name,)
+class CudaGemmGroupNorm(type(gemm_groupnorm.KIND)):
+    cuda_code = staticmethod(norms.region_code)
+
+
+class CudaGemmGroupNormWide(type(gemm_groupnorm_wide.KIND)):
+    cuda_code = staticmethod(norms.region_code)
+
+
+class CudaGemmBatchNorm(type(gemm_batchnorm.KIND)):
+    """BatchNorm1d modules only (the launcher reads the module's mode and running statistics); no eval-mode fold
+    (the CUDA pass applies the running statistics per column instead)."""
+
+    cuda_code = staticmethod(norms.region_code)
+
+    def enters(self, walk: Walk, n: Node) -> bool:
+        return bool(n.module) and super().enters(walk, n)
+
+    def call_time_rewrites(self, region) -> list[str]:
+        return []
+
+
+# the fused kinds in the registry's order (the row sum, then the epilogue, where every other GEMM region starts),
+# then the registry's kinds that launch no kernel of kfuse's, in its order (torch calls last)
+FUSED: tuple[RegionKind, ...] = (CudaGemmRowSum(), CudaGemmEpilogue(), CudaGemmGroupNorm(), CudaGemmGroupNormWide(),
+                                 CudaGemmBatchNorm())
+KINDS: tuple[RegionKind, ...] = (*FUSED, *[k for k in REGISTRY if not k.fused])
+FUSED_KINDS = tuple(k.name for k in FUSED)
 
 
 def unfused_reasons(v: Variant) -> dict[str, str]:
@@ -64,6 +107,11 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
                 why = f"--backend triton fuses it in a {kind} region, which has no CUDA version yet"
             reasons[n.origin] = why
     return reasons
+
+
+def cuda_kind(name: str) -> RegionKind:
+    """The CUDA backend's fused kind of this name (its `cuda_code` writes the region's code)."""
+    return next(k for k in FUSED if k.name == name)
 
 
 def fused_ok(variants: Sequence[Variant]) -> bool:

@@ -201,6 +201,34 @@ def as_vector(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).float().contiguous()
 
 
+def batch_norm_mode(bn) -> tuple:
+    """(batch statistics?, update factor) for a BatchNorm's forward, doing torch's bookkeeping first: batch
+    statistics in training mode or without running statistics; the factor (the momentum, or 1 / the batches counted
+    when momentum is None) where training updates the running statistics, else -1."""
+    batch = bn.training or bn.running_mean is None
+    if not (bn.training and bn.track_running_stats):
+        return batch, -1.0
+    if bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)
+    return batch, 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else float(bn.momentum)
+
+
+def batch_norm_state(bn):
+    """What a BatchNorm normalizes with at this call: None for batch statistics, else a copy of the running
+    statistics (eval)."""
+    if bn.training or bn.running_mean is None:
+        return None
+    return bn.running_mean.detach().clone(), bn.running_var.detach().clone()
+
+
+def batch_norm_ref(y, bn, saved, cast):
+    """BatchNorm as the forward computed it (see batch_norm_state), leaving the running statistics alone."""
+    w, b = cast(bn.weight), cast(bn.bias)
+    if saved is None:
+        return torch.nn.functional.batch_norm(y, None, None, w, b, True, 0.0, bn.eps)
+    return torch.nn.functional.batch_norm(y, cast(saved[0]), cast(saved[1]), w, b, False, 0.0, bn.eps)
+
+
 @contextlib.contextmanager
 def no_tf32():
     """fp32 matmuls as the contract's eager reference runs them (TF32 off), the user's flags restored."""
@@ -237,7 +265,9 @@ class CudaGemmFn(torch.autograd.Function):
                                       outputs as a tuple and z
       gemm(model)                     (W, b or None)
       params(model)                   every tensor the region reads that can need a gradient
-      epilogue(model, cast, z)        the ops after the GEMM in torch, every parameter read through `cast`."""
+      state(model)                    what each BatchNorm of the region normalizes with (batch_norm_state),
+                                      taken before the launch; {} without one
+      epilogue(model, fwd_state, cast, z)  the ops after the GEMM in torch, every parameter read through `cast`."""
 
     KN = False
 
@@ -252,8 +282,12 @@ class CudaGemmFn(torch.autograd.Function):
         return cls.launch(model, x)
 
     @staticmethod
+    def state(model) -> dict:
+        return {}
+
+    @staticmethod
     def forward(ctx, cls, model, x, *params):
-        ctx.cls, ctx.model = cls, model
+        ctx.cls, ctx.model, ctx.fwd_state = cls, model, cls.state(model)
         outs, z = cls.launch(model, x, save_z=True)
         ctx.save_for_backward(x, z, *params)  # the parameters for torch's in-place-modification check
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -265,7 +299,7 @@ class CudaGemmFn(torch.autograd.Function):
         cls, model = ctx.cls, ctx.model
         params = list(distinct_tensors(*cls.params(model)))  # the objects the epilogue reads
         need_x, need = ctx.needs_input_grad[2], list(ctx.needs_input_grad[3:])
-        dz, epi = cls.epilogue_grads(model, z, grads, params, need)
+        dz, epi = cls.epilogue_grads(model, ctx.fwd_state, z, grads, params, need)
         weight, bias = cls.gemm(model)
         dz2 = dz.reshape(-1, dz.shape[-1])
         dz32 = dz2.to(x.dtype)  # rounded once, as eager's dZ is
@@ -292,14 +326,14 @@ class CudaGemmFn(torch.autograd.Function):
         return (None, None, dx, *got)
 
     @classmethod
-    def epilogue_grads(cls, model, z, grads, params: list, need: list) -> tuple:
+    def epilogue_grads(cls, model, fwd_state: dict, z, grads, params: list, need: list) -> tuple:
         """dZ (float64) and each needed parameter's gradient through the epilogue (float64, None where not read),
         from the epilogue recomputed in float64 from the kernel's z."""
         work = torch.float64
         wrt = [p for p, nd in zip(params, need) if nd]
         with torch.enable_grad():
             zd = z.detach().to(work).requires_grad_(True)
-            outs = _as_tuple(cls.epilogue(model, _caster(work), zd))
+            outs = _as_tuple(cls.epilogue(model, fwd_state, _caster(work), zd))
             pairs = [(o, g.to(work)) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
             got = [None] * (1 + len(wrt))
             if pairs:
@@ -308,3 +342,46 @@ class CudaGemmFn(torch.autograd.Function):
         dz = got[0] if got[0] is not None else torch.zeros_like(zd)
         it = iter(got[1:])
         return dz, [next(it) if nd else None for nd in need]
+
+
+class CudaRecomputeFn(torch.autograd.Function):
+    """Autograd for a fused region whose backward recomputes it in float64 torch (the row sum of a GEMM, a GEMV):
+    subclasses (generated) define launch(model, x), params(model) and reference(model, fwd_state, cast, x), the
+    region in torch with every parameter read through `cast`."""
+
+    @classmethod
+    def run(cls, model, x):
+        """ModelNew.forward calls this: the Function when a gradient is needed, else the launcher alone."""
+        if not torch.is_grad_enabled():
+            return cls.launch(model, x)
+        params = distinct_tensors(*cls.params(model))
+        if x.requires_grad or any(p.requires_grad for p in params):
+            return cls.apply(cls, model, x, *params)
+        return cls.launch(model, x)
+
+    @staticmethod
+    def forward(ctx, cls, model, x, *params):
+        ctx.cls, ctx.model = cls, model
+        ctx.save_for_backward(x, *params)
+        return cls.launch(model, x)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        x, *params = ctx.saved_tensors
+        cls, model = ctx.cls, ctx.model
+        work = torch.float64
+        need_x, need = ctx.needs_input_grad[2], list(ctx.needs_input_grad[3:])
+        wrt = [p for p, nd in zip(params, need) if nd]
+        with torch.enable_grad():
+            xd = x.detach().to(work).requires_grad_(need_x)
+            outs = _as_tuple(cls.reference(model, {}, _caster(work), xd))
+            pairs = [(o, g.to(work)) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+            targets = ([xd] if need_x else []) + wrt
+            got = list(torch.autograd.grad([o for o, _ in pairs], targets, [g for _, g in pairs],
+                                           allow_unused=True)) if pairs and targets else [None] * len(targets)
+        it = iter(got)
+        dx = next(it) if need_x else None
+        dps = [next(it) if nd else None for nd in need]
+        return (None, None, None if dx is None else dx.to(x.dtype),
+                *[None if g is None else g.to(p.dtype) for g, p in zip(dps, params)])

@@ -76,9 +76,19 @@ def bias_of(anchor: Node) -> Arg:
     return anchor.args[2] if anchor.op == "linear" and len(anchor.args) > 2 else None
 
 
-def body_lines(region: Region, args: EpilogueArgs) -> list[str]:
-    """The functor's body: the bias, z's store, each op of the chain, the stores (out0, out1, ... in
-    region.outputs order)."""
+def chain_lines(nodes, env: dict[str, str], args: EpilogueArgs) -> list[str]:
+    """One line per pointwise op (views are the identity), each value a `const float` named by kfuse's `var`."""
+    lines = []
+    for n in nodes:
+        operands = [args.operand(a, env) for a in n.args]
+        lines.append(f"const float {var(n.name)} = {cuda_expr(n.op, operands)};  // {n.origin}")
+        env[n.name] = var(n.name)
+    return lines
+
+
+def body_lines(region: Region, args: EpilogueArgs, nodes=None, stores=None) -> list[str]:
+    """The GEMM functor's body: the bias, z's store, each op of `nodes` (default: the whole chain), the stores
+    of `stores` (default: region.outputs) into out0, out1, ..."""
     anchor = region.anchor
     env = {anchor.name: var(anchor.name)}
     bias = bias_of(anchor)
@@ -87,26 +97,19 @@ def body_lines(region: Region, args: EpilogueArgs) -> list[str]:
     else:
         lines = [f"const float {var(anchor.name)} = acc + {args.operand(bias, env)};  // bias of {anchor.origin}"]
     lines.append(f"if (z != nullptr) z[at] = {var(anchor.name)};  // z = x W^T + b, kept for backward")
-    for n in region.nodes[1:]:
-        operands = [args.operand(a, env) for a in n.args]
-        lines.append(f"const float {var(n.name)} = {cuda_expr(n.op, operands)};  // {n.origin}")
-        env[n.name] = var(n.name)
-    lines += [f"out{i}[at] = {env[v]};" for i, v in enumerate(region.outputs)]
-    return lines
+    lines += chain_lines(region.nodes[1:] if nodes is None else nodes, env, args)
+    return lines + [f"out{i}[at] = {env[v]};" for i, v in enumerate(region.outputs if stores is None else stores)]
 
 
-def epilogue_struct(region: Region, struct: str) -> tuple[str, list[Member]]:
-    """The functor's C++ source and its members in order (outputs, z, then the inputs it reads)."""
-    args = EpilogueArgs()
-    body = body_lines(region, args)
-    members = [*[Member(f"out{i}", "out") for i in range(len(region.outputs))], Member("z", "z"), *args.members]
+def functor_struct(struct: str, doc: str, members: list[Member], args: EpilogueArgs, body: list[str]) -> str:
+    """The C++ functor: `members` (outputs, z, saved values), then the inputs in `args`, N, the per-column Col
+    and `operator()(c, m, n, acc)` running `body` at `at = m * N + n`."""
     columns = [m for m in args.members if m.kind in ("vector", "single")]
     fields = " ".join(f"float {m.name};" for m in columns)
     loads = "".join(f" c.{m.name} = {m.name}[{'n' if m.kind == 'vector' else '0'}];" for m in columns)
-    doc = " -> ".join(n.origin for n in region.nodes)
-    lines = [f"// The epilogue of {doc}, on one element of the GEMM's fp32 accumulator.",
+    lines = [f"// {doc}",
              f"struct {struct} {{",
-             *[f"  {m.c_type} {m.name};" for m in members],
+             *[f"  {m.c_type} {m.name};" for m in [*members, *args.members]],
              "  long long N;",
              f"  struct Col {{{(' ' + fields + ' ') if fields else ''}}};",
              "  __device__ __forceinline__ Col column(long long n) const {",
@@ -118,4 +121,14 @@ def epilogue_struct(region: Region, struct: str) -> tuple[str, list[Member]]:
              *[f"    {ln}" for ln in body],
              "  }",
              "};"]
-    return "\n".join(lines) + "\n", members
+    return "\n".join(lines) + "\n"
+
+
+def epilogue_struct(region: Region, struct: str) -> tuple[str, list[Member]]:
+    """The functor's C++ source and its members in order (outputs, z, then the inputs it reads)."""
+    args = EpilogueArgs()
+    body = body_lines(region, args)
+    members = [*[Member(f"out{i}", "out") for i in range(len(region.outputs))], Member("z", "z")]
+    doc = "The epilogue of " + " -> ".join(n.origin for n in region.nodes) + ", on one element of the GEMM's fp32 " \
+        "accumulator."
+    return functor_struct(struct, doc, members, args, body), [*members, *args.members]

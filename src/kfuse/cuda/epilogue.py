@@ -1,0 +1,100 @@
+"""The CUDA code of the plain GEMM epilogue kind, and the pieces every CUDA GEMM region's code shares.
+
+A region becomes: its functor struct(s) and CUDA launcher `kf_launch_<stem>` (CUDA_SRC), the C++ function
+`kf_<stem>` bound to Python (CPP_SRC), the Python launcher `fused_<stem>` and its autograd Function (a CudaGemmFn
+of kfuse/cuda/runtime.py), and the forward line calling it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kfuse.backward import class_name, param_exprs, region_inputs, spell
+from kfuse.cuda.gemm_source import bound_name, region_sources
+from kfuse.cuda.spellings import bias_of, epilogue_struct
+from kfuse.ir import Graph, Param, Region, attr_expr
+from kfuse.regions.common import docstring, gemm_cost
+
+
+@dataclass(frozen=True)
+class CudaRegion:
+    """One fused region's pieces: CUDA (epilogue struct + launcher), C++ wrapper, bound function, Python."""
+
+    function: str
+    cu: str
+    cpp: str
+    python: str  # launcher + Function class
+    forward: tuple[str, ...]
+
+
+def _weight_expr(region: Region) -> str:
+    return region.anchor.args[1].expr()
+
+
+def launcher_source(region: Region, g: Graph, stem: str, members: list) -> str:
+    """`fused_<stem>(x, weight, <the struct's inputs>, save_z=False)`: outputs, and z with save_z."""
+    inputs = [m for m in members if m.kind not in ("out", "z")]
+    names = [m.name for m in inputs]
+    kn = region.anchor.op == "matmul"
+    n_out = len(region.outputs)
+    ret = "outs[0]" if n_out == 1 else "tuple(outs)"
+    doc = (f"Fused: {', '.join(n.origin for n in region.nodes)}: the CUDA function `{bound_name(stem)}` of CUDA_SRC "
+           f"(the GEMM tile with the epilogue struct Epi_{stem}). {gemm_cost(region, g)} save_z: also return z = "
+           "x W^T + b (kept for backward).")
+    body = ["ext = cuda_module()",
+            "lead = x.shape[:-1]",
+            "x2 = x.reshape(-1, x.shape[-1])",
+            f"ops, scheme = gemm_operands(ext, x2, weight, {kn}, GEMM_SCHEME)",
+            f"got = ext.{bound_name(stem)}(*ops, scheme, {''.join(n + ', ' for n in names)}save_z)",
+            "outs = [o.reshape(*lead, o.shape[-1]).to(x.dtype) for o in got]",
+            "if save_z:",
+            f"    return tuple(outs[:{n_out}]), outs[{n_out}]",
+            f"return {ret}"]
+    params = ", ".join(["x", "weight", *names, "save_z=False"])
+    return "\n".join([f"def fused_{stem}({params}):", docstring(doc), *[f"    {ln}" for ln in body]]) + "\n"
+
+
+def _method(name: str, params: list[str], body: list[str]) -> list[str]:
+    return ["", "    @staticmethod", f"    def {name}({', '.join(params)}):", *[f"        {ln}" for ln in body]]
+
+
+def function_source(region: Region, stem: str, cls: str, values: list[str]) -> str:
+    """The region's autograd Function: CudaGemmFn with the launch (`fused_<stem>(x, weight, *values)`), the GEMM's
+    operands and the ops after the GEMM in torch (a BatchNorm as the forward normalized: its `state`)."""
+    anchor = region.anchor
+    bias = bias_of(anchor)
+    bias_expr = bias.expr() if isinstance(bias, Param) else "None"
+    params = param_exprs(region)
+    epilogue = [f"{n.name} = {spell(n)}  # {n.origin}" for n in region.nodes[1:]]
+    replaced = " -> ".join(n.origin for n in region.nodes)
+    lines = [f"class {cls}(CudaGemmFn):",
+             docstring(f"Autograd for fused_{stem} ({replaced}). Forward: the CUDA kernels, which also keep z = x W^T "
+                       "+ b. Backward: the ops after the GEMM differentiated in float64 torch from z, then dX, dW and "
+                       "db by fp32 torch matmuls (TF32 off).")]
+    if anchor.op == "matmul":
+        lines += ["", "    KN = True  # x @ W, W (K, N)"]
+    launch = f"return fused_{stem}(x, {_weight_expr(region)}, {''.join(v + ', ' for v in values)}save_z=save_z)"
+    lines += _method("launch", ["self", "x", "save_z=False"], [launch])
+    lines += _method("gemm", ["self"], [f"return {_weight_expr(region)}, {bias_expr}"])
+    lines += _method("params", ["self"], [f"return ({', '.join(params)}{',' if len(params) == 1 else ''})"])
+    bns = [n.module for n in region.nodes if n.op == "batch_norm" and n.module]
+    if bns:
+        states = ", ".join(f"{m!r}: batch_norm_state({attr_expr(m)})" for m in bns)
+        lines += _method("state", ["self"], ["return {" + states + "}"])
+    lines += _method("epilogue", ["self", "fwd_state", "cast", anchor.name],
+                     [*epilogue, f"return {', '.join(region.outputs)}"])
+    return "\n".join(lines) + "\n"
+
+
+def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaRegion:
+    (x,) = region_inputs(region)
+    struct = f"Epi_{stem}"
+    struct_src, members = epilogue_struct(region, struct)
+    cu, cpp = region_sources(stem, struct, members)
+    cls = class_name(stem, classes)
+    values = [m.value for m in members if m.kind not in ("out", "z")]
+    python = launcher_source(region, g, stem, members) + "\n\n" + function_source(region, stem, cls, values)
+    forward = (f"{', '.join(region.outputs)} = {cls}.run(self, {x})",)
+    return CudaRegion(bound_name(stem), struct_src + "\n" + cu, cpp, python, forward)
+
+
