@@ -13,6 +13,9 @@
 #           Model with a region of every kind (tests/test_cuda_backend.py's EVERY_KIND) and of problems/gemm/04 and
 #           05 (row sums), 8 at a time (which builds their extensions), then the GPU tests of test_cuda_norms.py and
 #           test_cuda_backend.py's tests of 04
+#   twins   each CUDA kind against its Triton twin: kfuse bench --backend cuda, then triton, of problems/gemm 08
+#           (gemm_groupnorm_wide), 30 and 38 (gemm_batchnorm, training and eval) and 04 (gemm_rowsum), their
+#           extensions built first by kfuse optimize, 4 at a time
 #   variants  tile, cluster and promotion variants of the Hopper GEMM on seed 12 (sm90_variants.py)
 #   wmma    kfuse bench of seed 12 with KFUSE_CUDA_SM90=0 (the WMMA tile; the A/B against the Hopper kernel)
 # CUTLASS's headers: $CUTLASS_PATH/include, else ./.cutlass/include (a copy carried to a machine without the pip
@@ -77,6 +80,14 @@ write_problem(Path(sys.argv[1]), *EVERY_KIND, name='every_kind')" "$out/kind_cas
         TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_norms.py \
             tests/test_cuda_backend.py -k "norm or every_kind or 04_gemm" > "$out/pytest-kinds.log" 2>&1
         echo "pytest: exit $? $(tail -1 "$out/pytest-kinds.log")";;
+    twins)
+        twins=(problems/gemm/08_*.py problems/gemm/30_*.py problems/gemm/38_*.py problems/gemm/04_*.py)
+        printf '%s\n' "${twins[@]}" | xargs -P 4 -I{} bash -c 'optimize_one {} '"$out/cuda"
+        for b in cuda triton; do
+            timeout 200 python3 -m kfuse bench "${twins[@]}" --baselines eager --trials 1 --backend $b \
+                --json "$out/twins-$b.json" > "$out/twins-$b.log" 2>&1
+            echo "bench $b: exit $?"
+        done;;
     variants)  # the Hopper GEMM's variants on seed 12 (sm90_variants.py): built in parallel, timed one by one
         vs=(${VARIANTS:-split p1 p2 p4 wmma})
         for v in "${vs[@]}"; do
