@@ -258,7 +258,21 @@ def _as_tuple(outs) -> tuple:
     return outs if isinstance(outs, tuple) else (outs,)
 
 
-class CudaGemmFn(torch.autograd.Function):
+class CudaRegionFn(torch.autograd.Function):
+    """What every region's Function shares: `run`, which applies the Function only where a gradient is needed."""
+
+    @classmethod
+    def run(cls, model, x):
+        """ModelNew.forward calls this: the Function when a gradient is needed, else the launcher alone."""
+        if not torch.is_grad_enabled():
+            return cls.launch(model, x)
+        params = distinct_tensors(*cls.params(model))
+        if x.requires_grad or any(p.requires_grad for p in params):
+            return cls.apply(cls, model, x, *params)
+        return cls.launch(model, x)
+
+
+class CudaGemmFn(CudaRegionFn):
     """Autograd for one fused GEMM region z = x @ W^T + b (KN: x @ W) followed by its epilogue. Subclasses (one
     per region, generated) define:
       launch(model, x, save_z=False)  the CUDA launcher: the outputs (a tensor or a tuple); with save_z, the
@@ -270,16 +284,6 @@ class CudaGemmFn(torch.autograd.Function):
       epilogue(model, fwd_state, cast, z)  the ops after the GEMM in torch, every parameter read through `cast`."""
 
     KN = False
-
-    @classmethod
-    def run(cls, model, x):
-        """ModelNew.forward calls this: the Function when a gradient is needed, else the launcher alone."""
-        if not torch.is_grad_enabled():
-            return cls.launch(model, x)
-        params = distinct_tensors(*cls.params(model))
-        if x.requires_grad or any(p.requires_grad for p in params):
-            return cls.apply(cls, model, x, *params)
-        return cls.launch(model, x)
 
     @staticmethod
     def state(model) -> dict:
@@ -344,20 +348,10 @@ class CudaGemmFn(torch.autograd.Function):
         return dz, [next(it) if nd else None for nd in need]
 
 
-class CudaRecomputeFn(torch.autograd.Function):
+class CudaRecomputeFn(CudaRegionFn):
     """Autograd for a fused region whose backward recomputes it in float64 torch (the row sum of a GEMM, a GEMV):
     subclasses (generated) define launch(model, x), params(model) and reference(model, fwd_state, cast, x), the
     region in torch with every parameter read through `cast`."""
-
-    @classmethod
-    def run(cls, model, x):
-        """ModelNew.forward calls this: the Function when a gradient is needed, else the launcher alone."""
-        if not torch.is_grad_enabled():
-            return cls.launch(model, x)
-        params = distinct_tensors(*cls.params(model))
-        if x.requires_grad or any(p.requires_grad for p in params):
-            return cls.apply(cls, model, x, *params)
-        return cls.launch(model, x)
 
     @staticmethod
     def forward(ctx, cls, model, x, *params):
