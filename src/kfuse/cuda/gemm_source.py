@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from kfuse.cuda.gemm_sm90_source import GEMM_SM90
 from kfuse.cuda.norm_source import NORM, NORM_DECLS
-from kfuse.cuda.row_dot_source import ROW_DOT
+from kfuse.cuda.rows_source import ROWS
 
 BLOCK_K = 32  # the WMMA tile's K block
 PAD_K = 64  # split rows are zero-padded to a multiple of this: a whole number of the WMMA and Hopper tiles' K blocks
@@ -655,21 +655,21 @@ class Member:
     """One member of a region's epilogue struct, and what feeds it from the Python launcher."""
 
     name: str  # C++ member (and wrapper parameter) name
-    kind: str  # "out" (an (M, N) output), "z" (x W^T + b for backward), "saved" (an (M, N) value an earlier
-    # kernel stored), "vector" (N,), "single" (1,), "scalar"
+    kind: str  # "out" (an output), "z" (x W^T + b for backward), "saved" (an (M, N) value an earlier kernel
+    # stored), "row" (an (M,) value an earlier kernel stored), "vector" (N,), "single" (1,), "scalar"
     value: str = ""  # the Python launcher expression (vectors, singles and scalars)
 
     @property
     def c_type(self) -> str:
-        return {"out": "float*", "z": "float*", "saved": "const float*", "vector": "const float*",
-                "single": "const float*",
+        return {"out": "float*", "z": "float*", "saved": "const float*", "row": "const float*",
+                "vector": "const float*", "single": "const float*",
                 "scalar": "float"}[self.kind]
 
 
 def cuda_source(regions: list[str]) -> str:
     """The whole CUDA translation unit: the fixed kernels, then each region's epilogue struct and launcher."""
     return "\n".join([COMMON.strip(), PRELUDE.strip(), SPLIT.strip(), GEMM.strip(), NORM.strip(),
-                      ROW_DOT.strip(), *[r.strip() for r in regions]]) + "\n"
+                      ROWS.strip(), *[r.strip() for r in regions]]) + "\n"
 
 
 def cpp_source(regions: list[str]) -> str:

@@ -49,13 +49,12 @@ def norm_plan(region: Region) -> NormPlan:
     return NormPlan(norm, tuple(pre), tuple(post), stored, saved, late, region.outputs)
 
 
-def pre_struct(region: Region, plan: NormPlan, struct: str) -> tuple[str, list[Member]]:
-    """The GEMM's functor: the ops before the norm, storing plan.stored (out0 = u, ...)."""
+def gemm_struct(region: Region, pre, stored, before: Node, struct: str) -> tuple[str, list[Member]]:
+    """The GEMM's functor: the ops `pre` (those before the node `before`), storing `stored` (out0, out1, ...)."""
     args = EpilogueArgs()
-    body = body_lines(region, args, plan.pre, plan.stored)
-    members = [*[Member(f"out{i}", "out") for i in range(len(plan.stored))], Member("z", "z")]
-    doc = (f"The GEMM's epilogue before {plan.norm.origin}: " + " -> ".join(n.origin for n in region.nodes[:1]
-                                                                              + plan.pre) + ".")
+    body = body_lines(region, args, pre, stored)
+    members = [*[Member(f"out{i}", "out") for i in range(len(stored))], Member("z", "z")]
+    doc = f"The GEMM's epilogue before {before.origin}: " + " -> ".join(n.origin for n in [region.anchor, *pre]) + "."
     return functor_struct(struct, doc, members, args, body), [*members, *args.members]
 
 
@@ -256,7 +255,7 @@ def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaR
     """The CUDA pieces of a GEMM -> ... -> norm -> ... region."""
     (x,) = region_inputs(region)
     plan = norm_plan(region)
-    pre_src, pre = pre_struct(region, plan, f"Pre_{stem}")
+    pre_src, pre = gemm_struct(region, plan.pre, plan.stored, plan.norm, f"Pre_{stem}")
     post_src, post = post_struct(plan, f"Post_{stem}")
     call = norm_call(plan.norm)
     cu = "\n".join([pre_src, post_src, cuda_launcher(stem, pre, post, call)])

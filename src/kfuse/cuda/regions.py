@@ -10,27 +10,31 @@ kind admits where the CUDA code can run it:
   gemm_groupnorm,      a GroupNorm over the GEMM's columns, any group size (one CUDA pass serves both registry
   gemm_groupnorm_wide  kinds: the Triton twins differ in how a column tile holds the groups)
   gemm_batchnorm       a BatchNorm1d module over the GEMM's rows (kfuse/cuda/norms.py).
-The reduction and pool kinds have no CUDA version: a row reduction after the GEMM ends the region and stays a torch
-call with the ops after it. The kinds that launch nothing of kfuse's (host values and views, torch calls) are the
+  gemm_rowreduce       a reduction or row norm over the GEMM's features (kfuse/cuda/rowreduce.py), opt-in
+                       (KFUSE_CUDA_ROWREDUCE=1) until verified on a GPU.
+The pool kind has no CUDA version: a pool after the GEMM ends the region and stays a torch call with the ops after
+it. The kinds that launch nothing of kfuse's (host values and views, torch calls) are the
 registry's own. Kinds are found in the registry by what they are, never by name (tests/unit/test_region_kinds.py).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
-from kfuse.cuda import epilogue, norms, rowsum
+from kfuse.cuda import epilogue, norms, rowreduce, rowsum
 from kfuse.ir import Graph, Node, Param
 from kfuse.modes import Variant
 from kfuse.partition import partition
 from kfuse.regions import KINDS as REGISTRY
-from kfuse.regions import gemm_batchnorm, gemm_groupnorm, gemm_groupnorm_wide, gemm_rowsum
+from kfuse.regions import gemm_batchnorm, gemm_groupnorm, gemm_groupnorm_wide, gemm_rowreduce, gemm_rowsum
 from kfuse.regions.kind import RegionKind, Walk
 
 BACKEND = "cuda"
 
 
 EPILOGUE = next(k for k in REGISTRY if k.upgradable)  # the GEMM + pointwise epilogue kind, where GEMM regions start
+ROWREDUCE_SWITCH = "KFUSE_CUDA_ROWREDUCE"  # "1": fuse row reductions and row norms (not yet verified on a GPU)
 
 
 def weight_gemm(n: Node, g: Graph) -> bool:
@@ -59,6 +63,16 @@ class CudaGemmEpilogue(type(EPILOGUE)):
         return weight_gemm(n, g)
 
 
+class CudaGemmRowReduce(type(gemm_rowreduce.KIND)):
+    """A reduction or row norm over the GEMM's features (kfuse/cuda/rowreduce.py). Opt-in (KFUSE_CUDA_ROWREDUCE=1)
+    until its kernels are verified on a GPU: by default these ops stay torch calls."""
+
+    cuda_code = staticmethod(rowreduce.region_code)
+
+    def enters(self, walk: Walk, n: Node) -> bool:
+        return os.environ.get(ROWREDUCE_SWITCH) == "1" and super().enters(walk, n)
+
+
 class CudaGemmGroupNorm(type(gemm_groupnorm.KIND)):
     cuda_code = staticmethod(norms.region_code)
 
@@ -82,8 +96,8 @@ class CudaGemmBatchNorm(type(gemm_batchnorm.KIND)):
 
 # the fused kinds in the registry's order (the row sum, then the epilogue, where every other GEMM region starts),
 # then the registry's kinds that launch no kernel of kfuse's, in its order (torch calls last)
-FUSED: tuple[RegionKind, ...] = (CudaGemmRowSum(), CudaGemmEpilogue(), CudaGemmGroupNorm(), CudaGemmGroupNormWide(),
-                                 CudaGemmBatchNorm())
+FUSED: tuple[RegionKind, ...] = (CudaGemmRowSum(), CudaGemmEpilogue(), CudaGemmRowReduce(), CudaGemmGroupNorm(),
+                                 CudaGemmGroupNormWide(), CudaGemmBatchNorm())
 KINDS: tuple[RegionKind, ...] = (*FUSED, *[k for k in REGISTRY if not k.fused])
 FUSED_KINDS = tuple(k.name for k in FUSED)
 
@@ -103,6 +117,9 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
             elif n.op in ("linear", "matmul"):
                 why = (f"--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter (--backend triton: "
                        f"{kind})")
+            elif kind == CudaGemmRowReduce.name:
+                why = (f"--backend triton fuses it in a {kind} region, whose CUDA version is opt-in until verified on "
+                       f"a GPU ({ROWREDUCE_SWITCH}=1)")
             else:
                 why = f"--backend triton fuses it in a {kind} region, which has no CUDA version yet"
             reasons[n.origin] = why

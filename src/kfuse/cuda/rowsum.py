@@ -2,7 +2,7 @@
 rewrite.py's `sum-of-gemm->gemv` (x[m, :] . w_sum + b_sum, exact in real arithmetic), and the per-row ops after it.
 
 The launcher forms w_sum (W's rows summed, (K,)) and b_sum in float64, kept on the weight and the bias until either
-changes (runtime.cached_on: storage and version counter). `kf_row_dot_kernel` (row_dot_source.py): one warp per row
+changes (runtime.cached_on: storage and version counter). `kf_row_dot_kernel` (rows_source.py): one warp per row
 of x, float64 FMAs over K in lane-strided order, a butterfly, + b_sum (/ N for a mean), rounded to fp32 once, then
 the region's functor (`Row_<stem>`: the per-row ops, reading numbers and one-element parameters) at (m, 0).
 Memory-bound: x read once (4 M K bytes), 2 M K flops instead of the GEMM's 2 M N K; the float64 sum never loses to
