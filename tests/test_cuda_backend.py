@@ -303,6 +303,21 @@ EVERY_KIND = ("self.fc1 = nn.Linear(in_features, out_features)\nself.bn = nn.Bat
               "return self.fc3(z).sum(dim=1, keepdim=True) * 0.5, torch.tanh(self.fc4(z))")
 
 
+# ... and with the opt-in kinds too: a row norm (softmax) and a pool over the features
+EVERY_OPT_IN = (EVERY_KIND[0] + "\nself.fc5 = nn.Linear(out_features, out_features)\nself.pool = nn.MaxPool1d(4)",
+                "y = torch.relu(self.bn(self.fc1(x)))\nz = self.gn(self.fc2(y))\n"
+                "w = torch.softmax(self.fc5(z), dim=1)\n"
+                "return (self.fc3(z).sum(dim=1, keepdim=True) * 0.5, torch.tanh(self.fc4(w)),\n"
+                "        self.pool(self.fc5(z).unsqueeze(1)).squeeze(1))")
+
+
+def _switched_on(monkeypatch) -> None:
+    from kfuse.cuda.regions import OPT_IN
+
+    for switch in OPT_IN.values():
+        monkeypatch.setenv(switch, "1")
+
+
 def test_every_kind_problem_has_one_region_of_each_kind(tmp_path):
     prob = load_problem(write_problem(tmp_path, *EVERY_KIND, name="every_kind"))
     (v,) = variants(capture_problem(prob, "cpu"), KINDS)
@@ -310,12 +325,21 @@ def test_every_kind_problem_has_one_region_of_each_kind(tmp_path):
                                                 "gemm_rowsum"] and not v.unfused
 
 
+def test_every_opt_in_problem_has_every_kind(tmp_path, monkeypatch):
+    _switched_on(monkeypatch)
+    prob = load_problem(write_problem(tmp_path, *EVERY_OPT_IN, name="every_opt_in"))
+    (v,) = variants(capture_problem(prob, "cpu"), KINDS)
+    assert sorted(r.kind for r in v.regions) == ["gemm_batchnorm", "gemm_epilogue", "gemm_groupnorm_wide", "gemm_pool",
+                                                "gemm_rowreduce", "gemm_rowsum"] and not v.unfused
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
-def test_cpp_glue_compiles_against_torch_headers(tmp_path):
+def test_cpp_glue_compiles_against_torch_headers(tmp_path, monkeypatch):
     """The C++ translation unit and the bindings load_inline adds, syntax-checked by g++ against this torch's
     headers (the CUDA toolkit's runtime header where installed; a CPU-only torch lacks one generated c10 header,
-    stubbed here): one file with a region of every kind."""
-    compiled = compile_cuda(write_problem(tmp_path, *EVERY_KIND, name="every_kind"))
+    stubbed here): one file with a region of every kind, the opt-in ones switched on."""
+    _switched_on(monkeypatch)
+    compiled = compile_cuda(write_problem(tmp_path, *EVERY_OPT_IN, name="every_opt_in"))
     ns = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(compiled.source).body
           if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id in
           ("CPP_SRC", "CUDA_FUNCTIONS")}

@@ -13,9 +13,9 @@
 #           Model with a region of every kind (tests/test_cuda_backend.py's EVERY_KIND) and of problems/gemm/04 and
 #           05 (row sums), 8 at a time (which builds their extensions), then the GPU tests of test_cuda_norms.py and
 #           test_cuda_backend.py's tests of 04
-#   rowreduce  the row reduction kind, switched on (KFUSE_CUDA_ROWREDUCE=1; opt-in until this step passes): kfuse
-#           optimize --backend cuda of the problems/gemm files it fuses, 8 at a time, then tests/test_cuda_rowreduce.py's
-#           GPU tests
+#   rowkinds  the row reduction and pool kinds, switched on (KFUSE_CUDA_ROWREDUCE=1 KFUSE_CUDA_POOL=1; opt-in until
+#           this step passes): kfuse optimize --backend cuda of the problems/gemm files they fuse, 8 at a time, then
+#           tests/test_cuda_row_kinds.py's GPU tests
 #   twins   each CUDA kind against its Triton twin: kfuse bench --backend cuda, then triton, of problems/gemm 08
 #           (gemm_groupnorm_wide), 30 and 38 (gemm_batchnorm, training and eval) and 04 (gemm_rowsum), their
 #           extensions built first by kfuse optimize, 4 at a time
@@ -83,13 +83,14 @@ write_problem(Path(sys.argv[1]), *EVERY_KIND, name='every_kind')" "$out/kind_cas
         TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_norms.py \
             tests/test_cuda_backend.py -k "norm or every_kind or 04_gemm" > "$out/pytest-kinds.log" 2>&1
         echo "pytest: exit $? $(tail -1 "$out/pytest-kinds.log")";;
-    rowreduce)
-        mkdir -p "$out/rowreduce"
-        ls problems/gemm/{06,15,18,23,32,33,34,39,40,42}_*.py | KFUSE_CUDA_ROWREDUCE=1 \
-            xargs -P 8 -I{} bash -c 'optimize_one {} '"$out/rowreduce"
-        TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_rowreduce.py \
-            > "$out/pytest-rowreduce.log" 2>&1
-        echo "pytest: exit $? $(tail -1 "$out/pytest-rowreduce.log")";;
+    rowkinds)
+        mkdir -p "$out/rowkinds"
+        export KFUSE_CUDA_ROWREDUCE=1 KFUSE_CUDA_POOL=1
+        ls problems/gemm/{06,14,15,18,23,31,32,33,34,39,40,42}_*.py | xargs -P 8 -I{} bash -c 'optimize_one {} '"$out/rowkinds"
+        TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_row_kinds.py \
+            > "$out/pytest-rowkinds.log" 2>&1
+        echo "pytest: exit $? $(tail -1 "$out/pytest-rowkinds.log")"
+        unset KFUSE_CUDA_ROWREDUCE KFUSE_CUDA_POOL;;
     twins)
         twins=(problems/gemm/08_*.py problems/gemm/30_*.py problems/gemm/38_*.py problems/gemm/04_*.py)
         printf '%s\n' "${twins[@]}" | xargs -P 4 -I{} bash -c 'optimize_one {} '"$out/cuda"

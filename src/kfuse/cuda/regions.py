@@ -11,8 +11,10 @@ kind admits where the CUDA code can run it:
   gemm_groupnorm_wide  kinds: the Triton twins differ in how a column tile holds the groups)
   gemm_batchnorm       a BatchNorm1d module over the GEMM's rows (kfuse/cuda/norms.py).
   gemm_rowreduce       a reduction or row norm over the GEMM's features (kfuse/cuda/rowreduce.py), opt-in
-                       (KFUSE_CUDA_ROWREDUCE=1) until verified on a GPU.
-The pool kind has no CUDA version: a pool after the GEMM ends the region and stays a torch call with the ops after
+                       (KFUSE_CUDA_ROWREDUCE=1) until verified on a GPU
+  gemm_pool            a MaxPool1d / AvgPool1d over the GEMM's features (kfuse/cuda/pool.py), opt-in
+                       (KFUSE_CUDA_POOL=1) until verified on a GPU.
+Without their switches a reduction or pool after the GEMM ends the region and stays a torch call with the ops after
 it. The kinds that launch nothing of kfuse's (host values and views, torch calls) are the
 registry's own. Kinds are found in the registry by what they are, never by name (tests/unit/test_region_kinds.py).
 """
@@ -22,12 +24,19 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from kfuse.cuda import epilogue, norms, rowreduce, rowsum
+from kfuse.cuda import epilogue, norms, pool, rowreduce, rowsum
 from kfuse.ir import Graph, Node, Param
 from kfuse.modes import Variant
 from kfuse.partition import partition
 from kfuse.regions import KINDS as REGISTRY
-from kfuse.regions import gemm_batchnorm, gemm_groupnorm, gemm_groupnorm_wide, gemm_rowreduce, gemm_rowsum
+from kfuse.regions import (
+    gemm_batchnorm,
+    gemm_groupnorm,
+    gemm_groupnorm_wide,
+    gemm_pool,
+    gemm_rowreduce,
+    gemm_rowsum,
+)
 from kfuse.regions.kind import RegionKind, Walk
 
 BACKEND = "cuda"
@@ -35,6 +44,7 @@ BACKEND = "cuda"
 
 EPILOGUE = next(k for k in REGISTRY if k.upgradable)  # the GEMM + pointwise epilogue kind, where GEMM regions start
 ROWREDUCE_SWITCH = "KFUSE_CUDA_ROWREDUCE"  # "1": fuse row reductions and row norms (not yet verified on a GPU)
+POOL_SWITCH = "KFUSE_CUDA_POOL"  # "1": fuse pools over the features (not yet verified on a GPU)
 
 
 def weight_gemm(n: Node, g: Graph) -> bool:
@@ -73,6 +83,16 @@ class CudaGemmRowReduce(type(gemm_rowreduce.KIND)):
         return os.environ.get(ROWREDUCE_SWITCH) == "1" and super().enters(walk, n)
 
 
+class CudaGemmPool(type(gemm_pool.KIND)):
+    """A pool over the GEMM's features, its ops and a reduction of the pooled row (kfuse/cuda/pool.py). Opt-in
+    (KFUSE_CUDA_POOL=1) until its kernels are verified on a GPU."""
+
+    cuda_code = staticmethod(pool.region_code)
+
+    def enters(self, walk: Walk, n: Node) -> bool:
+        return os.environ.get(POOL_SWITCH) == "1" and super().enters(walk, n)
+
+
 class CudaGemmGroupNorm(type(gemm_groupnorm.KIND)):
     cuda_code = staticmethod(norms.region_code)
 
@@ -96,10 +116,11 @@ class CudaGemmBatchNorm(type(gemm_batchnorm.KIND)):
 
 # the fused kinds in the registry's order (the row sum, then the epilogue, where every other GEMM region starts),
 # then the registry's kinds that launch no kernel of kfuse's, in its order (torch calls last)
-FUSED: tuple[RegionKind, ...] = (CudaGemmRowSum(), CudaGemmEpilogue(), CudaGemmRowReduce(), CudaGemmGroupNorm(),
-                                 CudaGemmGroupNormWide(), CudaGemmBatchNorm())
+FUSED: tuple[RegionKind, ...] = (CudaGemmRowSum(), CudaGemmEpilogue(), CudaGemmRowReduce(), CudaGemmPool(),
+                                 CudaGemmGroupNorm(), CudaGemmGroupNormWide(), CudaGemmBatchNorm())
 KINDS: tuple[RegionKind, ...] = (*FUSED, *[k for k in REGISTRY if not k.fused])
 FUSED_KINDS = tuple(k.name for k in FUSED)
+OPT_IN = {CudaGemmRowReduce.name: ROWREDUCE_SWITCH, CudaGemmPool.name: POOL_SWITCH}  # kind -> its switch
 
 
 def unfused_reasons(v: Variant) -> dict[str, str]:
@@ -117,9 +138,9 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
             elif n.op in ("linear", "matmul"):
                 why = (f"--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter (--backend triton: "
                        f"{kind})")
-            elif kind == CudaGemmRowReduce.name:
+            elif kind in OPT_IN:
                 why = (f"--backend triton fuses it in a {kind} region, whose CUDA version is opt-in until verified on "
-                       f"a GPU ({ROWREDUCE_SWITCH}=1)")
+                       f"a GPU ({OPT_IN[kind]}=1)")
             else:
                 why = f"--backend triton fuses it in a {kind} region, which has no CUDA version yet"
             reasons[n.origin] = why

@@ -72,16 +72,15 @@ def row_plan(region: Region, g: Graph) -> RowPlan:
     return RowPlan(red, pre, row, post, stored, saved, rows, row_read, late, region.outputs, roles)
 
 
-def row_struct(plan: RowPlan, struct: str) -> tuple[str, list[Member]]:
-    """The per-row functor: acc is the reduction's value; the row ops; stores plan.rows at m (N = 1)."""
+def row_struct(red: Node, row, rows, struct: str) -> tuple[str, list[Member]]:
+    """The per-row functor: acc is the reduction `red`'s value; the per-row ops `row`; stores `rows` at m (N = 1)."""
     args = EpilogueArgs()
-    red = plan.red
     env = {red.name: var(red.name)}
     body = [f"const float {var(red.name)} = acc;  // {red.origin}"]
-    body += chain_lines(plan.row, env, args)
-    body += [f"out{i}[at] = {env[v]};" for i, v in enumerate(plan.rows)]
-    members = [Member(f"out{i}", "out") for i in range(len(plan.rows))]
-    doc = f"Per row after {red.origin}: " + (" -> ".join(n.origin for n in plan.row) or "its value") + "."
+    body += chain_lines(row, env, args)
+    body += [f"out{i}[at] = {env[v]};" for i, v in enumerate(rows)]
+    members = [Member(f"out{i}", "out") for i in range(len(rows))]
+    doc = f"Per row after {red.origin}: " + (" -> ".join(n.origin for n in row) or "its value") + "."
     return functor_struct(struct, doc, members, args, body), [*members, *args.members]
 
 
@@ -236,7 +235,7 @@ def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaR
     pre_src, pre = gemm_struct(region, plan.pre, plan.stored, plan.red, f"Pre_{stem}")
     parts, row, post = [pre_src], None, None
     if plan.rows:
-        src, row = row_struct(plan, f"Row_{stem}")
+        src, row = row_struct(plan.red, plan.row, plan.rows, f"Row_{stem}")
         parts.append(src)
     if plan.post:
         src, post = post_struct(plan, f"Post_{stem}")

@@ -10,6 +10,10 @@ row norm over a GEMM's features (kfuse/cuda/rowreduce.py).
                         of y - mean: no E[y^2] - E[y]^2 cancellation); st_a (M,) and st_b (M,)
   kf_rows_kernel        a thread per row: the per-row functor on st_a
   kf_rows_apply_kernel  a thread per column and a chunk of rows per block: the full-width functor on y's elements
+  kf_pool_kernel        a pool over a row's features (kfuse/cuda/pool.py): each window of k consecutive features
+                        (stride k, the last N % k dropped, as torch's floor mode) reduced to its max (NaN
+                        propagating, as torch's max_pool1d) or mean (an fp32 sum over the window / k, as
+                        avg_pool1d), then the functor on the pooled value
 """
 
 from __future__ import annotations
@@ -147,6 +151,32 @@ int kf_rows_apply(const float* y, long long M, long long N, const Post& post, cu
   const unsigned col_blocks = static_cast<unsigned>((N + 255) / 256);
   const long long chunks = kf_row_chunks(M, col_blocks), rows = (M + chunks - 1) / chunks;
   kf_rows_apply_kernel<Post><<<dim3(col_blocks, static_cast<unsigned>(chunks)), 256, 0, stream>>>(y, M, N, rows, post);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <bool MAX, class Post>
+__global__ void kf_pool_kernel(const float* __restrict__ y, long long M, long long N, int k, long long N_out,
+                               long long rows, Post post) {
+  const long long j = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= N_out) return;
+  const auto c = post.column(j);
+  const long long r0 = static_cast<long long>(blockIdx.y) * rows, r1 = min(M, r0 + rows);
+  for (long long m = r0; m < r1; ++m) {
+    const float* w = y + m * N + j * k;
+    float v = w[0];
+    for (int i = 1; i < k; ++i) v = MAX ? kf_nan_max(v, w[i]) : v + w[i];
+    post(c, m, j, MAX ? v : v / k);
+  }
+}
+
+template <bool MAX, class Post>
+int kf_pool(const float* y, long long M, long long N, int k, const Post& post, cudaStream_t stream) {
+  const long long N_out = N / k;
+  if (M == 0 || N_out == 0) return 0;
+  const unsigned col_blocks = static_cast<unsigned>((N_out + 255) / 256);
+  const long long chunks = kf_row_chunks(M, col_blocks), rows = (M + chunks - 1) / chunks;
+  kf_pool_kernel<MAX, Post><<<dim3(col_blocks, static_cast<unsigned>(chunks)), 256, 0, stream>>>(y, M, N, k, N_out,
+                                                                                                  rows, post);
   return static_cast<int>(cudaGetLastError());
 }
 """

@@ -1,11 +1,14 @@
-"""`--backend cuda`'s row reduction kind (kfuse/cuda/rowreduce.py, rows_source.py), opt-in with
-KFUSE_CUDA_ROWREDUCE=1 until verified on a GPU: a reduction (sum, mean, amax, amin, logsumexp) or row norm (softmax,
-log_softmax, LayerNorm, InstanceNorm) over the GEMM's features, with the ops before and after it.
+"""`--backend cuda`'s row kinds that are opt-in until verified on a GPU (rows_source.py's kernels): the row reduction
+kind (kfuse/cuda/rowreduce.py, KFUSE_CUDA_ROWREDUCE=1: a reduction (sum, mean, amax, amin, logsumexp) or row norm
+(softmax, log_softmax, LayerNorm, InstanceNorm) over the GEMM's features, with the ops before and after it) and the
+pool kind (kfuse/cuda/pool.py, KFUSE_CUDA_POOL=1: MaxPool1d / AvgPool1d over the features, the ops after it, a
+reduction of the pooled row).
 
 Without a GPU: off by default (the ops stay torch calls, with the reason), on with the switch (every problems/gemm
-file with such an op fuses it), the emitted files are complete, the CUDA source of a Model with every statistic
-compiles with nvcc without spills, autograd through the generated Function meets the gradient contract with torch
-in place of the kernels. With a GPU: that Model meets the accuracy and gradient contracts.
+file with such an op fuses it), the emitted files are complete, the CUDA source of a Model with every statistic and
+of the pool problems compiles with nvcc without spills, autograd through the generated Function meets the gradient
+contract with torch in place of the kernels. With a GPU: the Model and every such problems/gemm file meet the
+accuracy contract, and the gradient contract.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import subprocess
 
 import pytest
 
-from kfuse.cuda.regions import KINDS, ROWREDUCE_SWITCH, unfused_reasons
+from kfuse.cuda.regions import KINDS, POOL_SWITCH, ROWREDUCE_SWITCH, unfused_reasons
 from kfuse.cuda.rowreduce import row_plan
 from kfuse.load import load_problem
 from kfuse.modes import variants
@@ -39,25 +42,31 @@ EVERY_STAT = ("self.fc1 = nn.Linear(in_features, out_features)\nself.fc2 = nn.Li
               "return c - c.amax(dim=1, keepdim=True), torch.sigmoid(self.fc4(b)).sum(dim=1) * 0.5")
 
 
+POOL_PROBLEMS = ["14_matmul_maxpool_sum_scale", "31_matmul_avgpool_gelu_scale_max"]
+
+
 @pytest.fixture
 def switched_on(monkeypatch):
     monkeypatch.setenv(ROWREDUCE_SWITCH, "1")
+    monkeypatch.setenv(POOL_SWITCH, "1")
 
 
-def test_off_by_default_with_the_reason(monkeypatch):
+@pytest.mark.parametrize("name,op,switch", [("33_gemm_layernorm_relu_odd", "nn.LayerNorm ln", ROWREDUCE_SWITCH),
+                                            ("14_matmul_maxpool_sum_scale", "nn.MaxPool1d max_pool", POOL_SWITCH)])
+def test_off_by_default_with_the_reason(monkeypatch, name, op, switch):
     monkeypatch.delenv(ROWREDUCE_SWITCH, raising=False)
-    prob = load_problem(GEMM / "33_gemm_layernorm_relu_odd.py", {})
-    (v,) = variants(capture_problem(prob, "cpu"), KINDS)
+    monkeypatch.delenv(POOL_SWITCH, raising=False)
+    (v,) = variants(capture_problem(load_problem(GEMM / f"{name}.py", {}), "cpu"), KINDS)
     assert [r.kind for r in v.regions if r.fused] == ["gemm_epilogue"]
-    assert ROWREDUCE_SWITCH in unfused_reasons(v)["nn.LayerNorm ln"]
+    assert switch in unfused_reasons(v)[op]
 
 
-@pytest.mark.parametrize("name", ROW_PROBLEMS)
+@pytest.mark.parametrize("name", ROW_PROBLEMS + POOL_PROBLEMS)
 def test_switched_on_the_row_op_is_fused_and_the_file_complete(switched_on, name):
     compiled = compile_cuda(GEMM / f"{name}.py")
     (v,) = compiled.variants
     (triton,) = variants(capture_problem(load_problem(GEMM / f"{name}.py", {}), "cpu"))
-    assert [r.kind for r in v.regions if r.fused] == ["gemm_rowreduce"]
+    assert [r.kind for r in v.regions if r.fused] == ["gemm_pool" if name in POOL_PROBLEMS else "gemm_rowreduce"]
     assert v.unfused == triton.unfused  # what the Triton backend leaves too (39: a second reduction, amin)
     check_emitted(compiled.source)
 
@@ -74,25 +83,41 @@ def test_every_stat_model_plans(switched_on, tmp_path):
     assert plans["sum"].rows and not plans["sum"].post  # a per-row output only: no apply pass
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
-def test_every_stat_compiles_without_spills(switched_on, tmp_path):
-    src = compile_cuda(write_problem(tmp_path, *EVERY_STAT, name="every_stat")).source
-    (tmp_path / "k.cu").write_text(ast.literal_eval(re.search(r"CUDA_SRC = (r\'\'\'.*?\'\'\')", src, re.S).group(1)))
+def _nvcc_entries(cu: str, folder) -> list[str]:
+    """nvcc's compiled kernels of `cu` for H100 (asserting it builds without spills)."""
+    (folder / "k.cu").write_text(cu)
     r = subprocess.run(["nvcc", "-c", "k.cu", "-o", "k.o", "-std=c++20", *NVCC_FLAGS,
-                        "-gencode=arch=compute_90,code=sm_90", "-Xptxas", "-v"], cwd=tmp_path,
+                        "-gencode=arch=compute_90,code=sm_90", "-Xptxas", "-v"], cwd=folder,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
-    entries = re.findall(r"Compiling entry function '(\w+)'", r.stderr)
+    spills = re.findall(r"(\d+) bytes spill stores", r.stderr)
+    assert spills and set(spills) == {"0"}, r.stderr[-4000:]
+    return re.findall(r"Compiling entry function '(\w+)'", r.stderr)
+
+
+def _cuda_src(source: str) -> str:
+    return ast.literal_eval(re.search(r"CUDA_SRC = (r\'\'\'.*?\'\'\')", source, re.S).group(1))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
+def test_every_stat_compiles_without_spills(switched_on, tmp_path):
+    entries = _nvcc_entries(_cuda_src(compile_cuda(write_problem(tmp_path, *EVERY_STAT, name="every_stat")).source),
+                            tmp_path)
     for stat in (0, 1, 3, 4):  # sum, max, logsumexp, moments; no min in this Model, so not compiled
         assert any(f"kf_row_stats_kernelILi{stat}E" in e for e in entries), (stat, entries)
     assert not any("kf_row_stats_kernelILi2E" in e for e in entries)
     assert any("kf_rows_apply_kernel" in e for e in entries) and any("kf_rows_kernel" in e for e in entries)
-    spills = re.findall(r"(\d+) bytes spill stores", r.stderr)
-    assert spills and set(spills) == {"0"}, r.stderr[-4000:]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
+def test_pool_compiles_without_spills(switched_on, tmp_path):
+    """problems/gemm/31 (average pool, then a max of the pooled row) for H100."""
+    entries = _nvcc_entries(_cuda_src(compile_cuda(GEMM / "31_matmul_avgpool_gelu_scale_max.py").source), tmp_path)
+    assert any("kf_pool_kernelILb0E" in e for e in entries) and any("kf_row_stats_kernelILi1E" in e for e in entries)
 
 
 @pytest.mark.parametrize("name", ["every_stat", "33_gemm_layernorm_relu_odd", "34_gemm_instancenorm_residual",
-                                  "06_matmul_scale_residual_clamp_logsumexp_mish"])
+                                  "06_matmul_scale_residual_clamp_logsumexp_mish", *POOL_PROBLEMS])
 def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels(switched_on, tmp_path, monkeypatch,
                                                                                  name):
     from kfuse.gradients import gradient_contract
@@ -125,7 +150,7 @@ def test_gpu_every_stat_meets_the_contract_and_the_gradient_contract(switched_on
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("name", ROW_PROBLEMS)
+@pytest.mark.parametrize("name", ROW_PROBLEMS + POOL_PROBLEMS)
 def test_gpu_row_problems_meet_the_contract(switched_on, name):
     _, _, contract = _contract(GEMM / f"{name}.py", {})
     assert contract.correct, contract.failures
