@@ -115,16 +115,20 @@ def test_cuda_spellings_compute_what_torch_computes(tmp_path):
 
 
 # ---- partition ---------------------------------------------------------------------------------------------------
-def test_cuda_partition_keeps_the_gemm_and_says_why_the_rest_is_torch():
-    """A row reduction after the GEMM (logsumexp) has no CUDA kind: it and the ops after it stay torch calls, each
-    with the reason (the Triton backend's kind for it)."""
+def test_cuda_partition_keeps_the_gemm_and_says_why_the_rest_is_torch(monkeypatch):
+    """A row reduction after the GEMM (logsumexp) stays a torch call unless its kind's switch is on, and the ops
+    after it too, each with the reason; a convolution has no CUDA kind at all."""
+    monkeypatch.delenv("KFUSE_CUDA_ROWREDUCE", raising=False)
     prob = load_problem(GEMM / "06_matmul_scale_residual_clamp_logsumexp_mish.py", {})
     (v,) = variants(capture_problem(prob, "cpu"), KINDS)
     assert [r.kind for r in v.regions if r.fused] == ["gemm_epilogue"]
     assert [n.op for n in v.regions[0].nodes] == ["linear", "mul", "mul", "hardtanh"]
     reasons = unfused_reasons(v)
     assert set(reasons) == set(v.unfused) and v.unfused
-    assert "gemm_rowreduce" in reasons["torch.logsumexp"] and "no CUDA version" in reasons["torch.logsumexp"]
+    assert "gemm_rowreduce" in reasons["torch.logsumexp"] and "KFUSE_CUDA_ROWREDUCE=1" in reasons["torch.logsumexp"]
+    conv = sorted((ROOT / "problems" / "conv").glob("*.py"))[0]
+    (v,) = variants(capture_problem(load_problem(conv, {}), "cpu"), KINDS)
+    assert any("conv" in why and "no CUDA version" in why for why in unfused_reasons(v).values()), unfused_reasons(v)
 
 
 def test_cuda_partition_fuses_the_seeds_norms():

@@ -218,13 +218,17 @@ def cpp_function(stem: str, plan: NormPlan, pre: list[Member], post: list[Member
             args.append(_c_arg(m, "q_"))
     outs = [f"st[{plan.stored.index(v)}]" if v in plan.stored else f"lt[{plan.late.index(v)}]" for v in
             plan.outputs]
-    lines += [f"  kf_check(kf_launch_{stem}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
-              f'           "{function}");',
-              f"  std::vector<torch::Tensor> outs{{{', '.join(outs)}}};",
-              "  if (store_z) outs.push_back(z);",
-              "  return outs;",
-              "}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + launch_and_return(stem, args, outs)) + "\n"
+
+
+def launch_and_return(stem: str, args: list[str], outs) -> list[str]:
+    """The end of a GEMM region's bound C++ function: the CUDA launcher's call, the outputs (then z) returned."""
+    return [f"  kf_check(kf_launch_{stem}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
+            f'           "{bound_name(stem)}");',
+            f"  std::vector<torch::Tensor> outs{{{', '.join(outs)}}};",
+            "  if (store_z) outs.push_back(z);",
+            "  return outs;",
+            "}"]
 
 
 def python_launcher(region: Region, g: Graph, stem: str, pre: list[Member], post: list[Member],

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from kfuse.backward import class_name, region_inputs
 from kfuse.cuda.epilogue import CudaRegion, function_source
 from kfuse.cuda.gemm_source import Member, bound_name
-from kfuse.cuda.norms import _c_arg, _c_param, _inputs, gemm_struct
+from kfuse.cuda.norms import _c_arg, _c_param, _inputs, gemm_struct, launch_and_return
 from kfuse.cuda.rowreduce import STAT_ID, row_struct
 from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
 from kfuse.ir import Graph, Node, Region
@@ -119,13 +119,7 @@ def cpp_function(stem: str, plan: PoolPlan, pre: list[Member], post: list[Member
         return (f"st[{plan.stored.index(v)}]" if v in plan.stored else f"lt[{plan.late.index(v)}]" if v in plan.late
                 else f"rt[{plan.rows.index(v)}]")
 
-    lines += [f"  kf_check(kf_launch_{stem}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
-              f'           "{function}");',
-              f"  std::vector<torch::Tensor> outs{{{', '.join(out(v) for v in plan.outputs)}}};",
-              "  if (store_z) outs.push_back(z);",
-              "  return outs;",
-              "}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + launch_and_return(stem, args, [out(v) for v in plan.outputs])) + "\n"
 
 
 def python_launcher(region: Region, g: Graph, stem: str, plan: PoolPlan, names: list[str]) -> str:

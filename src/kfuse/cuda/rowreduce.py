@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from kfuse.backward import class_name, region_inputs
 from kfuse.cuda.epilogue import CudaRegion, function_source
 from kfuse.cuda.gemm_source import Member, bound_name
-from kfuse.cuda.norms import _c_arg, _c_param, _inputs, gemm_struct
+from kfuse.cuda.norms import _c_arg, _c_param, _inputs, gemm_struct, launch_and_return
 from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
 from kfuse.ir import Graph, Node, Param, Region
 from kfuse.ops import REDUCE_OPS, ROW_NORM_OPS
@@ -196,13 +196,7 @@ def cpp_function(stem: str, plan: RowPlan, pre: list[Member], row: list[Member] 
         return (f"st[{plan.stored.index(v)}]" if role == "pre" else f"lt[{plan.late.index(v)}]" if role == "post"
                 else f"rt[{plan.rows.index(v)}]")
 
-    lines += [f"  kf_check(kf_launch_{stem}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
-              f'           "{function}");',
-              f"  std::vector<torch::Tensor> outs{{{', '.join(out(v) for v in plan.outputs)}}};",
-              "  if (store_z) outs.push_back(z);",
-              "  return outs;",
-              "}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + launch_and_return(stem, args, [out(v) for v in plan.outputs])) + "\n"
 
 
 def python_launcher(region: Region, g: Graph, stem: str, plan: RowPlan, names: list[str]) -> str:
