@@ -10,9 +10,10 @@ compiled with `torch.utils.cpp_extension.load_inline`, no Triton.
   rowsum.py          the row-sum kind's code: a float64 row dot product with W's row sums
   rowreduce.py       the row reduction / row norm kind's code (opt-in until verified on a GPU)
   pool.py            the pool kind's code (opt-in until verified on a GPU)
+  glue.py            the two translation units' assembly, the C++ helpers, `Member` (a functor struct's member)
   gemm_source.py     the fixed CUDA source: the fp16 hi/lo row split, the fp32-accurate WMMA GEMM tile (fp16x3p),
-                     the CUDA-core tile with float64 sums (--scheme ieee), the GEMV kernel for <= 16 rows, and the
-                     host glue each region's functor plugs into
+                     the CUDA-core tile with float64 sums (--scheme ieee), the GEMV kernel for <= 16 rows, and
+                     `kf_gemm`, which each region's GEMM functor plugs into
   gemm_sm90_source.py  the Hopper GEMM on CUTLASS (sm_90 with CUTLASS's headers)
   norm_source.py     the norm passes (GroupNorm per (row, group); BatchNorm column statistics and apply)
   rows_source.py     the row kinds' kernels: the row dot product, row statistics, the per-row and apply passes,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kfuse.cuda.epilogue import CudaRegion
-from kfuse.cuda.gemm_source import cpp_source, cuda_source
+from kfuse.cuda.glue import cpp_source, cuda_source
 from kfuse.cuda.regions import cuda_kind, unfused_reasons
 from kfuse.emit import CALL_MODULES, STRICT_FP32, _split_future, claim_stem, emit, forward_method, generated_line
 from kfuse.modes import Variant, guards

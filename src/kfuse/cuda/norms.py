@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from kfuse.backward import class_name, region_inputs
 from kfuse.cuda.epilogue import CudaRegion, function_source
-from kfuse.cuda.gemm_source import Member, bound_name
+from kfuse.cuda.glue import Member, bound_name
 from kfuse.cuda.spellings import EpilogueArgs, body_lines, chain_lines, functor_struct
 from kfuse.ir import Graph, Node, Param, Region, attr_expr
 from kfuse.regions.common import docstring, gemm_cost, var

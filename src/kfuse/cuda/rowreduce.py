@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from kfuse.backward import class_name, region_inputs
 from kfuse.cuda.epilogue import CudaRegion, function_source
-from kfuse.cuda.gemm_source import Member, bound_name
+from kfuse.cuda.glue import Member, bound_name
 from kfuse.cuda.norms import _c_arg, _c_param, _inputs, gemm_struct, launch_and_return
 from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
 from kfuse.ir import Graph, Node, Param, Region

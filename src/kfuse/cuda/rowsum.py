@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from kfuse.backward import class_name, param_exprs, reference_body, region_inputs
 from kfuse.cuda.epilogue import CudaRegion, _method
-from kfuse.cuda.gemm_source import Member, bound_name
+from kfuse.cuda.glue import Member, bound_name
 from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
 from kfuse.ir import Graph, Param, Region
 from kfuse.regions.common import docstring, var

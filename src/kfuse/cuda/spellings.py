@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kfuse.cuda.gemm_source import Member
+from kfuse.cuda.glue import Member
 from kfuse.ir import Arg, Node, Param, Region, Scalar
 from kfuse.ops import POINTWISE, VIEW_OPS
 from kfuse.regions.common import ident, is_single, var

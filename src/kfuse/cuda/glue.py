@@ -1,0 +1,141 @@
+"""The two translation units of a `--backend cuda` file and what every region's code plugs into.
+
+CUDA_SRC: gemm_source.py's fixed kernels (the split, the GEMM tiles, the GEMV), the norm and row kinds' kernels, then
+each region's functor structs and CUDA launcher. It includes no torch header (fast to build, checkable with nvcc
+alone). CPP_SRC (load_inline's main.cpp, torch/extension.h prepended; load_inline appends the bindings): the C++
+helpers below, then each region's bound function, which checks the tensors, allocates the outputs and calls its
+CUDA launcher through plain pointers. `Member`: one member of a functor struct and what feeds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kfuse.cuda.gemm_source import COMMON, GEMM, PAD_K, PRELUDE, SPLIT
+from kfuse.cuda.norm_source import NORM, NORM_DECLS
+from kfuse.cuda.rows_source import ROWS
+
+# The C++ translation unit's fixed part: its headers (load_inline, with no_implicit_headers on torch >= 2.8, adds
+# none), then COMMON, then these helpers; load_inline appends the bindings.
+CPP_HEADERS = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <vector>
+"""
+
+CPP_HELPERS = r"""
+constexpr int64_t KF_PAD_K = PAD_K_VALUE;  // split rows' padding (gemm_source.PAD_K)
+constexpr int64_t KF_INT_MAX = 2147483647;
+
+static void kf_check(int err, const char* what) {
+  TORCH_CHECK(err == 0, "kfuse: CUDA kernel ", what, " failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
+static void kf_expect(const torch::Tensor& t, const char* name, torch::ScalarType dtype, int64_t dim,
+                      const torch::Tensor& like) {
+  TORCH_CHECK(t.is_cuda(), "kfuse: ", name, " must be a CUDA tensor (this ModelNew runs CUDA kernels)");
+  TORCH_CHECK(t.device() == like.device(), "kfuse: ", name, " is on ", t.device(), ", expected ", like.device());
+  TORCH_CHECK(t.scalar_type() == dtype, "kfuse: ", name, " has dtype ", t.scalar_type(), ", expected ", dtype);
+  TORCH_CHECK(t.dim() == dim && t.is_contiguous(), "kfuse: ", name, " must be a contiguous ", dim, "-d tensor");
+}
+
+// parts (R, 2 CP) = [hi | lo] fp16 and scale (R,) fp32 of the rows of x (R, C) fp32 (any strides): CP = C padded
+// to KF_PAD_K.
+std::vector<torch::Tensor> split_rows(torch::Tensor x) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.scalar_type() == torch::kFloat32,
+              "kfuse: split_rows takes a 2-d float32 CUDA tensor");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t R = x.size(0), C = x.size(1), CP = (C + KF_PAD_K - 1) / KF_PAD_K * KF_PAD_K;
+  TORCH_CHECK(R <= KF_INT_MAX && 2 * CP <= KF_INT_MAX, "kfuse: split_rows: too many rows or columns");
+  auto parts = torch::empty({R, 2 * CP}, x.options().dtype(torch::kFloat16));
+  auto scale = torch::empty({R}, x.options());
+  kf_check(kf_split_rows(x.data_ptr<float>(), x.stride(0), x.stride(1), R, C, CP, parts.data_ptr(),
+                         scale.data_ptr<float>(), c10::cuda::getCurrentCUDAStream()),
+           "kf_split_rows_kernel");
+  return {parts, scale};
+}
+
+// The GEMM operands as the Python launcher passes them (runtime.gemm_operands), checked.
+static KfGemmArgs kf_gemm_args(const torch::Tensor& a, const torch::Tensor& a_scale, const torch::Tensor& b,
+                               const torch::Tensor& b_scale, int64_t scheme) {
+  TORCH_CHECK(scheme >= 0 && scheme <= 2, "kfuse: unknown GEMM scheme ", scheme);
+  const bool split = scheme == 0;
+  const auto dtype = split ? torch::kFloat16 : torch::kFloat32;
+  kf_expect(a, "x", dtype, 2, a);
+  kf_expect(b, "the weight", dtype, 2, a);
+  TORCH_CHECK(a.size(1) == b.size(1), "kfuse: GEMM operands disagree on K: ", a.size(1), " and ", b.size(1));
+  TORCH_CHECK(a.size(0) <= KF_INT_MAX && b.size(0) <= KF_INT_MAX, "kfuse: GEMM too large for int row indices");
+  KfGemmArgs g{static_cast<int>(scheme), a.size(0), b.size(0), a.size(1), a.data_ptr(), nullptr, b.data_ptr(),
+               nullptr};
+  if (split) {  // [hi | lo], CP columns each (split_rows)
+    TORCH_CHECK(a.size(1) % (2 * KF_PAD_K) == 0, "kfuse: split operands must be two segments padded to ",
+                KF_PAD_K, " columns");
+    kf_expect(a_scale, "x's row scales", torch::kFloat32, 1, a);
+    kf_expect(b_scale, "the weight's row scales", torch::kFloat32, 1, a);
+    TORCH_CHECK(a_scale.size(0) == a.size(0) && b_scale.size(0) == b.size(0),
+                "kfuse: split parts and their scales of different lengths");
+    g.K = a.size(1) / 2;
+    g.a_scale = a_scale.data_ptr<float>();
+    g.b_scale = b_scale.data_ptr<float>();
+  }
+  return g;
+}
+
+// A per-column (N,) or single-element (1,) float32 epilogue parameter.
+static const float* kf_vector(const torch::Tensor& p, int64_t n, const char* name, const torch::Tensor& like) {
+  kf_expect(p, name, torch::kFloat32, 1, like);
+  TORCH_CHECK(p.size(0) == n, "kfuse: ", name, " has ", p.size(0), " elements, expected ", n);
+  return p.data_ptr<float>();
+}
+
+// An optional affine vector of a norm: nullptr where the Python launcher passed an empty tensor (no affine).
+static const float* kf_optional_vector(const torch::Tensor& p, int64_t n, const char* name, const torch::Tensor& like) {
+  return p.numel() == 0 ? nullptr : kf_vector(p, n, name, like);
+}
+
+// A BatchNorm's running statistic, read or updated in place: (N,) contiguous float32 on the GEMM's device.
+static float* kf_running(const torch::Tensor& p, int64_t n, const char* name, const torch::Tensor& like) {
+  kf_expect(p, name, torch::kFloat32, 1, like);
+  TORCH_CHECK(p.size(0) == n, "kfuse: ", name, " has ", p.size(0), " elements, expected ", n);
+  return p.data_ptr<float>();
+}
+""".replace("PAD_K_VALUE", str(PAD_K))
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member of a region's epilogue struct, and what feeds it from the Python launcher."""
+
+    name: str  # C++ member (and wrapper parameter) name
+    kind: str  # "out" (an output), "z" (x W^T + b for backward), "saved" (an (M, N) value an earlier kernel
+    # stored), "row" (an (M,) value an earlier kernel stored), "vector" (N,), "single" (1,), "scalar"
+    value: str = ""  # the Python launcher expression (vectors, singles and scalars)
+
+    @property
+    def c_type(self) -> str:
+        return {"out": "float*", "z": "float*", "saved": "const float*", "row": "const float*",
+                "vector": "const float*", "single": "const float*",
+                "scalar": "float"}[self.kind]
+
+
+def cuda_source(regions: list[str]) -> str:
+    """The whole CUDA translation unit: the fixed kernels, then each region's epilogue struct and launcher."""
+    return "\n".join([COMMON.strip(), PRELUDE.strip(), SPLIT.strip(), GEMM.strip(), NORM.strip(),
+                      ROWS.strip(), *[r.strip() for r in regions]]) + "\n"
+
+
+def cpp_source(regions: list[str]) -> str:
+    """The C++ translation unit (load_inline appends the bindings)."""
+    return "\n".join([CPP_HEADERS.strip(), COMMON.strip(), NORM_DECLS.strip(), CPP_HELPERS.strip(),
+                      *[r.strip() for r in regions]]) + "\n"
+
+
+def _launcher_params(members: list[Member]) -> str:
+    return ", ".join(f"{m.c_type} {m.name}" for m in members)
+
+
+def bound_name(stem: str) -> str:
+    """The Python-visible function of a region (prefixed: a stem such as `matmul` must not meet torch's names)."""
+    return f"kf_{stem}"
