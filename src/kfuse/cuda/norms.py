@@ -7,8 +7,8 @@ Two stages in one bound function `kf_<stem>` (norm_source.py has the fixed kerne
   2. the norm's pass over u (kf_group_norm: per (row, group) statistics and apply in one kernel; kf_batch_norm:
      per-column statistics, then apply), calling `Post_<stem>` on each normalized element: the ops after the
      norm, reading the stored earlier values where they need them, storing the region's later outputs.
-The Triton twins fuse the GroupNorm into the GEMM's tile (gemm_groupnorm) and BatchNorm's partial statistics into
-its epilogue (gemm_batchnorm); here u is written once by the GEMM and read back by the norm's pass: one more
+The Triton twins fuse the GroupNorm into the GEMM's tile (for groups a column tile holds whole) and BatchNorm's
+partial statistics into its epilogue; here u is written once by the GEMM and read back by the norm's pass: one more
 read and write of an M x N fp32 tile (GroupNorm) or one more read (BatchNorm), the price of keeping the GEMM's
 epilogue per element. Autograd: CudaGemmFn, the ops after the GEMM (the norm included) recomputed in float64 torch.
 """

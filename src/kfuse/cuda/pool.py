@@ -1,4 +1,4 @@
-"""The CUDA code of the pool kind (gemm_pool): GEMM -> ops -> MaxPool1d / AvgPool1d over the features (windows of k,
+"""The CUDA code of the pool kind: GEMM -> ops -> MaxPool1d / AvgPool1d over the features (windows of k,
 stride k, no padding, floor) -> ops on the pooled values -> at most one reduction over them -> per-row ops.
 
 One bound function `kf_<stem>` runs, with rows_source.py's kernels:

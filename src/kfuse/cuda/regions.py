@@ -1,22 +1,23 @@
 """The region kinds of the CUDA backend, and why each op it leaves unfused stays a torch call.
 
-The backend's kinds are the registry's, each with its CUDA code (`cuda_code`), admitting what the registry's
-kind admits where the CUDA code can run it:
-  gemm_rowsum          the sum or mean over a GEMM's features rewritten to a GEMV (rewrite.py), W a 2-d parameter,
+The backend's kinds are the registry's GEMM kinds (`family == "gemm"`), each made a CUDA twin by a mixin found by
+the ops it takes a region over at (`at_ops`): the twin admits what the registry's kind admits where the CUDA code
+can run it, and its `cuda_code` writes the region's code:
+  the plain epilogue   nn.Linear / F.linear / `x @ W` with W a 2-d parameter (not batched products, not products of
+                       two values: their operands are not cached weights) and the pointwise chain after it
+                       (kfuse/cuda/epilogue.py)
+  the row sum          the sum or mean over a GEMM's features rewritten to a GEMV (rewrite.py), W a 2-d parameter,
                        and the per-row ops after it (kfuse/cuda/rowsum.py)
-  gemm_epilogue        nn.Linear / F.linear / `x @ W` with W a 2-d parameter (not batched products, not products
-                       of two values: their operands are not cached weights) and the pointwise chain after it
-                       (kfuse/cuda/epilogue.py); taken over at a norm by
-  gemm_groupnorm,      a GroupNorm over the GEMM's columns, any group size (one CUDA pass serves both registry
-  gemm_groupnorm_wide  kinds: the Triton twins differ in how a column tile holds the groups)
-  gemm_batchnorm       a BatchNorm1d module over the GEMM's rows (kfuse/cuda/norms.py).
-  gemm_rowreduce       a reduction or row norm over the GEMM's features (kfuse/cuda/rowreduce.py), opt-in
-                       (KFUSE_CUDA_ROWREDUCE=1) until verified on a GPU
-  gemm_pool            a MaxPool1d / AvgPool1d over the GEMM's features (kfuse/cuda/pool.py), opt-in
-                       (KFUSE_CUDA_POOL=1) until verified on a GPU.
-Without their switches a reduction or pool after the GEMM ends the region and stays a torch call with the ops after
-it. The kinds that launch nothing of kfuse's (host values and views, torch calls) are the
-registry's own. Kinds are found in the registry by what they are, never by name (tests/unit/test_region_kinds.py).
+  GroupNorm            over the GEMM's columns, any group size: one CUDA pass serves both registry kinds, which
+                       differ in how a Triton column tile holds the groups (kfuse/cuda/norms.py)
+  BatchNorm1d          modules over the GEMM's rows (kfuse/cuda/norms.py)
+  a row reduction      or row norm over the GEMM's features (kfuse/cuda/rowreduce.py) and a pool over them
+  and a pool           (kfuse/cuda/pool.py): opt-in (KFUSE_CUDA_ROWREDUCE=1, KFUSE_CUDA_POOL=1) until verified on a
+                       GPU; without their switches the op ends the region and stays a torch call with the ops
+                       after it.
+The convolution kinds have no CUDA twin. The kinds that launch nothing of kfuse's (host values and views, torch
+calls) are the registry's own. Kinds are found in the registry by what they are, never by name
+(tests/unit/test_region_kinds.py).
 """
 
 from __future__ import annotations
@@ -27,22 +28,15 @@ from collections.abc import Sequence
 from kfuse.cuda import epilogue, norms, pool, rowreduce, rowsum
 from kfuse.ir import Graph, Node, Param
 from kfuse.modes import Variant
+from kfuse.ops import POOL_OPS, REDUCE_OPS, ROW_NORM_OPS
 from kfuse.partition import partition
 from kfuse.regions import KINDS as REGISTRY
-from kfuse.regions import (
-    gemm_batchnorm,
-    gemm_groupnorm,
-    gemm_groupnorm_wide,
-    gemm_pool,
-    gemm_rowreduce,
-    gemm_rowsum,
-)
 from kfuse.regions.kind import RegionKind, Walk
 
 BACKEND = "cuda"
 
 
-EPILOGUE = next(k for k in REGISTRY if k.upgradable)  # the GEMM + pointwise epilogue kind, where GEMM regions start
+EPILOGUE = next(k for k in REGISTRY if k.upgradable and k.family == "gemm")  # where GEMM regions start
 ROWREDUCE_SWITCH = "KFUSE_CUDA_ROWREDUCE"  # "1": fuse row reductions and row norms (not yet verified on a GPU)
 POOL_SWITCH = "KFUSE_CUDA_POOL"  # "1": fuse pools over the features (not yet verified on a GPU)
 
@@ -53,7 +47,16 @@ def weight_gemm(n: Node, g: Graph) -> bool:
             and isinstance(n.args[1], Param) and len(n.args[1].shape) == 2)
 
 
-class CudaGemmRowSum(type(gemm_rowsum.KIND)):
+class Epilogue:
+    """The plain GEMM epilogue: weight GEMMs only, taken over only by this backend's twins."""
+
+    cuda_code = staticmethod(epilogue.region_code)
+
+    def starts(self, n: Node, g: Graph) -> bool:
+        return weight_gemm(n, g)
+
+
+class RowSum:
     """The row sum of a GEMM with a 2-d weight parameter (its float64 row sums are cached on it)."""
 
     cuda_code = staticmethod(rowsum.region_code)
@@ -63,45 +66,11 @@ class CudaGemmRowSum(type(gemm_rowsum.KIND)):
         return isinstance(w, Param) and len(w.shape) == 2 and super().starts(n, g)
 
 
-class CudaGemmEpilogue(type(EPILOGUE)):
-    """The GEMM epilogue kind as the CUDA backend runs it (same name: the report and the registry's flags are the
-    Triton kind's): weight GEMMs only, taken over only by this backend's norm kinds."""
-
-    cuda_code = staticmethod(epilogue.region_code)
-
-    def starts(self, n: Node, g: Graph) -> bool:
-        return weight_gemm(n, g)
-
-
-class CudaGemmRowReduce(type(gemm_rowreduce.KIND)):
-    """A reduction or row norm over the GEMM's features (kfuse/cuda/rowreduce.py). Opt-in (KFUSE_CUDA_ROWREDUCE=1)
-    until its kernels are verified on a GPU: by default these ops stay torch calls."""
-
-    cuda_code = staticmethod(rowreduce.region_code)
-
-    def enters(self, walk: Walk, n: Node) -> bool:
-        return os.environ.get(ROWREDUCE_SWITCH) == "1" and super().enters(walk, n)
-
-
-class CudaGemmPool(type(gemm_pool.KIND)):
-    """A pool over the GEMM's features, its ops and a reduction of the pooled row (kfuse/cuda/pool.py). Opt-in
-    (KFUSE_CUDA_POOL=1) until its kernels are verified on a GPU."""
-
-    cuda_code = staticmethod(pool.region_code)
-
-    def enters(self, walk: Walk, n: Node) -> bool:
-        return os.environ.get(POOL_SWITCH) == "1" and super().enters(walk, n)
-
-
-class CudaGemmGroupNorm(type(gemm_groupnorm.KIND)):
+class GroupNorm:
     cuda_code = staticmethod(norms.region_code)
 
 
-class CudaGemmGroupNormWide(type(gemm_groupnorm_wide.KIND)):
-    cuda_code = staticmethod(norms.region_code)
-
-
-class CudaGemmBatchNorm(type(gemm_batchnorm.KIND)):
+class BatchNorm:
     """BatchNorm1d modules only (the launcher reads the module's mode and running statistics); no eval-mode fold
     (the CUDA pass applies the running statistics per column instead)."""
 
@@ -114,13 +83,46 @@ class CudaGemmBatchNorm(type(gemm_batchnorm.KIND)):
         return []
 
 
-# the fused kinds in the registry's order (the row sum, then the epilogue, where every other GEMM region starts),
-# then the registry's kinds that launch no kernel of kfuse's, in its order (torch calls last)
-FUSED: tuple[RegionKind, ...] = (CudaGemmRowSum(), CudaGemmEpilogue(), CudaGemmRowReduce(), CudaGemmPool(),
-                                 CudaGemmGroupNorm(), CudaGemmGroupNormWide(), CudaGemmBatchNorm())
+class OptIn:
+    """A twin not yet verified on a GPU: it takes a walk over only where its switch is "1"."""
+
+    switch = ""
+
+    def enters(self, walk: Walk, n: Node) -> bool:
+        return os.environ.get(self.switch) == "1" and super().enters(walk, n)
+
+
+class RowReduce(OptIn):
+    """A reduction or row norm over the GEMM's features (kfuse/cuda/rowreduce.py)."""
+
+    cuda_code = staticmethod(rowreduce.region_code)
+    switch = ROWREDUCE_SWITCH
+
+
+class Pool(OptIn):
+    """A pool over the GEMM's features, its ops and a reduction of the pooled row (kfuse/cuda/pool.py)."""
+
+    cuda_code = staticmethod(pool.region_code)
+    switch = POOL_SWITCH
+
+
+# a registry kind's twin, by the op it takes a region over at (the plain epilogue: by none)
+TWINS = {"linear_rowsum": RowSum, "group_norm": GroupNorm, "batch_norm": BatchNorm,
+         **{op: RowReduce for op in REDUCE_OPS + ROW_NORM_OPS}, **{op: Pool for op in POOL_OPS}}
+
+
+def twin(kind: RegionKind) -> RegionKind:
+    """The registry's GEMM kind with its CUDA mixin in front (same name: the report and the flags are the registry
+    kind's)."""
+    mixin = TWINS[kind.at_ops[0]] if kind.at_ops else Epilogue
+    return type(f"Cuda{type(kind).__name__}", (mixin, type(kind)), {"__doc__": mixin.__doc__})()
+
+
+# the twins in the registry's order, then the registry's kinds that launch no kernel of kfuse's (torch calls last)
+FUSED: tuple[RegionKind, ...] = tuple(twin(k) for k in REGISTRY if k.family == "gemm")
 KINDS: tuple[RegionKind, ...] = (*FUSED, *[k for k in REGISTRY if not k.fused])
 FUSED_KINDS = tuple(k.name for k in FUSED)
-OPT_IN = {CudaGemmRowReduce.name: ROWREDUCE_SWITCH, CudaGemmPool.name: POOL_SWITCH}  # kind -> its switch
+OPT_IN = {k.name: k.switch for k in FUSED if isinstance(k, OptIn)}  # kind -> its switch
 
 
 def unfused_reasons(v: Variant) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The CUDA code of the row reduction kind (gemm_rowreduce): GEMM -> ops -> ONE reduction (sum, mean, amax, amin,
+"""The CUDA code of the row reduction kind: GEMM -> ops -> ONE reduction (sum, mean, amax, amin,
 logsumexp) or row norm (softmax, log_softmax, LayerNorm, InstanceNorm) over the GEMM's features -> ops.
 
 The ops' roles are the Triton twin's (`rowstats.row_roles`): pre (full-width, before the reduction), reduce (the

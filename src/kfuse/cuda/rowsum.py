@@ -1,4 +1,4 @@
-"""The CUDA code of the row-sum kind (gemm_rowsum): the sum (or mean) over a GEMM's features, rewritten to a GEMV by
+"""The CUDA code of the row-sum kind: the sum (or mean) over a GEMM's features, rewritten to a GEMV by
 rewrite.py's `sum-of-gemm->gemv` (x[m, :] . w_sum + b_sum, exact in real arithmetic), and the per-row ops after it.
 
 The launcher forms w_sum (W's rows summed, (K,)) and b_sum in float64, kept on the weight and the bias until either

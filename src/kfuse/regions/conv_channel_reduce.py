@@ -285,6 +285,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
 
 class ConvChannelReduce(RegionKind):
     name = "conv_channel_reduce"
+    family = "conv"
     kernel_modules = ("conv", "conv_transpose", "conv_reduce")
 
     def enters(self, walk: Walk, n: Node) -> bool:

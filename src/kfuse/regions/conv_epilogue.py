@@ -38,6 +38,7 @@ from kfuse.regions.kind import RegionKind, Walk, pointwise_with, same_tile
 
 class ConvEpilogue(RegionKind):
     name = "conv_epilogue"
+    family = "conv"
     kernel_modules = ("conv", "conv_transpose", "conv_depthwise")
     upgradable = True  # a norm after the pointwise chain: a kind of the registry that `enters` there takes it over
 

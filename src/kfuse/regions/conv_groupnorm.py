@@ -226,6 +226,7 @@ def norm_after_conv(walk: Walk, n: Node) -> bool:
 
 class ConvGroupNorm(RegionKind):
     name = "conv_groupnorm"
+    family = "conv"
     kernel_modules = ("conv", "conv_transpose", "conv_norm")
 
     def enters(self, walk: Walk, n: Node) -> bool:

@@ -312,6 +312,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
 
 class ConvPool(RegionKind):
     name = "conv_pool"
+    family = "conv"
     kernel_modules = ("conv", "pooling")
 
     def enters(self, walk: Walk, n: Node) -> bool:

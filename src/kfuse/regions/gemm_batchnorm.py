@@ -428,6 +428,8 @@ def batchnorm_dz_kernel(region: Region, name: str) -> tuple[str, list[str], list
 
 class GemmBatchNorm(EpilogueKind):
     name = "gemm_batchnorm"
+    family = "gemm"
+    at_ops = ("batch_norm",)
     kernel_modules = ("batchnorm",)
 
     def enters(self, walk: Walk, n: Node) -> bool:

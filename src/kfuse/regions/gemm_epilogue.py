@@ -49,6 +49,7 @@ def is_gemm_anchor(n: Node, g: Graph) -> bool:
 
 class GemmEpilogue(EpilogueKind):
     name = "gemm_epilogue"
+    family = "gemm"
     upgradable = True
 
     def starts(self, n: Node, g: Graph) -> bool:

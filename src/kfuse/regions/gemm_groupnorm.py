@@ -164,6 +164,8 @@ def groupnorm_dz_kernel(region: Region, name: str) -> tuple[str, list[str], list
 
 class GemmGroupNorm(EpilogueKind):
     name = "gemm_groupnorm"
+    family = "gemm"
+    at_ops = ("group_norm",)
 
     def enters(self, walk: Walk, n: Node) -> bool:
         """A GroupNorm over the GEMM's columns whose groups a column tile holds whole."""

@@ -263,6 +263,8 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
 
 class GemmGroupNormWide(EpilogueKind):
     name = "gemm_groupnorm_wide"
+    family = "gemm"
+    at_ops = ("group_norm",)
 
     def enters(self, walk: Walk, n: Node) -> bool:
         """A GroupNorm over the GEMM's columns whose groups a column tile does not hold whole."""

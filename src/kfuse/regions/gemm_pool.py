@@ -152,6 +152,8 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
 
 class GemmPool(RegionKind):
     name = "gemm_pool"
+    family = "gemm"
+    at_ops = POOL_OPS
 
     def enters(self, walk: Walk, n: Node) -> bool:
         return pool_fits(walk, n)

@@ -233,6 +233,8 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
 
 class GemmRowReduce(RegionKind):
     name = "gemm_rowreduce"
+    family = "gemm"
+    at_ops = REDUCE_OPS + ROW_NORM_OPS
 
     def enters(self, walk: Walk, n: Node) -> bool:
         return walk.tile_2d and (n.op in REDUCE_OPS or n.op in ROW_NORM_OPS) and joins_rows(walk, n)

@@ -71,6 +71,8 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
 
 class GemmRowSum(RegionKind):
     name = "gemm_rowsum"
+    family = "gemm"
+    at_ops = ("linear_rowsum",)
 
     def starts(self, n: Node, g: Graph) -> bool:
         """rewrite.py's `linear_rowsum` node over a 2-d x."""

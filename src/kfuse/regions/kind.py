@@ -53,6 +53,9 @@ class RegionKind:
     unfused_op: ClassVar[bool] = False  # its op is a torch call kfuse could not fuse (the report's unfused_ops)
     upgradable: ClassVar[bool] = False  # can another kind take a walk of this kind over (`enters`)?
     kernel_modules: ClassVar[tuple[str, ...]] = ()  # fixed kernels the generated code calls: kfuse/kernels/<m>.py
+    family: ClassVar[str] = ""  # what its regions are anchored on: "gemm" or "conv" ("" for the kinds of no kernel)
+    at_ops: ClassVar[tuple[str, ...]] = ()  # the ops at which it starts a region or takes a walk over (what makes
+    # a region this kind rather than its anchor's plain epilogue): how another backend finds it (kfuse/cuda)
 
     def starts(self, n: Node, g: Graph) -> bool:
         return False
