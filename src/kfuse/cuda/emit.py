@@ -131,8 +131,9 @@ def emit_cuda(problem_source: str, problem_name: str, variants: Sequence[Variant
     strict = any(v.unfused for v in variants)
     future, original = _split_future(problem_source)
     functions = ("split_rows", *[c.function for c in fused])
-    cu = cuda_source([c.cu for c in fused])
-    cpp = cpp_source([c.cpp for c in fused])
+    parts = {p for c in fused for p in c.parts}
+    cu = cuda_source([c.cu for c in fused], parts)
+    cpp = cpp_source([c.cpp for c in fused], parts)
     parts = [
         "\n".join([*future, *header(problem_name, variants, scheme, verified)]),
         imports([ln for _, lines in forwards for ln in lines]),

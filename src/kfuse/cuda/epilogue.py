@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kfuse.backward import class_name, param_exprs, region_inputs, spell
-from kfuse.cuda.glue import Member, _launcher_params, bound_name
+from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launch_and_return, launcher_head
 from kfuse.cuda.spellings import bias_of, epilogue_struct
 from kfuse.ir import Graph, Param, Region, attr_expr
 from kfuse.regions.common import docstring, gemm_cost
@@ -25,6 +25,7 @@ class CudaRegion:
     cpp: str
     python: str  # launcher + Function class
     forward: tuple[str, ...]
+    parts: tuple[str, ...] = ()  # the fixed CUDA parts it calls beyond the GEMM's (glue.FIXED_PARTS' names)
 
 
 def _weight_expr(region: Region) -> str:
@@ -102,38 +103,19 @@ def region_sources(stem: str, struct: str, members: list[Member]) -> tuple[str, 
     """The CUDA launcher `kf_launch_<stem>` running the GEMM with epilogue `struct`, and the C++ function
     `kf_<stem>` (bound to Python) that checks the tensors, allocates the outputs (and z when store_z) and calls
     it; returns [out0, out1, ..., z if store_z]."""
-    function = bound_name(stem)
     outs = [m for m in members if m.kind == "out"]
-    inputs = [m for m in members if m.kind not in ("out", "z")]
+    head = launcher_head(stem, ["const KfGemmArgs& g", *[c_param(m) for m in members], "cudaStream_t stream"])
     sets = "\n".join(f"  epi.{m.name} = {m.name};" for m in members)
-    cu = (f"int kf_launch_{stem}(const KfGemmArgs& g, {_launcher_params(members)}, cudaStream_t stream) {{\n"
-          f"  {struct} epi;\n{sets}\n  epi.N = g.N;\n  return kf_gemm(g, epi, stream);\n}}\n")
-    decl = f"int kf_launch_{stem}(const KfGemmArgs& g, {_launcher_params(members)}, cudaStream_t stream);"
-    tensors = "".join(f", torch::Tensor {m.name}" if m.kind in ("vector", "single") else f", double {m.name}"
-                      for m in inputs)
-    lines = [decl, "",
-             f"std::vector<torch::Tensor> {function}(torch::Tensor a, torch::Tensor a_scale, torch::Tensor b, "
+    cu = f"{head} {{\n  {struct} epi;\n{sets}\n  epi.N = g.N;\n  return kf_gemm(g, epi, stream);\n}}\n"
+    tensors = "".join(", " + cpp_param(m) for m in inputs(members))
+    lines = [head + ";", "",
+             f"std::vector<torch::Tensor> {bound_name(stem)}(torch::Tensor a, torch::Tensor a_scale, torch::Tensor b, "
              f"torch::Tensor b_scale, int64_t scheme{tensors}, bool store_z) {{",
              "  const KfGemmArgs g = kf_gemm_args(a, a_scale, b, b_scale, scheme);",
              "  const c10::cuda::CUDAGuard guard(a.device());",
              "  const auto options = a.options().dtype(torch::kFloat32);"]
     lines += [f"  torch::Tensor {m.name} = torch::empty({{g.M, g.N}}, options);" for m in outs]
     lines.append("  torch::Tensor z = store_z ? torch::empty({g.M, g.N}, options) : torch::Tensor();")
-    args = []
-    for m in members:
-        if m.kind == "out":
-            args.append(f"{m.name}.data_ptr<float>()")
-        elif m.kind == "z":
-            args.append("store_z ? z.data_ptr<float>() : nullptr")
-        elif m.kind in ("vector", "single"):
-            size = "g.N" if m.kind == "vector" else "1"
-            args.append(f'kf_vector({m.name}, {size}, "{m.name}", a)')
-        else:
-            args.append(f"static_cast<float>({m.name})")
-    lines += [f"  kf_check(kf_launch_{stem}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
-              f'           "{function}");',
-              f"  std::vector<torch::Tensor> outs{{{', '.join(m.name for m in outs)}}};",
-              "  if (store_z) outs.push_back(z);",
-              "  return outs;",
-              "}"]
-    return cu, "\n".join(lines) + "\n"
+    args = [f"{m.name}.data_ptr<float>()" if m.kind == "out" else "store_z ? z.data_ptr<float>() : nullptr"
+            if m.kind == "z" else cpp_arg(m) for m in members]
+    return cu, "\n".join(lines + launch_and_return(stem, args, [m.name for m in outs])) + "\n"

@@ -1,10 +1,12 @@
 """The two translation units of a `--backend cuda` file and what every region's code plugs into.
 
-CUDA_SRC: gemm_source.py's fixed kernels (the split, the GEMM tiles, the GEMV), the norm and row kinds' kernels, then
-each region's functor structs and CUDA launcher. It includes no torch header (fast to build, checkable with nvcc
-alone). CPP_SRC (load_inline's main.cpp, torch/extension.h prepended; load_inline appends the bindings): the C++
-helpers below, then each region's bound function, which checks the tensors, allocates the outputs and calls its
-CUDA launcher through plain pointers. `Member`: one member of a functor struct and what feeds it.
+CUDA_SRC: gemm_source.py's fixed kernels (the split, the GEMM tiles, the GEMV), the norm and row kinds' fixed
+kernels where a region of the file needs them (CudaRegion.parts), then each region's functor structs and CUDA
+launcher. It includes no torch header (fast to build, checkable with nvcc alone). CPP_SRC (load_inline's main.cpp,
+torch/extension.h prepended; load_inline appends the bindings): the C++ helpers below, then each region's bound
+function, which checks the tensors, allocates the outputs and calls its CUDA launcher through plain pointers.
+`Member`: one member of a functor struct and what feeds it; the helpers at the end write the pieces every region's
+launcher and bound function share.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kfuse.cuda.gemm_source import COMMON, GEMM, PAD_K, PRELUDE, SPLIT
-from kfuse.cuda.norm_source import NORM, NORM_DECLS
-from kfuse.cuda.rows_source import ROWS
+from kfuse.cuda.norm_source import BATCH_NORM, BATCH_NORM_DECLS, GROUP_NORM, ROW_CHUNKS
+from kfuse.cuda.rows_source import ROW_DOT, ROWS
 
 # The C++ translation unit's fixed part: its headers (load_inline, with no_implicit_headers on torch >= 2.8, adds
 # none), then COMMON, then these helpers; load_inline appends the bindings.
@@ -83,25 +85,28 @@ static KfGemmArgs kf_gemm_args(const torch::Tensor& a, const torch::Tensor& a_sc
   return g;
 }
 
-// A per-column (N,) or single-element (1,) float32 epilogue parameter.
-static const float* kf_vector(const torch::Tensor& p, int64_t n, const char* name, const torch::Tensor& like) {
+// A contiguous float32 vector of n elements on the GEMM's device: a per-column (N,) or single-element (1,)
+// epilogue parameter, or a BatchNorm's running statistic (updated in place).
+static float* kf_vector(const torch::Tensor& p, int64_t n, const char* name, const torch::Tensor& like) {
   kf_expect(p, name, torch::kFloat32, 1, like);
   TORCH_CHECK(p.size(0) == n, "kfuse: ", name, " has ", p.size(0), " elements, expected ", n);
   return p.data_ptr<float>();
 }
 
+""".replace("PAD_K_VALUE", str(PAD_K))
+
+# The C++ helpers only the norm regions call (in a translation unit that has one).
+NORM_CPP = r"""
 // An optional affine vector of a norm: nullptr where the Python launcher passed an empty tensor (no affine).
 static const float* kf_optional_vector(const torch::Tensor& p, int64_t n, const char* name, const torch::Tensor& like) {
   return p.numel() == 0 ? nullptr : kf_vector(p, n, name, like);
 }
+"""
 
-// A BatchNorm's running statistic, read or updated in place: (N,) contiguous float32 on the GEMM's device.
-static float* kf_running(const torch::Tensor& p, int64_t n, const char* name, const torch::Tensor& like) {
-  kf_expect(p, name, torch::kFloat32, 1, like);
-  TORCH_CHECK(p.size(0) == n, "kfuse: ", name, " has ", p.size(0), " elements, expected ", n);
-  return p.data_ptr<float>();
-}
-""".replace("PAD_K_VALUE", str(PAD_K))
+# The fixed CUDA parts a region may need beyond the GEMM's (CudaRegion.parts), in the order they are written; the
+# row chunking goes before the first part that uses it.
+FIXED_PARTS = (("group_norm", GROUP_NORM), ("batch_norm", BATCH_NORM), ("row_dot", ROW_DOT), ("rows", ROWS))
+CHUNKED = ("batch_norm", "rows")
 
 
 @dataclass(frozen=True)
@@ -120,22 +125,61 @@ class Member:
                 "scalar": "float"}[self.kind]
 
 
-def cuda_source(regions: list[str]) -> str:
-    """The whole CUDA translation unit: the fixed kernels, then each region's epilogue struct and launcher."""
-    return "\n".join([COMMON.strip(), PRELUDE.strip(), SPLIT.strip(), GEMM.strip(), NORM.strip(),
-                      ROWS.strip(), *[r.strip() for r in regions]]) + "\n"
-
-
-def cpp_source(regions: list[str]) -> str:
-    """The C++ translation unit (load_inline appends the bindings)."""
-    return "\n".join([CPP_HEADERS.strip(), COMMON.strip(), NORM_DECLS.strip(), CPP_HELPERS.strip(),
+def cuda_source(regions: list[str], parts: set[str]) -> str:
+    """The whole CUDA translation unit: the GEMM's fixed kernels, the fixed `parts` the regions need (FIXED_PARTS'
+    names), then each region's functor structs and launcher."""
+    fixed = [src.strip() for name, src in FIXED_PARTS if name in parts]
+    chunks = [ROW_CHUNKS.strip()] if parts & set(CHUNKED) else []
+    return "\n".join([COMMON.strip(), PRELUDE.strip(), SPLIT.strip(), GEMM.strip(), *chunks, *fixed,
                       *[r.strip() for r in regions]]) + "\n"
 
 
-def _launcher_params(members: list[Member]) -> str:
-    return ", ".join(f"{m.c_type} {m.name}" for m in members)
+def cpp_source(regions: list[str], parts: set[str]) -> str:
+    """The C++ translation unit (load_inline appends the bindings); the norm helpers where a norm region needs them."""
+    norm = [NORM_CPP.strip()] if parts & {"group_norm", "batch_norm"} else []
+    decls = [BATCH_NORM_DECLS.strip()] if "batch_norm" in parts else []
+    return "\n".join([CPP_HEADERS.strip(), COMMON.strip(), *decls, CPP_HELPERS.strip(), *norm,
+                      *[r.strip() for r in regions]]) + "\n"
 
 
 def bound_name(stem: str) -> str:
     """The Python-visible function of a region (prefixed: a stem such as `matmul` must not meet torch's names)."""
     return f"kf_{stem}"
+
+
+def launcher_head(stem: str, params: list[str]) -> str:
+    """The CUDA launcher's signature `int kf_launch_<stem>(...)`: defined in CUDA_SRC, declared in CPP_SRC."""
+    return f"int kf_launch_{stem}({', '.join(params)})"
+
+
+def c_param(m: Member, prefix: str = "") -> str:
+    """A member as a CUDA launcher's parameter."""
+    return f"{m.c_type} {prefix}{m.name}"
+
+
+def cpp_param(m: Member, prefix: str = "") -> str:
+    """An input member as a bound C++ function's parameter: a tensor (vectors, singles) or a double (scalars)."""
+    return f"{'torch::Tensor' if m.kind in ('vector', 'single') else 'double'} {prefix}{m.name}"
+
+
+def cpp_arg(m: Member, prefix: str = "") -> str:
+    """What a bound C++ function passes its CUDA launcher for an input member: a checked pointer or a float."""
+    name = prefix + m.name
+    if m.kind in ("vector", "single"):
+        return f'kf_vector({name}, {"g.N" if m.kind == "vector" else "1"}, "{m.name}", a)'
+    return f"static_cast<float>({name})"
+
+
+def inputs(members: list[Member]) -> list[Member]:
+    """The members fed from the Python launcher (parameters and numbers)."""
+    return [m for m in members if m.kind in ("vector", "single", "scalar")]
+
+
+def launch_and_return(stem: str, args: list[str], outs) -> list[str]:
+    """The end of a GEMM region's bound C++ function: the CUDA launcher's call, the outputs (then z) returned."""
+    return [f"  kf_check(kf_launch_{stem}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
+            f'           "{bound_name(stem)}");',
+            f"  std::vector<torch::Tensor> outs{{{', '.join(outs)}}};",
+            "  if (store_z) outs.push_back(z);",
+            "  return outs;",
+            "}"]

@@ -25,7 +25,20 @@ from __future__ import annotations
 
 COL_STATS_ROWS = 8  # rows of a column-statistics block (32 columns x 8 rows of threads)
 
-NORM = r"""
+# The chunks of rows a pass over (M, N) values splits M into (the BatchNorm passes here, the row kinds' apply and
+# pool passes in rows_source.py): in a translation unit that has either.
+ROW_CHUNKS = r"""
+// The chunks of rows the statistics and apply passes split M into: about 8 blocks per SM in all.
+inline long long kf_row_chunks(long long M, long long column_blocks) {
+  int device = 0, sms = 132;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const long long want = (8LL * sms + column_blocks - 1) / column_blocks;
+  return max(1LL, min(M, min(want, 65535LL)));
+}
+"""
+
+GROUP_NORM = r"""
 // The sum of v over each aligned team of T lanes (T a power of two dividing 32); every lane of the warp calls it.
 __device__ __forceinline__ float kf_team_sum(float v, int T) {
   for (int o = T / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -139,7 +152,9 @@ int kf_group_norm(const float* u, long long M, long long N, int G, const float* 
       u, M, N, G, T, gamma, beta, eps, post);
   return static_cast<int>(cudaGetLastError());
 }
+"""
 
+BATCH_NORM = r"""
 // part (2, chunks, N): per chunk of rows, sum(u - shift) and sum((u - shift)^2) per column, shift = u[0, n]
 __global__ void kf_col_stats_kernel(const float* __restrict__ u, long long M, long long N, long long rows,
                                     double* __restrict__ part) {
@@ -220,15 +235,6 @@ __global__ void kf_bn_apply_kernel(const float* __restrict__ u, long long M, lon
   }
 }
 
-// The chunks of rows the statistics and apply passes split M into: about 8 blocks per SM in all.
-inline long long kf_row_chunks(long long M, long long column_blocks) {
-  int device = 0, sms = 132;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const long long want = (8LL * sms + column_blocks - 1) / column_blocks;
-  return max(1LL, min(M, min(want, 65535LL)));
-}
-
 // BatchNorm over the rows of u (M, N) then the post functor. batch: the batch statistics (part: 2 * chunks * N
 // doubles from kf_bn_chunks), updating the running statistics where factor >= 0; else the running statistics.
 template <class Post>
@@ -257,6 +263,6 @@ long long kf_bn_chunks(long long M, long long N) { return kf_row_chunks(M, (N + 
 """.replace("KF_STATS_ROWS", str(COL_STATS_ROWS))
 
 # declared for the C++ translation unit, which sizes the statistics' scratch
-NORM_DECLS = r"""
+BATCH_NORM_DECLS = r"""
 long long kf_bn_chunks(long long M, long long N);
 """

@@ -19,7 +19,16 @@ from dataclasses import dataclass
 
 from kfuse.backward import class_name, region_inputs
 from kfuse.cuda.epilogue import CudaRegion, function_source
-from kfuse.cuda.glue import Member, bound_name
+from kfuse.cuda.glue import (
+    Member,
+    bound_name,
+    c_param,
+    cpp_arg,
+    cpp_param,
+    inputs,
+    launch_and_return,
+    launcher_head,
+)
 from kfuse.cuda.spellings import EpilogueArgs, body_lines, chain_lines, functor_struct
 from kfuse.ir import Graph, Node, Param, Region, attr_expr
 from kfuse.regions.common import docstring, gemm_cost, var
@@ -125,8 +134,8 @@ def batch_norm_call(norm: Node) -> NormCall:
         checks=('TORCH_CHECK(!batch || g.M > 1, "kfuse: BatchNorm: expected more than 1 value per channel when '
                 'training, got input of ", g.M, " rows");',
                 "const bool keeps = factor >= 0 || !batch;  // the running statistics are read or written",
-                'float* rm_p = keeps ? kf_running(running_mean, g.N, "running_mean", a) : nullptr;',
-                'float* rv_p = keeps ? kf_running(running_var, g.N, "running_var", a) : nullptr;',
+                'float* rm_p = keeps ? kf_vector(running_mean, g.N, "running_mean", a) : nullptr;',
+                'float* rv_p = keeps ? kf_vector(running_var, g.N, "running_var", a) : nullptr;',
                 'const float* gamma_p = kf_optional_vector(gamma, g.N, "the BatchNorm\'s weight", a);',
                 'const float* beta_p = kf_optional_vector(beta, g.N, "the BatchNorm\'s bias", a);',
                 "const long long chunks = kf_bn_chunks(g.M, g.N);",
@@ -155,42 +164,27 @@ def norm_call(norm: Node) -> NormCall:
     return group_norm_call(norm) if norm.op == "group_norm" else batch_norm_call(norm)
 
 
-def _c_param(m: Member, prefix: str) -> str:
-    return f"{m.c_type} {prefix}{m.name}"
-
-
-def _inputs(members: list[Member]) -> list[Member]:
-    return [m for m in members if m.kind in ("vector", "single", "scalar")]
+def launch_params(pre: list[Member], post: list[Member], call: NormCall) -> list[str]:
+    return ["const KfGemmArgs& g", *[c_param(m, "e_") for m in pre], *call.cu_params, *[c_param(m, "q_") for m in post],
+            "cudaStream_t stream"]
 
 
 def cuda_launcher(stem: str, pre: list[Member], post: list[Member], call: NormCall) -> str:
-    params = ["const KfGemmArgs& g", *[_c_param(m, "e_") for m in pre], *call.cu_params,
-              *[_c_param(m, "q_") for m in post], "cudaStream_t stream"]
     sets = [f"  pre.{m.name} = e_{m.name};" for m in pre] + [f"  post.{m.name} = q_{m.name};" for m in post]
-    return "\n".join([f"int kf_launch_{stem}({', '.join(params)}) {{",
+    return "\n".join([launcher_head(stem, launch_params(pre, post, call)) + " {",
                       f"  Pre_{stem} pre;", f"  Post_{stem} post;", *sets, "  pre.N = post.N = g.N;",
                       "  const int err = kf_gemm(g, pre, stream);",
                       "  if (err != 0) return err;",
                       f"  return {call.launch};", "}"]) + "\n"
 
 
-def _c_arg(m: Member, prefix: str) -> str:
-    name = prefix + m.name
-    if m.kind in ("vector", "single"):
-        return f'kf_vector({name}, {"g.N" if m.kind == "vector" else "1"}, "{m.name}", a)'
-    return f"static_cast<float>({name})"
-
-
 def cpp_function(stem: str, plan: NormPlan, pre: list[Member], post: list[Member], call: NormCall) -> str:
     """`kf_<stem>`: checks, allocations, the CUDA launcher's call; returns the outputs in region order, then z."""
     function = bound_name(stem)
-    decl_params = ["const KfGemmArgs& g", *[_c_param(m, "e_") for m in pre], *call.cu_params,
-                   *[_c_param(m, "q_") for m in post], "cudaStream_t stream"]
-    tensor = {"vector": "torch::Tensor", "single": "torch::Tensor", "scalar": "double"}
     params = ["torch::Tensor a", "torch::Tensor a_scale", "torch::Tensor b", "torch::Tensor b_scale",
-              "int64_t scheme", *[f"{tensor[m.kind]} e_{m.name}" for m in _inputs(pre)], *call.cpp_params,
-              *[f"{tensor[m.kind]} q_{m.name}" for m in _inputs(post)], "bool store_z"]
-    lines = [f"int kf_launch_{stem}({', '.join(decl_params)});", "",
+              "int64_t scheme", *[cpp_param(m, "e_") for m in inputs(pre)], *call.cpp_params,
+              *[cpp_param(m, "q_") for m in inputs(post)], "bool store_z"]
+    lines = [launcher_head(stem, launch_params(pre, post, call)) + ";", "",
              f"std::vector<torch::Tensor> {function}({', '.join(params)}) {{",
              "  const KfGemmArgs g = kf_gemm_args(a, a_scale, b, b_scale, scheme);",
              "  const c10::cuda::CUDAGuard guard(a.device());",
@@ -207,7 +201,7 @@ def cpp_function(stem: str, plan: NormPlan, pre: list[Member], post: list[Member
         elif m.kind == "z":
             args.append("store_z ? z.data_ptr<float>() : nullptr")
         else:
-            args.append(_c_arg(m, "e_"))
+            args.append(cpp_arg(m, "e_"))
     args += call.cu_args
     for m in post:
         if m.kind == "out":
@@ -215,26 +209,16 @@ def cpp_function(stem: str, plan: NormPlan, pre: list[Member], post: list[Member
         elif m.kind == "saved":
             args.append(f"st[{plan.stored.index(plan.saved[int(m.name[2:])])}].data_ptr<float>()")
         else:
-            args.append(_c_arg(m, "q_"))
+            args.append(cpp_arg(m, "q_"))
     outs = [f"st[{plan.stored.index(v)}]" if v in plan.stored else f"lt[{plan.late.index(v)}]" for v in
             plan.outputs]
     return "\n".join(lines + launch_and_return(stem, args, outs)) + "\n"
 
 
-def launch_and_return(stem: str, args: list[str], outs) -> list[str]:
-    """The end of a GEMM region's bound C++ function: the CUDA launcher's call, the outputs (then z) returned."""
-    return [f"  kf_check(kf_launch_{stem}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
-            f'           "{bound_name(stem)}");',
-            f"  std::vector<torch::Tensor> outs{{{', '.join(outs)}}};",
-            "  if (store_z) outs.push_back(z);",
-            "  return outs;",
-            "}"]
-
-
 def python_launcher(region: Region, g: Graph, stem: str, pre: list[Member], post: list[Member],
                     call: NormCall) -> str:
-    e = [f"e_{m.name}" for m in _inputs(pre)]
-    q = [f"q_{m.name}" for m in _inputs(post)]
+    e = [f"e_{m.name}" for m in inputs(pre)]
+    q = [f"q_{m.name}" for m in inputs(post)]
     n_out = len(region.outputs)
     ret = "outs[0]" if n_out == 1 else "tuple(outs)"
     doc = (f"Fused: {', '.join(n.origin for n in region.nodes)}: the CUDA function `{bound_name(stem)}` of CUDA_SRC "
@@ -265,7 +249,7 @@ def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaR
     cu = "\n".join([pre_src, post_src, cuda_launcher(stem, pre, post, call)])
     cpp = cpp_function(stem, plan, pre, post, call)
     cls = class_name(stem, classes)
-    values = [*[m.value for m in _inputs(pre)], *call.values, *[m.value for m in _inputs(post)]]
+    values = [*[m.value for m in inputs(pre)], *call.values, *[m.value for m in inputs(post)]]
     python = python_launcher(region, g, stem, pre, post, call) + "\n\n" + function_source(region, stem, cls, values)
     forward = (f"{', '.join(region.outputs)} = {cls}.run(self, {x})",)
-    return CudaRegion(bound_name(stem), cu, cpp, python, forward)
+    return CudaRegion(bound_name(stem), cu, cpp, python, forward, (plan.norm.op,))  # its fixed part: glue.FIXED_PARTS

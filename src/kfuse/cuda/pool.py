@@ -20,8 +20,17 @@ from dataclasses import dataclass
 
 from kfuse.backward import class_name, region_inputs
 from kfuse.cuda.epilogue import CudaRegion, function_source
-from kfuse.cuda.glue import Member, bound_name
-from kfuse.cuda.norms import _c_arg, _c_param, _inputs, gemm_struct, launch_and_return
+from kfuse.cuda.glue import (
+    Member,
+    bound_name,
+    c_param,
+    cpp_arg,
+    cpp_param,
+    inputs,
+    launch_and_return,
+    launcher_head,
+)
+from kfuse.cuda.norms import gemm_struct
 from kfuse.cuda.rowreduce import STAT_ID, row_struct
 from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
 from kfuse.ir import Graph, Node, Region
@@ -70,12 +79,15 @@ def post_struct(plan: PoolPlan, struct: str) -> tuple[str, list[Member]]:
     return functor_struct(struct, doc, members, args, body), [*members, *args.members]
 
 
+def launch_params(pre: list[Member], post: list[Member], row: list[Member] | None) -> list[str]:
+    return ["const KfGemmArgs& g", *[c_param(m, "e_") for m in pre], "int k", "double divisor", "float* st_a",
+            "float* st_b", *[c_param(m, "q_") for m in post], *[c_param(m, "r_") for m in row or []],
+            "cudaStream_t stream"]
+
+
 def cuda_launcher(stem: str, plan: PoolPlan, pre: list[Member], post: list[Member], row: list[Member] | None) -> str:
-    params = ["const KfGemmArgs& g", *[_c_param(m, "e_") for m in pre], "int k", "double divisor", "float* st_a",
-              "float* st_b", *[_c_param(m, "q_") for m in post], *[_c_param(m, "r_") for m in row or []],
-              "cudaStream_t stream"]
     is_max = "true" if plan.pool.op == "max_pool1d" else "false"
-    lines = [f"int kf_launch_{stem}({', '.join(params)}) {{", f"  Pre_{stem} pre;",
+    lines = [launcher_head(stem, launch_params(pre, post, row)) + " {", f"  Pre_{stem} pre;",
              *[f"  pre.{m.name} = e_{m.name};" for m in pre], "  pre.N = g.N;",
              f"  Post_{stem} post;", *[f"  post.{m.name} = q_{m.name};" for m in post], "  post.N = g.N / k;",
              "  int err = kf_gemm(g, pre, stream);",
@@ -91,13 +103,11 @@ def cuda_launcher(stem: str, plan: PoolPlan, pre: list[Member], post: list[Membe
 
 def cpp_function(stem: str, plan: PoolPlan, pre: list[Member], post: list[Member], row: list[Member] | None) -> str:
     function = bound_name(stem)
-    tensor = {"vector": "torch::Tensor", "single": "torch::Tensor", "scalar": "double"}
-    decl = cuda_launcher(stem, plan, pre, post, row).splitlines()[0][:-2] + ";"
     params = ["torch::Tensor a", "torch::Tensor a_scale", "torch::Tensor b", "torch::Tensor b_scale", "int64_t scheme",
-              *[f"{tensor[m.kind]} e_{m.name}" for m in _inputs(pre)], "int64_t k", "double divisor",
-              *[f"{tensor[m.kind]} q_{m.name}" for m in _inputs(post)],
-              *[f"{tensor[m.kind]} r_{m.name}" for m in _inputs(row or [])], "bool store_z"]
-    lines = [decl, "",
+              *[cpp_param(m, "e_") for m in inputs(pre)], "int64_t k", "double divisor",
+              *[cpp_param(m, "q_") for m in inputs(post)],
+              *[cpp_param(m, "r_") for m in inputs(row or [])], "bool store_z"]
+    lines = [launcher_head(stem, launch_params(pre, post, row)) + ";", "",
              f"std::vector<torch::Tensor> {function}({', '.join(params)}) {{",
              "  const KfGemmArgs g = kf_gemm_args(a, a_scale, b, b_scale, scheme);",
              '  TORCH_CHECK(k > 0 && g.N / k > 0, "kfuse: pooling ", g.N, " features in windows of ", k);',
@@ -110,10 +120,10 @@ def cpp_function(stem: str, plan: PoolPlan, pre: list[Member], post: list[Member
              "  torch::Tensor stats = torch::empty({2, g.M}, options);",
              "  torch::Tensor z = store_z ? torch::empty({g.M, g.N}, options) : torch::Tensor();"]
     args = [f"st[{m.name[3:]}].data_ptr<float>()" if m.kind == "out" else
-            "store_z ? z.data_ptr<float>() : nullptr" if m.kind == "z" else _c_arg(m, "e_") for m in pre]
+            "store_z ? z.data_ptr<float>() : nullptr" if m.kind == "z" else cpp_arg(m, "e_") for m in pre]
     args += ["static_cast<int>(k)", "divisor", "stats.data_ptr<float>()", "stats.data_ptr<float>() + g.M"]
-    args += [f"lt[{m.name[3:]}].data_ptr<float>()" if m.kind == "out" else _c_arg(m, "q_") for m in post]
-    args += [f"rt[{m.name[3:]}].data_ptr<float>()" if m.kind == "out" else _c_arg(m, "r_") for m in row or []]
+    args += [f"lt[{m.name[3:]}].data_ptr<float>()" if m.kind == "out" else cpp_arg(m, "q_") for m in post]
+    args += [f"rt[{m.name[3:]}].data_ptr<float>()" if m.kind == "out" else cpp_arg(m, "r_") for m in row or []]
 
     def out(v: str) -> str:
         return (f"st[{plan.stored.index(v)}]" if v in plan.stored else f"lt[{plan.late.index(v)}]" if v in plan.late
@@ -166,13 +176,13 @@ def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaR
         parts.append(src)
     cu = "\n".join([*parts, cuda_launcher(stem, plan, pre, post, row)])
     cpp = cpp_function(stem, plan, pre, post, row)
-    e = [f"e_{m.name}" for m in _inputs(pre)]
-    q = [f"q_{m.name}" for m in _inputs(post)]
-    r = [f"r_{m.name}" for m in _inputs(row or [])]
+    e = [f"e_{m.name}" for m in inputs(pre)]
+    q = [f"q_{m.name}" for m in inputs(post)]
+    r = [f"r_{m.name}" for m in inputs(row or [])]
     cls = class_name(stem, classes)
-    values = [*[m.value for m in _inputs(pre)], *[m.value for m in _inputs(post)],
-              *[m.value for m in _inputs(row or [])], plan.pool.args[1].expr()]
+    values = [*[m.value for m in inputs(pre)], *[m.value for m in inputs(post)],
+              *[m.value for m in inputs(row or [])], plan.pool.args[1].expr()]
     python = python_launcher(region, g, stem, plan, [*e, "window", "divisor", *q, *r]) + "\n\n" + \
         function_source(region, stem, cls, values)
     forward = (f"{', '.join(region.outputs)} = {cls}.run(self, {x})",)
-    return CudaRegion(bound_name(stem), cu, cpp, python, forward)
+    return CudaRegion(bound_name(stem), cu, cpp, python, forward, ("rows",))

@@ -26,8 +26,17 @@ from dataclasses import dataclass
 
 from kfuse.backward import class_name, region_inputs
 from kfuse.cuda.epilogue import CudaRegion, function_source
-from kfuse.cuda.glue import Member, bound_name
-from kfuse.cuda.norms import _c_arg, _c_param, _inputs, gemm_struct, launch_and_return
+from kfuse.cuda.glue import (
+    Member,
+    bound_name,
+    c_param,
+    cpp_arg,
+    cpp_param,
+    inputs,
+    launch_and_return,
+    launcher_head,
+)
+from kfuse.cuda.norms import gemm_struct
 from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
 from kfuse.ir import Graph, Node, Param, Region
 from kfuse.ops import REDUCE_OPS, ROW_NORM_OPS
@@ -133,12 +142,15 @@ def _passed(post: list[Member] | None) -> list[Member]:
     return [m for m in post or [] if m.name not in ("st_a", "st_b")]
 
 
+def launch_params(pre: list[Member], row: list[Member] | None, post: list[Member] | None) -> list[str]:
+    return ["const KfGemmArgs& g", *[c_param(m, "e_") for m in pre], "double divisor", "float eps", "float* st_a",
+            "float* st_b", *[c_param(m, "r_") for m in row or []], *[c_param(m, "q_") for m in _passed(post)],
+            "cudaStream_t stream"]
+
+
 def cuda_launcher(stem: str, plan: RowPlan, pre: list[Member], row: list[Member] | None, post: list[Member] | None,
                   ) -> str:
-    params = ["const KfGemmArgs& g", *[_c_param(m, "e_") for m in pre], "double divisor", "float eps", "float* st_a",
-              "float* st_b", *[_c_param(m, "r_") for m in row or []], *[_c_param(m, "q_") for m in _passed(post)],
-              "cudaStream_t stream"]
-    lines = [f"int kf_launch_{stem}({', '.join(params)}) {{", f"  Pre_{stem} pre;",
+    lines = [launcher_head(stem, launch_params(pre, row, post)) + " {", f"  Pre_{stem} pre;",
              *[f"  pre.{m.name} = e_{m.name};" for m in pre], "  pre.N = g.N;",
              "  int err = kf_gemm(g, pre, stream);",
              "  if (err == 0) err = kf_row_stats<%d>(pre.out0, g.M, g.N, divisor, eps, st_a, st_b, stream);"
@@ -157,13 +169,11 @@ def cpp_function(stem: str, plan: RowPlan, pre: list[Member], row: list[Member] 
                  post: list[Member] | None) -> str:
     """`kf_<stem>`: allocations, the CUDA launcher's call; returns the outputs in region order, then z."""
     function = bound_name(stem)
-    tensor = {"vector": "torch::Tensor", "single": "torch::Tensor", "scalar": "double"}
-    decl = [ln for ln in cuda_launcher(stem, plan, pre, row, post).splitlines() if ln.startswith("int ")][0]
     params = ["torch::Tensor a", "torch::Tensor a_scale", "torch::Tensor b", "torch::Tensor b_scale", "int64_t scheme",
-              *[f"{tensor[m.kind]} e_{m.name}" for m in _inputs(pre)], "double divisor", "double eps",
-              *[f"{tensor[m.kind]} r_{m.name}" for m in _inputs(row or [])],
-              *[f"{tensor[m.kind]} q_{m.name}" for m in _inputs(post or [])], "bool store_z"]
-    lines = [decl[:-2] + ";", "",
+              *[cpp_param(m, "e_") for m in inputs(pre)], "double divisor", "double eps",
+              *[cpp_param(m, "r_") for m in inputs(row or [])],
+              *[cpp_param(m, "q_") for m in inputs(post or [])], "bool store_z"]
+    lines = [launcher_head(stem, launch_params(pre, row, post)) + ";", "",
              f"std::vector<torch::Tensor> {function}({', '.join(params)}) {{",
              "  const KfGemmArgs g = kf_gemm_args(a, a_scale, b, b_scale, scheme);",
              "  const c10::cuda::CUDAGuard guard(a.device());",
@@ -177,10 +187,10 @@ def cpp_function(stem: str, plan: RowPlan, pre: list[Member], row: list[Member] 
     args = []
     for m in pre:
         args.append(f"st[{m.name[3:]}].data_ptr<float>()" if m.kind == "out" else
-                    "store_z ? z.data_ptr<float>() : nullptr" if m.kind == "z" else _c_arg(m, "e_"))
+                    "store_z ? z.data_ptr<float>() : nullptr" if m.kind == "z" else cpp_arg(m, "e_"))
     args += ["divisor", "static_cast<float>(eps)", "stats.data_ptr<float>()", "stats.data_ptr<float>() + g.M"]
     for m in row or []:
-        args.append(f"rt[{m.name[3:]}].data_ptr<float>()" if m.kind == "out" else _c_arg(m, "r_"))
+        args.append(f"rt[{m.name[3:]}].data_ptr<float>()" if m.kind == "out" else cpp_arg(m, "r_"))
     for m in _passed(post):
         if m.kind == "out":
             args.append(f"lt[{m.name[3:]}].data_ptr<float>()")
@@ -189,7 +199,7 @@ def cpp_function(stem: str, plan: RowPlan, pre: list[Member], row: list[Member] 
         elif m.kind == "row":
             args.append(f"rt[{plan.rows.index(plan.row_read[int(m.name[2:])])}].data_ptr<float>()")
         else:
-            args.append(_c_arg(m, "q_"))
+            args.append(cpp_arg(m, "q_"))
 
     def out(v: str) -> str:
         role = plan.roles[v]
@@ -236,13 +246,13 @@ def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaR
         parts.append(src)
     cu = "\n".join([*parts, cuda_launcher(stem, plan, pre, row, post)])
     cpp = cpp_function(stem, plan, pre, row, post)
-    e = [f"e_{m.name}" for m in _inputs(pre)]
-    r = [f"r_{m.name}" for m in _inputs(row or [])]
-    q = [f"q_{m.name}" for m in _inputs(post or [])]
+    e = [f"e_{m.name}" for m in inputs(pre)]
+    r = [f"r_{m.name}" for m in inputs(row or [])]
+    q = [f"q_{m.name}" for m in inputs(post or [])]
     cls = class_name(stem, classes)
-    values = [*[m.value for m in _inputs(pre)], _eps(plan.red), *[m.value for m in _inputs(row or [])],
-              *[m.value for m in _inputs(post or [])]]
+    values = [*[m.value for m in inputs(pre)], _eps(plan.red), *[m.value for m in inputs(row or [])],
+              *[m.value for m in inputs(post or [])]]
     python = python_launcher(region, g, stem, plan, [*e, "divisor", "eps", *r, *q]) + "\n\n" + \
         function_source(region, stem, cls, values)
     forward = (f"{', '.join(region.outputs)} = {cls}.run(self, {x})",)
-    return CudaRegion(bound_name(stem), cu, cpp, python, forward)
+    return CudaRegion(bound_name(stem), cu, cpp, python, forward, ("rows",))

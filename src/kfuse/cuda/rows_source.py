@@ -18,7 +18,7 @@ row norm over a GEMM's features (kfuse/cuda/rowreduce.py).
 
 from __future__ import annotations
 
-ROWS = r"""
+ROW_DOT = r"""
 // out[m] = (x[m, :] . w + bsum[0]) / divisor in float64, rounded once, then post(.., m, 0, out): a warp per row
 template <class Post>
 __global__ void kf_row_dot_kernel(const float* __restrict__ x, long long M, long long K, const double* __restrict__ w,
@@ -43,7 +43,9 @@ int kf_row_dot(const float* x, long long M, long long K, const double* w, const 
       x, M, K, w, bsum, divisor, post);
   return static_cast<int>(cudaGetLastError());
 }
+"""
 
+ROWS = r"""
 constexpr int KF_ROW_THREADS = 256;
 
 // NaN-propagating max / min of two values (either NaN gives NaN), as torch's amax / amin reduce

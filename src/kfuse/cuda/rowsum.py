@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from kfuse.backward import class_name, param_exprs, reference_body, region_inputs
 from kfuse.cuda.epilogue import CudaRegion, _method
-from kfuse.cuda.glue import Member, bound_name
+from kfuse.cuda.glue import Member, bound_name, c_param, cpp_param, inputs, launcher_head
 from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
 from kfuse.ir import Graph, Param, Region
 from kfuse.regions.common import docstring, var
@@ -37,18 +37,16 @@ def sources(stem: str, struct: str, members: list[Member]) -> tuple[str, str]:
     """The CUDA launcher and the bound C++ function `kf_<stem>(x, w_sum, b_sum, divisor, inputs...)`."""
     function = bound_name(stem)
     outs = [m for m in members if m.kind == "out"]
-    inputs = [m for m in members if m.kind != "out"]
-    params = ", ".join(f"{m.c_type} {m.name}" for m in members)
     sets = "\n".join(f"  post.{m.name} = {m.name};" for m in members)
-    head = (f"int kf_launch_{stem}(const float* x, long long M, long long K, const double* w, const double* bsum, "
-            f"double divisor, {params}, cudaStream_t stream)")
+    head = launcher_head(stem, ["const float* x", "long long M", "long long K", "const double* w",
+                                "const double* bsum", "double divisor", *[c_param(m) for m in members],
+                                "cudaStream_t stream"])
     cu = f"{head} {{\n  {struct} post;\n{sets}\n  post.N = 1;\n  return kf_row_dot(x, M, K, w, bsum, divisor, " \
          "post, stream);\n}\n"
-    tensors = "".join(f", torch::Tensor {m.name}" if m.kind in ("vector", "single") else f", double {m.name}"
-                      for m in inputs)
+    tensors = "".join(", " + cpp_param(m) for m in inputs(members))
     args = [f"{m.name}.data_ptr<float>()" for m in outs]
-    args += [f'kf_vector({m.name}, 1, "{m.name}", x)' if m.kind in ("vector", "single")
-             else f"static_cast<float>({m.name})" for m in inputs]
+    args += [f'kf_vector({m.name}, 1, "{m.name}", x)' if m.kind in ("vector", "single")  # per-row: one element
+             else f"static_cast<float>({m.name})" for m in inputs(members)]
     lines = [f"{head};", "",
              f"std::vector<torch::Tensor> {function}(torch::Tensor x, torch::Tensor w, torch::Tensor bsum, "
              f"double divisor{tensors}) {{",
@@ -71,7 +69,7 @@ def python_source(region: Region, stem: str, cls: str, members: list[Member]) ->
     anchor = region.anchor
     x, weight, bias = anchor.args
     kn, mean = anchor.attrs.get("kn", False), anchor.attrs.get("mean", False)
-    inputs = [m for m in members if m.kind != "out"]
+    fed = inputs(members)
     shapes = {n.name: n.shape for n in region.nodes}
     rets = [f"got[{i}].reshape(x2.shape[0]{''.join(', ' + str(d) for d in shapes[v][1:])})"
             for i, v in enumerate(region.outputs)]
@@ -82,13 +80,13 @@ def python_source(region: Region, stem: str, cls: str, members: list[Member]) ->
             "b_sum = (x2.new_zeros(1, dtype=torch.float64) if bias is None else",
             "         cached_on(bias, 'sum', lambda: bias.detach().double().sum().reshape(1)))",
             f"divisor = float(weight.shape[{1 if kn else 0}]) if {mean} else 1.0",
-            f"got = ext.{bound_name(stem)}(x2, w_sum, b_sum, divisor{''.join(', ' + m.name for m in inputs)})",
+            f"got = ext.{bound_name(stem)}(x2, w_sum, b_sum, divisor{''.join(', ' + m.name for m in fed)})",
             f"return {', '.join(rets)}"]
     doc = (f"Fused: {replaced}: the CUDA function `{bound_name(stem)}` (kf_row_dot_kernel with Row_{stem}): each row "
            "of x times W's row sums, in float64, then the per-row ops.")
-    params = ", ".join(["x", "weight", "bias", *[m.name for m in inputs]])
+    params = ", ".join(["x", "weight", "bias", *[m.name for m in fed]])
     launcher = "\n".join([f"def fused_{stem}({params}):", docstring(doc), *[f"    {ln}" for ln in body]]) + "\n"
-    values = [m.value for m in inputs]
+    values = [m.value for m in fed]
     bias_expr = bias.expr() if isinstance(bias, Param) else "None"
     launch = f"return fused_{stem}(x, {weight.expr()}, {bias_expr}{''.join(', ' + v for v in values)})"
     params_ = param_exprs(region)
@@ -109,4 +107,4 @@ def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaR
     cls = class_name(stem, classes)
     forward = (f"{', '.join(region.outputs)} = {cls}.run(self, {x})",)
     return CudaRegion(bound_name(stem), struct_src + "\n" + cu, cpp, python_source(region, stem, cls, members),
-                      forward)
+                      forward, ("row_dot",))
