@@ -10,7 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kfuse.backward import class_name, param_exprs, region_inputs, spell
-from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launch_and_return, launcher_head
+from kfuse.cuda.glue import (
+    Member,
+    bound_name,
+    bound_opening,
+    c_param,
+    cpp_arg,
+    cpp_param,
+    inputs,
+    launch_and_return,
+    launcher_head,
+)
 from kfuse.cuda.spellings import bias_of, epilogue_struct
 from kfuse.ir import Graph, Param, Region, attr_expr
 from kfuse.regions.common import docstring, gemm_cost
@@ -104,16 +114,11 @@ def region_sources(stem: str, struct: str, members: list[Member]) -> tuple[str, 
     `kf_<stem>` (bound to Python) that checks the tensors, allocates the outputs (and z when store_z) and calls
     it; returns [out0, out1, ..., z if store_z]."""
     outs = [m for m in members if m.kind == "out"]
-    head = launcher_head(stem, ["const KfGemmArgs& g", *[c_param(m) for m in members], "cudaStream_t stream"])
+    launch = ["const KfGemmArgs& g", *[c_param(m) for m in members], "cudaStream_t stream"]
     sets = "\n".join(f"  epi.{m.name} = {m.name};" for m in members)
-    cu = f"{head} {{\n  {struct} epi;\n{sets}\n  epi.N = g.N;\n  return kf_gemm(g, epi, stream);\n}}\n"
-    tensors = "".join(", " + cpp_param(m) for m in inputs(members))
-    lines = [head + ";", "",
-             f"std::vector<torch::Tensor> {bound_name(stem)}(torch::Tensor a, torch::Tensor a_scale, torch::Tensor b, "
-             f"torch::Tensor b_scale, int64_t scheme{tensors}, bool store_z) {{",
-             "  const KfGemmArgs g = kf_gemm_args(a, a_scale, b, b_scale, scheme);",
-             "  const c10::cuda::CUDAGuard guard(a.device());",
-             "  const auto options = a.options().dtype(torch::kFloat32);"]
+    cu = (f"{launcher_head(stem, launch)} {{\n  {struct} epi;\n{sets}\n  epi.N = g.N;\n"
+          "  return kf_gemm(g, epi, stream);\n}\n")
+    lines = bound_opening(stem, launch, [cpp_param(m) for m in inputs(members)])
     lines += [f"  torch::Tensor {m.name} = torch::empty({{g.M, g.N}}, options);" for m in outs]
     lines.append("  torch::Tensor z = store_z ? torch::empty({g.M, g.N}, options) : torch::Tensor();")
     args = [f"{m.name}.data_ptr<float>()" if m.kind == "out" else "store_z ? z.data_ptr<float>() : nullptr"

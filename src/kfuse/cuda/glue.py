@@ -175,6 +175,21 @@ def inputs(members: list[Member]) -> list[Member]:
     return [m for m in members if m.kind in ("vector", "single", "scalar")]
 
 
+GEMM_OPERANDS = ("torch::Tensor a", "torch::Tensor a_scale", "torch::Tensor b", "torch::Tensor b_scale",
+                 "int64_t scheme")  # a GEMM region's bound function takes these first (runtime.gemm_operands)
+
+
+def bound_opening(stem: str, launch: list[str], params: list[str], checks=()) -> list[str]:
+    """The start of a GEMM region's bound C++ function: the CUDA launcher's declaration (its parameters `launch`),
+    the signature (the GEMM's operands, `params`, store_z), the operands checked, the device guard, `checks`."""
+    return [launcher_head(stem, launch) + ";", "",
+            f"std::vector<torch::Tensor> {bound_name(stem)}({', '.join([*GEMM_OPERANDS, *params, 'bool store_z'])}) {{",
+            "  const KfGemmArgs g = kf_gemm_args(a, a_scale, b, b_scale, scheme);",
+            "  const c10::cuda::CUDAGuard guard(a.device());",
+            "  const auto options = a.options().dtype(torch::kFloat32);",
+            *[f"  {c}" for c in checks]]
+
+
 def launch_and_return(stem: str, args: list[str], outs) -> list[str]:
     """The end of a GEMM region's bound C++ function: the CUDA launcher's call, the outputs (then z) returned."""
     return [f"  kf_check(kf_launch_{stem}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",

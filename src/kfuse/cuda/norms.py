@@ -22,6 +22,7 @@ from kfuse.cuda.epilogue import CudaRegion, function_source
 from kfuse.cuda.glue import (
     Member,
     bound_name,
+    bound_opening,
     c_param,
     cpp_arg,
     cpp_param,
@@ -180,16 +181,8 @@ def cuda_launcher(stem: str, pre: list[Member], post: list[Member], call: NormCa
 
 def cpp_function(stem: str, plan: NormPlan, pre: list[Member], post: list[Member], call: NormCall) -> str:
     """`kf_<stem>`: checks, allocations, the CUDA launcher's call; returns the outputs in region order, then z."""
-    function = bound_name(stem)
-    params = ["torch::Tensor a", "torch::Tensor a_scale", "torch::Tensor b", "torch::Tensor b_scale",
-              "int64_t scheme", *[cpp_param(m, "e_") for m in inputs(pre)], *call.cpp_params,
-              *[cpp_param(m, "q_") for m in inputs(post)], "bool store_z"]
-    lines = [launcher_head(stem, launch_params(pre, post, call)) + ";", "",
-             f"std::vector<torch::Tensor> {function}({', '.join(params)}) {{",
-             "  const KfGemmArgs g = kf_gemm_args(a, a_scale, b, b_scale, scheme);",
-             "  const c10::cuda::CUDAGuard guard(a.device());",
-             "  const auto options = a.options().dtype(torch::kFloat32);",
-             *[f"  {ln}" for ln in call.checks],
+    params = [*[cpp_param(m, "e_") for m in inputs(pre)], *call.cpp_params, *[cpp_param(m, "q_") for m in inputs(post)]]
+    lines = [*bound_opening(stem, launch_params(pre, post, call), params, call.checks),
              f"  torch::Tensor st[{len(plan.stored)}], lt[{max(1, len(plan.late))}];",
              "  for (auto& t : st) t = torch::empty({g.M, g.N}, options);",
              f"  for (int i = 0; i < {len(plan.late)}; ++i) lt[i] = torch::empty({{g.M, g.N}}, options);",

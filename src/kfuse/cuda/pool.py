@@ -23,6 +23,7 @@ from kfuse.cuda.epilogue import CudaRegion, function_source
 from kfuse.cuda.glue import (
     Member,
     bound_name,
+    bound_opening,
     c_param,
     cpp_arg,
     cpp_param,
@@ -102,17 +103,10 @@ def cuda_launcher(stem: str, plan: PoolPlan, pre: list[Member], post: list[Membe
 
 
 def cpp_function(stem: str, plan: PoolPlan, pre: list[Member], post: list[Member], row: list[Member] | None) -> str:
-    function = bound_name(stem)
-    params = ["torch::Tensor a", "torch::Tensor a_scale", "torch::Tensor b", "torch::Tensor b_scale", "int64_t scheme",
-              *[cpp_param(m, "e_") for m in inputs(pre)], "int64_t k", "double divisor",
-              *[cpp_param(m, "q_") for m in inputs(post)],
-              *[cpp_param(m, "r_") for m in inputs(row or [])], "bool store_z"]
-    lines = [launcher_head(stem, launch_params(pre, post, row)) + ";", "",
-             f"std::vector<torch::Tensor> {function}({', '.join(params)}) {{",
-             "  const KfGemmArgs g = kf_gemm_args(a, a_scale, b, b_scale, scheme);",
-             '  TORCH_CHECK(k > 0 && g.N / k > 0, "kfuse: pooling ", g.N, " features in windows of ", k);',
-             "  const c10::cuda::CUDAGuard guard(a.device());",
-             "  const auto options = a.options().dtype(torch::kFloat32);",
+    params = [*[cpp_param(m, "e_") for m in inputs(pre)], "int64_t k", "double divisor",
+              *[cpp_param(m, "q_") for m in inputs(post)], *[cpp_param(m, "r_") for m in inputs(row or [])]]
+    check = 'TORCH_CHECK(k > 0 && g.N / k > 0, "kfuse: pooling ", g.N, " features in windows of ", k);'
+    lines = [*bound_opening(stem, launch_params(pre, post, row), params, (check,)),
              f"  torch::Tensor st[{len(plan.stored)}], lt[{len(plan.late)}], rt[{max(1, len(plan.rows))}];",
              "  for (auto& t : st) t = torch::empty({g.M, g.N}, options);",
              "  for (auto& t : lt) t = torch::empty({g.M, g.N / k}, options);",

@@ -29,6 +29,7 @@ from kfuse.cuda.epilogue import CudaRegion, function_source
 from kfuse.cuda.glue import (
     Member,
     bound_name,
+    bound_opening,
     c_param,
     cpp_arg,
     cpp_param,
@@ -168,16 +169,9 @@ def cuda_launcher(stem: str, plan: RowPlan, pre: list[Member], row: list[Member]
 def cpp_function(stem: str, plan: RowPlan, pre: list[Member], row: list[Member] | None,
                  post: list[Member] | None) -> str:
     """`kf_<stem>`: allocations, the CUDA launcher's call; returns the outputs in region order, then z."""
-    function = bound_name(stem)
-    params = ["torch::Tensor a", "torch::Tensor a_scale", "torch::Tensor b", "torch::Tensor b_scale", "int64_t scheme",
-              *[cpp_param(m, "e_") for m in inputs(pre)], "double divisor", "double eps",
-              *[cpp_param(m, "r_") for m in inputs(row or [])],
-              *[cpp_param(m, "q_") for m in inputs(post or [])], "bool store_z"]
-    lines = [launcher_head(stem, launch_params(pre, row, post)) + ";", "",
-             f"std::vector<torch::Tensor> {function}({', '.join(params)}) {{",
-             "  const KfGemmArgs g = kf_gemm_args(a, a_scale, b, b_scale, scheme);",
-             "  const c10::cuda::CUDAGuard guard(a.device());",
-             "  const auto options = a.options().dtype(torch::kFloat32);",
+    params = [*[cpp_param(m, "e_") for m in inputs(pre)], "double divisor", "double eps",
+              *[cpp_param(m, "r_") for m in inputs(row or [])], *[cpp_param(m, "q_") for m in inputs(post or [])]]
+    lines = [*bound_opening(stem, launch_params(pre, row, post), params),
              f"  torch::Tensor st[{len(plan.stored)}], rt[{max(1, len(plan.rows))}], lt[{max(1, len(plan.late))}];",
              "  for (auto& t : st) t = torch::empty({g.M, g.N}, options);",
              f"  for (int i = 0; i < {len(plan.rows)}; ++i) rt[i] = torch::empty({{g.M}}, options);",
