@@ -115,17 +115,19 @@ def test_cuda_spellings_compute_what_torch_computes(tmp_path):
 
 
 # ---- partition ---------------------------------------------------------------------------------------------------
-def test_cuda_partition_keeps_the_gemm_and_says_why_the_rest_is_torch(monkeypatch):
-    """A row reduction after the GEMM (logsumexp) stays a torch call unless its kind's switch is on, and the ops
-    after it too, each with the reason; a convolution has no CUDA kind at all."""
-    monkeypatch.delenv("KFUSE_CUDA_ROWREDUCE", raising=False)
+def test_cuda_partition_fuses_what_triton_fuses_and_says_why_the_rest_is_torch(tmp_path):
+    """A row reduction after the GEMM (logsumexp) is fused with the ops around it, as the Triton backend fuses it; a
+    product of two values (no cached weight split) stays a torch call with the ops after it, each with the reason;
+    a convolution has no CUDA kind at all."""
     prob = load_problem(GEMM / "06_matmul_scale_residual_clamp_logsumexp_mish.py", {})
     (v,) = variants(capture_problem(prob, "cpu"), KINDS)
-    assert [r.kind for r in v.regions if r.fused] == ["gemm_epilogue"]
-    assert [n.op for n in v.regions[0].nodes] == ["linear", "mul", "mul", "hardtanh"]
+    assert [r.kind for r in v.regions if r.fused] == ["gemm_rowreduce"] and not v.unfused
+    two = write_problem(tmp_path, "self.fc = nn.Linear(in_features, in_features)",
+                        "return torch.relu(torch.matmul(self.fc(x), x.t()))", name="two_values")
+    (v,) = variants(capture_problem(load_problem(two, {}), "cpu"), KINDS)
     reasons = unfused_reasons(v)
     assert set(reasons) == set(v.unfused) and v.unfused
-    assert "gemm_rowreduce" in reasons["torch.logsumexp"] and "KFUSE_CUDA_ROWREDUCE=1" in reasons["torch.logsumexp"]
+    assert any("fuses only a Linear or x @ W with a 2-d weight parameter" in why for why in reasons.values()), reasons
     conv = sorted((ROOT / "problems" / "conv").glob("*.py"))[0]
     (v,) = variants(capture_problem(load_problem(conv, {}), "cpu"), KINDS)
     assert any("conv" in why and "no CUDA version" in why for why in unfused_reasons(v).values()), unfused_reasons(v)
@@ -216,11 +218,14 @@ def test_emitted_file_imports_and_builds_modelnew_on_the_cpu(tmp_path):
             new(*prob.inputs())
 
 
-def test_header_names_the_unfused_ops_and_why():
-    source = compile_cuda(GEMM / "06_matmul_scale_residual_clamp_logsumexp_mish.py").source
-    head = source.split("\n\n")[0].replace("\n#     ", " ")
-    assert "gemm_epilogue: nn.Linear matmul -> operator.mul" in head
-    assert "torch.logsumexp (--backend triton fuses it in a gemm_rowreduce region" in head
+def test_header_names_the_unfused_ops_and_why(tmp_path):
+    """A product of two values: the Linear before it fused, the product and the op after it left with reasons."""
+    path = write_problem(tmp_path, "self.fc = nn.Linear(in_features, in_features)",
+                         "return torch.relu(torch.matmul(self.fc(x), x.t()))", name="two_values")
+    head = compile_cuda(path).source.split("\n\n")[0].replace("\n#     ", " ")
+    assert "gemm_epilogue: nn.Linear fc" in head
+    assert "torch.matmul (--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter" in head
+    assert "torch.relu (--backend triton fuses it in a gemm_epilogue region, whose GEMM --backend cuda does not" in head
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
@@ -299,51 +304,31 @@ def _torch_includes() -> list[str]:
     return include_paths()
 
 
-# one Model with a region of every CUDA kind: BatchNorm1d, GroupNorm (43-channel groups), the row sum, the epilogue
+# one Model with a region of every CUDA kind: BatchNorm1d, GroupNorm (43-channel groups), the row sum, a row norm
+# (softmax), a pool over the features, the epilogue
 EVERY_KIND = ("self.fc1 = nn.Linear(in_features, out_features)\nself.bn = nn.BatchNorm1d(out_features)\n"
               "self.fc2 = nn.Linear(out_features, out_features)\nself.gn = nn.GroupNorm(3, out_features)\n"
-              "self.fc3 = nn.Linear(out_features, out_features)\nself.fc4 = nn.Linear(out_features, 40)",
+              "self.fc3 = nn.Linear(out_features, out_features)\nself.fc4 = nn.Linear(out_features, 40)\n"
+              "self.fc5 = nn.Linear(out_features, out_features)\nself.pool = nn.MaxPool1d(4)",
               "y = torch.relu(self.bn(self.fc1(x)))\nz = self.gn(self.fc2(y))\n"
-              "return self.fc3(z).sum(dim=1, keepdim=True) * 0.5, torch.tanh(self.fc4(z))")
-
-
-# ... and with the opt-in kinds too: a row norm (softmax) and a pool over the features
-EVERY_OPT_IN = (EVERY_KIND[0] + "\nself.fc5 = nn.Linear(out_features, out_features)\nself.pool = nn.MaxPool1d(4)",
-                "y = torch.relu(self.bn(self.fc1(x)))\nz = self.gn(self.fc2(y))\n"
-                "w = torch.softmax(self.fc5(z), dim=1)\n"
-                "return (self.fc3(z).sum(dim=1, keepdim=True) * 0.5, torch.tanh(self.fc4(w)),\n"
-                "        self.pool(self.fc5(z).unsqueeze(1)).squeeze(1))")
-
-
-def _switched_on(monkeypatch) -> None:
-    from kfuse.cuda.regions import OPT_IN
-
-    for switch in OPT_IN.values():
-        monkeypatch.setenv(switch, "1")
+              "w = torch.softmax(self.fc5(z), dim=1)\n"
+              "return (self.fc3(z).sum(dim=1, keepdim=True) * 0.5, torch.tanh(self.fc4(w)),\n"
+              "        self.pool(self.fc5(z).unsqueeze(1)).squeeze(1))")
 
 
 def test_every_kind_problem_has_one_region_of_each_kind(tmp_path):
     prob = load_problem(write_problem(tmp_path, *EVERY_KIND, name="every_kind"))
-    (v,) = variants(capture_problem(prob, "cpu"), KINDS)
-    assert sorted(r.kind for r in v.regions) == ["gemm_batchnorm", "gemm_epilogue", "gemm_groupnorm_wide",
-                                                "gemm_rowsum"] and not v.unfused
-
-
-def test_every_opt_in_problem_has_every_kind(tmp_path, monkeypatch):
-    _switched_on(monkeypatch)
-    prob = load_problem(write_problem(tmp_path, *EVERY_OPT_IN, name="every_opt_in"))
     (v,) = variants(capture_problem(prob, "cpu"), KINDS)
     assert sorted(r.kind for r in v.regions) == ["gemm_batchnorm", "gemm_epilogue", "gemm_groupnorm_wide", "gemm_pool",
                                                 "gemm_rowreduce", "gemm_rowsum"] and not v.unfused
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
-def test_cpp_glue_compiles_against_torch_headers(tmp_path, monkeypatch):
+def test_cpp_glue_compiles_against_torch_headers(tmp_path):
     """The C++ translation unit and the bindings load_inline adds, syntax-checked by g++ against this torch's
     headers (the CUDA toolkit's runtime header where installed; a CPU-only torch lacks one generated c10 header,
-    stubbed here): one file with a region of every kind, the opt-in ones switched on."""
-    _switched_on(monkeypatch)
-    compiled = compile_cuda(write_problem(tmp_path, *EVERY_OPT_IN, name="every_opt_in"))
+    stubbed here): one file with a region of every kind."""
+    compiled = compile_cuda(write_problem(tmp_path, *EVERY_KIND, name="every_kind"))
     ns = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(compiled.source).body
           if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id in
           ("CPP_SRC", "CUDA_FUNCTIONS")}

@@ -96,7 +96,8 @@ def test_emitted_file_is_complete(tmp_path, name):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
 def test_every_kind_compiles_without_spills(tmp_path):
-    """A BatchNorm, a GroupNorm, a row-sum and an epilogue region in one translation unit, for H100."""
+    """A BatchNorm, a GroupNorm, a row-sum, a row norm, a pool and an epilogue region in one translation unit, for
+    H100."""
     src = compile_cuda(write_problem(tmp_path, *EVERY_KIND, name="every_kind")).source
     (tmp_path / "k.cu").write_text(ast.literal_eval(re.search(r"CUDA_SRC = (r\'\'\'.*?\'\'\')", src, re.S).group(1)))
     r = subprocess.run(["nvcc", "-c", "k.cu", "-o", "k.o", "-std=c++20", *NVCC_FLAGS,
@@ -105,7 +106,7 @@ def test_every_kind_compiles_without_spills(tmp_path):
     assert r.returncode == 0, r.stderr[-4000:]
     entries = re.findall(r"Compiling entry function '(\w+)'", r.stderr)
     for kernel in ("kf_group_norm_kernel", "kf_group_norm_vec_kernel", "kf_bn_apply_kernel", "kf_col_stats_kernel",
-                   "kf_bn_finalize_kernel", "kf_row_dot_kernel"):
+                   "kf_bn_finalize_kernel", "kf_row_dot_kernel", "kf_row_stats_kernel", "kf_pool_kernel"):
         assert any(kernel in e for e in entries), (kernel, entries)
     spills = re.findall(r"(\d+) bytes spill stores", r.stderr)
     assert spills and set(spills) == {"0"}, r.stderr[-4000:]

@@ -1,11 +1,10 @@
-"""`--backend cuda`'s row kinds that are opt-in until verified on a GPU (rows_source.py's kernels): the row reduction
-kind (kfuse/cuda/rowreduce.py, KFUSE_CUDA_ROWREDUCE=1: a reduction (sum, mean, amax, amin, logsumexp) or row norm
-(softmax, log_softmax, LayerNorm, InstanceNorm) over the GEMM's features, with the ops before and after it) and the
-pool kind (kfuse/cuda/pool.py, KFUSE_CUDA_POOL=1: MaxPool1d / AvgPool1d over the features, the ops after it, a
-reduction of the pooled row).
+"""`--backend cuda`'s row kinds (rows_source.py's kernels): the row reduction kind (kfuse/cuda/rowreduce.py: a
+reduction (sum, mean, amax, amin, logsumexp) or row norm (softmax, log_softmax, LayerNorm, InstanceNorm) over the
+GEMM's features, with the ops before and after it) and the pool kind (kfuse/cuda/pool.py: MaxPool1d / AvgPool1d over
+the features, the ops after it, a reduction of the pooled row).
 
-Without a GPU: off by default (the ops stay torch calls, with the reason), on with the switch (every problems/gemm
-file with such an op fuses it), the emitted files are complete, the CUDA source of a Model with every statistic and
+Without a GPU: every problems/gemm file with such an op fuses it as the Triton backend does, the emitted files are
+complete, the CUDA source of a Model with every statistic and
 of the pool problems compiles with nvcc without spills, autograd through the generated Function meets the gradient
 contract with torch in place of the kernels. With a GPU: the Model and every such problems/gemm file meet the
 accuracy contract, and the gradient contract.
@@ -20,7 +19,7 @@ import subprocess
 
 import pytest
 
-from kfuse.cuda.regions import KINDS, POOL_SWITCH, ROWREDUCE_SWITCH, unfused_reasons
+from kfuse.cuda.regions import KINDS
 from kfuse.cuda.rowreduce import row_plan
 from kfuse.load import load_problem
 from kfuse.modes import variants
@@ -28,7 +27,7 @@ from kfuse.optimize import capture_problem, load_module
 from kfuse_testing import requires_cuda, write_problem
 from test_cuda_backend import GEMM, NVCC_FLAGS, _contract, _torch_launch, check_emitted, compile_cuda
 
-# problems/gemm files whose reduction or row norm the kind fuses when on
+# problems/gemm files whose reduction or row norm the kind fuses
 ROW_PROBLEMS = ["06_matmul_scale_residual_clamp_logsumexp_mish", "15_matmul_sigmoid_sum",
                 "18_gemm_logsumexp_leakyrelu_gelu", "23_gemm_max_subtract_gelu", "32_matmul_gelu_softmax",
                 "33_gemm_layernorm_relu_odd", "34_gemm_instancenorm_residual", "39_gemm_log_softmax_min",
@@ -45,24 +44,8 @@ EVERY_STAT = ("self.fc1 = nn.Linear(in_features, out_features)\nself.fc2 = nn.Li
 POOL_PROBLEMS = ["14_matmul_maxpool_sum_scale", "31_matmul_avgpool_gelu_scale_max"]
 
 
-@pytest.fixture
-def switched_on(monkeypatch):
-    monkeypatch.setenv(ROWREDUCE_SWITCH, "1")
-    monkeypatch.setenv(POOL_SWITCH, "1")
-
-
-@pytest.mark.parametrize("name,op,switch", [("33_gemm_layernorm_relu_odd", "nn.LayerNorm ln", ROWREDUCE_SWITCH),
-                                            ("14_matmul_maxpool_sum_scale", "nn.MaxPool1d max_pool", POOL_SWITCH)])
-def test_off_by_default_with_the_reason(monkeypatch, name, op, switch):
-    monkeypatch.delenv(ROWREDUCE_SWITCH, raising=False)
-    monkeypatch.delenv(POOL_SWITCH, raising=False)
-    (v,) = variants(capture_problem(load_problem(GEMM / f"{name}.py", {}), "cpu"), KINDS)
-    assert [r.kind for r in v.regions if r.fused] == ["gemm_epilogue"]
-    assert switch in unfused_reasons(v)[op]
-
-
 @pytest.mark.parametrize("name", ROW_PROBLEMS + POOL_PROBLEMS)
-def test_switched_on_the_row_op_is_fused_and_the_file_complete(switched_on, name):
+def test_the_row_op_is_fused_and_the_file_complete(name):
     compiled = compile_cuda(GEMM / f"{name}.py")
     (v,) = compiled.variants
     (triton,) = variants(capture_problem(load_problem(GEMM / f"{name}.py", {}), "cpu"))
@@ -71,7 +54,7 @@ def test_switched_on_the_row_op_is_fused_and_the_file_complete(switched_on, name
     check_emitted(compiled.source)
 
 
-def test_every_stat_model_plans(switched_on, tmp_path):
+def test_every_stat_model_plans(tmp_path):
     prob = load_problem(write_problem(tmp_path, *EVERY_STAT, name="every_stat"))
     (v,) = variants(capture_problem(prob, "cpu"), KINDS)
     rows = [r for r in v.regions if r.kind == "gemm_rowreduce"]
@@ -100,7 +83,7 @@ def _cuda_src(source: str) -> str:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
-def test_every_stat_compiles_without_spills(switched_on, tmp_path):
+def test_every_stat_compiles_without_spills(tmp_path):
     entries = _nvcc_entries(_cuda_src(compile_cuda(write_problem(tmp_path, *EVERY_STAT, name="every_stat")).source),
                             tmp_path)
     for stat in (0, 1, 3, 4):  # sum, max, logsumexp, moments; no min in this Model, so not compiled
@@ -110,7 +93,7 @@ def test_every_stat_compiles_without_spills(switched_on, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
-def test_pool_compiles_without_spills(switched_on, tmp_path):
+def test_pool_compiles_without_spills(tmp_path):
     """problems/gemm/31 (average pool, then a max of the pooled row) for H100."""
     entries = _nvcc_entries(_cuda_src(compile_cuda(GEMM / "31_matmul_avgpool_gelu_scale_max.py").source), tmp_path)
     assert any("kf_pool_kernelILb0E" in e for e in entries) and any("kf_row_stats_kernelILi1E" in e for e in entries)
@@ -118,8 +101,7 @@ def test_pool_compiles_without_spills(switched_on, tmp_path):
 
 @pytest.mark.parametrize("name", ["every_stat", "33_gemm_layernorm_relu_odd", "34_gemm_instancenorm_residual",
                                   "06_matmul_scale_residual_clamp_logsumexp_mish", *POOL_PROBLEMS])
-def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels(switched_on, tmp_path, monkeypatch,
-                                                                                 name):
+def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels(tmp_path, monkeypatch, name):
     from kfuse.gradients import gradient_contract
 
     sizes = {"batch_size": 37, "in_features": 70, "out_features": 129}
@@ -139,7 +121,7 @@ def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels
 
 @pytest.mark.gpu
 @requires_cuda
-def test_gpu_every_stat_meets_the_contract_and_the_gradient_contract(switched_on, tmp_path):
+def test_gpu_every_stat_meets_the_contract_and_the_gradient_contract(tmp_path):
     from kfuse.gradients import gradient_contract
 
     prob, module, contract = _contract(write_problem(tmp_path, *EVERY_STAT, name="every_stat"), {})
@@ -151,6 +133,6 @@ def test_gpu_every_stat_meets_the_contract_and_the_gradient_contract(switched_on
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("name", ROW_PROBLEMS + POOL_PROBLEMS)
-def test_gpu_row_problems_meet_the_contract(switched_on, name):
+def test_gpu_row_problems_meet_the_contract(name):
     _, _, contract = _contract(GEMM / f"{name}.py", {})
     assert contract.correct, contract.failures

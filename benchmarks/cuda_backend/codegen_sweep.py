@@ -1,11 +1,10 @@
 """`--backend cuda` code generation over many problem files, on a machine without a GPU:
 
-    PYTHONPATH=src python3 benchmarks/cuda_backend/codegen_sweep.py FOLDER... [--opt-in] [--nvcc OUT_DIR]
+    PYTHONPATH=src python3 benchmarks/cuda_backend/codegen_sweep.py FOLDER... [--nvcc OUT_DIR]
 
 For each problem file (at its file's sizes): the CUDA backend's ModelNew source, checked for completeness as
 tests/test_cuda_backend.py's `check_emitted` does (it parses, imports no Triton, every bound function and launched
-kernel is defined); the region kinds it fused are counted. `--opt-in` switches the opt-in kinds on
-(KFUSE_CUDA_ROWREDUCE=1, KFUSE_CUDA_POOL=1). `--nvcc DIR`: every file with a region of another kind than the plain
+kernel is defined); the region kinds it fused are counted. `--nvcc DIR`: every file with a region of another kind than the plain
 epilogue is also compiled with nvcc for sm_90 (without CUTLASS: the WMMA tile), its sources and logs kept in DIR.
 Prints one line per failure and a summary; exit 1 if anything failed.
 """
@@ -32,12 +31,9 @@ NVCC = ["nvcc", "-c", "-std=c++20", "-O3", "-D__CUDA_NO_HALF_OPERATORS__", "-D__
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path)
-    ap.add_argument("--opt-in", action="store_true")
     ap.add_argument("--nvcc", type=Path)
     args = ap.parse_args()
-    if args.opt_in:
-        os.environ["KFUSE_CUDA_ROWREDUCE"] = os.environ["KFUSE_CUDA_POOL"] = "1"
-    from test_cuda_backend import check_emitted, compile_cuda  # after the switches: partition reads them
+    from test_cuda_backend import check_emitted, compile_cuda
 
     files = sorted(f for d in args.folders for f in (d.rglob("*.py") if d.is_dir() else [d]))
     kinds: Counter = Counter()

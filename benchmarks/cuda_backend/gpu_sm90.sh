@@ -13,9 +13,9 @@
 #           Model with a region of every kind (tests/test_cuda_backend.py's EVERY_KIND) and of problems/gemm/04 and
 #           05 (row sums), 8 at a time (which builds their extensions), then the GPU tests of test_cuda_norms.py and
 #           test_cuda_backend.py's tests of 04
-#   rowkinds  the row reduction and pool kinds, switched on (KFUSE_CUDA_ROWREDUCE=1 KFUSE_CUDA_POOL=1; opt-in until
-#           this step passes): kfuse optimize --backend cuda of the problems/gemm files they fuse, 8 at a time, then
-#           tests/test_cuda_row_kinds.py's GPU tests
+#   rowkinds  the row reduction and pool kinds: kfuse optimize --backend cuda of the problems/gemm files they fuse,
+#           8 at a time, then tests/test_cuda_row_kinds.py's GPU tests, then kfuse bench of six of them with each
+#           backend (their CUDA extensions built by the optimize runs)
 #   twins   each CUDA kind against its Triton twin: kfuse bench --backend cuda, then triton, of problems/gemm 08
 #           (gemm_groupnorm_wide), 30 and 38 (gemm_batchnorm, training and eval) and 04 (gemm_rowsum), their
 #           extensions built first by kfuse optimize, 4 at a time
@@ -85,12 +85,16 @@ write_problem(Path(sys.argv[1]), *EVERY_KIND, name='every_kind')" "$out/kind_cas
         echo "pytest: exit $? $(tail -1 "$out/pytest-kinds.log")";;
     rowkinds)
         mkdir -p "$out/rowkinds"
-        export KFUSE_CUDA_ROWREDUCE=1 KFUSE_CUDA_POOL=1
         ls problems/gemm/{06,14,15,18,23,31,32,33,34,39,40,42}_*.py | xargs -P 8 -I{} bash -c 'optimize_one {} '"$out/rowkinds"
         TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_row_kinds.py \
             > "$out/pytest-rowkinds.log" 2>&1
         echo "pytest: exit $? $(tail -1 "$out/pytest-rowkinds.log")"
-        unset KFUSE_CUDA_ROWREDUCE KFUSE_CUDA_POOL;;
+        rows=(problems/gemm/{06,14,32,31,34,33}_*.py)
+        for b in cuda triton; do
+            timeout 230 python3 -m kfuse bench "${rows[@]}" --baselines eager --trials 1 --backend $b \
+                --json "$out/rowkinds-bench-$b.json" > "$out/rowkinds-bench-$b.log" 2>&1
+            echo "bench $b: exit $?"
+        done;;
     twins)
         twins=(problems/gemm/08_*.py problems/gemm/30_*.py problems/gemm/38_*.py problems/gemm/04_*.py)
         printf '%s\n' "${twins[@]}" | xargs -P 4 -I{} bash -c 'optimize_one {} '"$out/cuda"

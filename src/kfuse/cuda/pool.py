@@ -10,8 +10,6 @@ One bound function `kf_<stem>` runs, with rows_source.py's kernels:
      kf_rows with `Row_<stem>`: the reduction's value and the per-row ops.
 Bytes beyond the GEMM: y written once and read once, the pooled outputs (k times narrower) written once. The Triton
 twin pools inside the GEMM's tile (no y at all). The window is read from the module at run time.
-
-Opt-in (KFUSE_CUDA_POOL=1, kfuse/cuda/regions.py) until its kernels are verified on a GPU.
 """
 
 from __future__ import annotations

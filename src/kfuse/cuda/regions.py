@@ -11,10 +11,8 @@ can run it, and its `cuda_code` writes the region's code:
   GroupNorm            over the GEMM's columns, any group size: one CUDA pass serves both registry kinds, which
                        differ in how a Triton column tile holds the groups (kfuse/cuda/norms.py)
   BatchNorm1d          modules over the GEMM's rows (kfuse/cuda/norms.py)
-  a row reduction      or row norm over the GEMM's features (kfuse/cuda/rowreduce.py) and a pool over them
-  and a pool           (kfuse/cuda/pool.py): opt-in (KFUSE_CUDA_ROWREDUCE=1, KFUSE_CUDA_POOL=1) until verified on a
-                       GPU; without their switches the op ends the region and stays a torch call with the ops
-                       after it.
+  a row reduction      or row norm over the GEMM's features (kfuse/cuda/rowreduce.py)
+  a pool               over the GEMM's features, its ops and a reduction of the pooled row (kfuse/cuda/pool.py)
 The convolution kinds have no CUDA twin. The kinds that launch nothing of kfuse's (host values and views, torch
 calls) are the registry's own. Kinds are found in the registry by what they are, never by name
 (tests/unit/test_region_kinds.py).
@@ -22,7 +20,6 @@ calls) are the registry's own. Kinds are found in the registry by what they are,
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from kfuse.cuda import epilogue, norms, pool, rowreduce, rowsum
@@ -37,8 +34,6 @@ BACKEND = "cuda"
 
 
 EPILOGUE = next(k for k in REGISTRY if k.upgradable and k.family == "gemm")  # where GEMM regions start
-ROWREDUCE_SWITCH = "KFUSE_CUDA_ROWREDUCE"  # "1": fuse row reductions and row norms (not yet verified on a GPU)
-POOL_SWITCH = "KFUSE_CUDA_POOL"  # "1": fuse pools over the features (not yet verified on a GPU)
 
 
 def weight_gemm(n: Node, g: Graph) -> bool:
@@ -83,27 +78,16 @@ class BatchNorm:
         return []
 
 
-class OptIn:
-    """A twin not yet verified on a GPU: it takes a walk over only where its switch is "1"."""
-
-    switch = ""
-
-    def enters(self, walk: Walk, n: Node) -> bool:
-        return os.environ.get(self.switch) == "1" and super().enters(walk, n)
-
-
-class RowReduce(OptIn):
+class RowReduce:
     """A reduction or row norm over the GEMM's features (kfuse/cuda/rowreduce.py)."""
 
     cuda_code = staticmethod(rowreduce.region_code)
-    switch = ROWREDUCE_SWITCH
 
 
-class Pool(OptIn):
+class Pool:
     """A pool over the GEMM's features, its ops and a reduction of the pooled row (kfuse/cuda/pool.py)."""
 
     cuda_code = staticmethod(pool.region_code)
-    switch = POOL_SWITCH
 
 
 # a registry kind's twin, by the op it takes a region over at (the plain epilogue: by none)
@@ -122,7 +106,6 @@ def twin(kind: RegionKind) -> RegionKind:
 FUSED: tuple[RegionKind, ...] = tuple(twin(k) for k in REGISTRY if k.family == "gemm")
 KINDS: tuple[RegionKind, ...] = (*FUSED, *[k for k in REGISTRY if not k.fused])
 FUSED_KINDS = tuple(k.name for k in FUSED)
-OPT_IN = {k.name: k.switch for k in FUSED if isinstance(k, OptIn)}  # kind -> its switch
 
 
 def unfused_reasons(v: Variant) -> dict[str, str]:
@@ -140,9 +123,9 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
             elif n.op in ("linear", "matmul"):
                 why = (f"--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter (--backend triton: "
                        f"{kind})")
-            elif kind in OPT_IN:
-                why = (f"--backend triton fuses it in a {kind} region, whose CUDA version is opt-in until verified on "
-                       f"a GPU ({OPT_IN[kind]}=1)")
+            elif kind in FUSED_KINDS:  # the kind has a CUDA version, but not for this region's GEMM
+                why = (f"--backend triton fuses it in a {kind} region, whose GEMM --backend cuda does not take (not a "
+                       f"Linear or x @ W with a 2-d weight parameter)")
             else:
                 why = f"--backend triton fuses it in a {kind} region, which has no CUDA version yet"
             reasons[n.origin] = why

@@ -15,9 +15,6 @@ norm itself). One bound function `kf_<stem>` runs, with rows_source.py's kernels
 Bytes beyond the GEMM: y written once and read once or twice by the statistics (two-pass statistics, the second
 mostly from L2), once more by the apply pass; the outputs written once. The Triton twin computes per-tile partials
 in the GEMM's epilogue instead of re-reading y for the statistics.
-
-Opt-in (KFUSE_CUDA_ROWREDUCE=1, kfuse/cuda/regions.py) until its kernels are verified on a GPU: without it these
-ops stay torch calls, as before.
 """
 
 from __future__ import annotations
