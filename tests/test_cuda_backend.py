@@ -192,6 +192,46 @@ def check_emitted(source: str) -> None:
     classes = re.findall(r"^class (\w+Fn)\((?:CudaGemmFn|CudaRecomputeFn)\):", source, flags=re.M)
     model_new = source[source.index("class ModelNew(Model):"):]
     assert classes and all(f"{c}.run(self, " in model_new for c in classes)
+    assert unreached_runtime(source) == []
+
+
+def unreached_runtime(source: str) -> list[str]:
+    """The runtime's top-level names in the file (between its first banner and the generated regions') that the
+    generated code below does not read, directly or through other runtime definitions: the copy is by name."""
+    lines = source.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("# -------") and "(kfuse/" in ln) + 1
+    generated = next(i for i, ln in enumerate(lines) if ln.startswith("# -------") and "fused regions" in ln) + 1
+    reads_of: dict[str, frozenset] = {}
+    roots: set[str] = set()
+    for stmt in ast.parse(source).body:
+        reads = frozenset(n.id for n in ast.walk(stmt) if isinstance(n, ast.Name))
+        if stmt.lineno > generated:
+            roots |= reads
+        elif stmt.lineno > first:
+            names = [stmt.name] if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) else [
+                n.id for t in getattr(stmt, "targets", [getattr(stmt, "target", None)]) if t is not None
+                for n in ast.walk(t) if isinstance(n, ast.Name)]
+            reads_of.update({n: reads for n in names})
+    reached: set[str] = set()
+    todo = [n for n in roots if n in reads_of]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo += [n for n in reads_of[name] if n in reads_of]
+    return sorted(set(reads_of) - reached)
+
+
+def test_cuda_modules_define_each_name_once():
+    """The CUDA backend's library modules (kfuse/library.py CUDA_MODULES) never define a name twice: the library
+    would copy the earlier module's definition silently."""
+    from kfuse.library import CUDA_MODULES, _module
+
+    seen: dict[str, str] = {}
+    for module, _ in CUDA_MODULES:
+        for name in _module(module)[0]:
+            assert name not in seen, f"{name} in {module} and {seen[name]}"
+            seen[name] = module
 
 
 @pytest.mark.parametrize("path", PROBLEMS, ids=lambda p: p.stem)
@@ -388,10 +428,19 @@ def _detached(outs):
     return tuple(o.detach().clone() for o in outs) if isinstance(outs, tuple) else outs.detach().clone()
 
 
+def region_fns(module, base: str) -> list[type]:
+    """The generated Functions of a ModelNew module deriving from the runtime's `base` (a file carries the base
+    only where a region uses it)."""
+    cls = getattr(module, base, None)
+    return [] if cls is None else [v for k, v in vars(module).items() if k.endswith("Fn") and isinstance(v, type)
+                                   and issubclass(v, cls) and v is not cls]
+
+
 def _torch_launch(module, fn):
     """Fn.launch computed in torch (what the CUDA kernels compute): the epilogue from z, a training BatchNorm
-    updating its running statistics as the kernel does (batch_norm_mode's bookkeeping, then torch's update)."""
-    plain_ref = module.batch_norm_ref
+    updating its running statistics as the kernel does (batch_norm_mode's bookkeeping, then torch's update). A file
+    carries batch_norm_ref only where a region has a BatchNorm."""
+    plain_ref = getattr(module, "batch_norm_ref", None)
 
     def updating_ref(y, bn, saved, cast):
         if saved is None and bn.training and bn.track_running_stats:
@@ -404,12 +453,14 @@ def _torch_launch(module, fn):
         w, b = fn.gemm(self)
         z = x @ w if fn.KN else torch.nn.functional.linear(x, w)
         z = (z if b is None else z + b).detach()
-        module.batch_norm_ref = updating_ref
+        if plain_ref is not None:
+            module.batch_norm_ref = updating_ref
         try:
             with torch.no_grad():
                 outs = fn.epilogue(self, fn.state(self), lambda t: t, z)
         finally:
-            module.batch_norm_ref = plain_ref
+            if plain_ref is not None:
+                module.batch_norm_ref = plain_ref
         outs = outs if isinstance(outs, tuple) else (outs,)
         outs = tuple(o.detach().clone() for o in outs)
         return (outs, z) if save_z else (outs[0] if len(outs) == 1 else outs)
@@ -431,10 +482,7 @@ def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernel(
     out = tmp_path / "new.py"
     out.write_text(compile_cuda(path, sizes).source)
     module = load_module(out)
-    fns = [v for k, v in vars(module).items() if k.endswith("Fn") and isinstance(v, type)
-           and issubclass(v, module.CudaGemmFn) and v is not module.CudaGemmFn]
-    recomputed = [v for k, v in vars(module).items() if k.endswith("Fn") and isinstance(v, type)
-                  and issubclass(v, module.CudaRecomputeFn) and v is not module.CudaRecomputeFn]
+    fns, recomputed = region_fns(module, "CudaGemmFn"), region_fns(module, "CudaRecomputeFn")
     assert fns or recomputed
     for fn in fns:
         monkeypatch.setattr(fn, "launch", _torch_launch(module, fn))
@@ -597,8 +645,7 @@ def test_gpu_odd_sizes_meet_the_contract(scheme, sizes):
 
 def _region_fn(module):
     """The generated file's one CudaGemmFn subclass."""
-    (fn,) = [v for k, v in vars(module).items() if k.endswith("Fn") and isinstance(v, type)
-             and issubclass(v, module.CudaGemmFn) and v is not module.CudaGemmFn]
+    (fn,) = region_fns(module, "CudaGemmFn")
     return fn
 
 

@@ -22,7 +22,7 @@ from kfuse.load import load_problem
 from kfuse.modes import variants
 from kfuse.optimize import capture_problem, load_module
 from kfuse_testing import requires_cuda, write_problem
-from test_cuda_backend import EVERY_KIND, NVCC_FLAGS, _contract, _torch_launch, check_emitted, compile_cuda
+from test_cuda_backend import EVERY_KIND, NVCC_FLAGS, _contract, _torch_launch, check_emitted, compile_cuda, region_fns
 
 # name -> (init, forward, sizes): group sizes 16, 24, 500 and 1024 (the register kernel with 1, 2, 4 and 8 float4s
 # per lane), 43 and 129 (the scalar kernel; one group per row), 24 with the GEMM's value read again after the norm;
@@ -122,8 +122,7 @@ def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels
     out = tmp_path / "new.py"
     out.write_text(compile_cuda(path).source)
     module = load_module(out)
-    (fn,) = [v for k, v in vars(module).items() if k.endswith("Fn") and isinstance(v, type)
-             and issubclass(v, module.CudaGemmFn) and v is not module.CudaGemmFn]
+    (fn,) = region_fns(module, "CudaGemmFn")
     monkeypatch.setattr(fn, "launch", _torch_launch(module, fn))
     verdict = gradient_contract(prob, module.ModelNew, device="cpu", draws=2)
     assert verdict.correct, verdict.failures

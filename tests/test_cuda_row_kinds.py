@@ -25,7 +25,7 @@ from kfuse.load import load_problem
 from kfuse.modes import variants
 from kfuse.optimize import capture_problem, load_module
 from kfuse_testing import requires_cuda, write_problem
-from test_cuda_backend import GEMM, NVCC_FLAGS, _contract, _torch_launch, check_emitted, compile_cuda
+from test_cuda_backend import GEMM, NVCC_FLAGS, _contract, _torch_launch, check_emitted, compile_cuda, region_fns
 
 # problems/gemm files whose reduction or row norm the kind fuses
 ROW_PROBLEMS = ["06_matmul_scale_residual_clamp_logsumexp_mish", "15_matmul_sigmoid_sum",
@@ -110,8 +110,7 @@ def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels
     out = tmp_path / "new.py"
     out.write_text(compile_cuda(path, {} if name == "every_stat" else sizes).source)
     module = load_module(out)
-    fns = [v for k, v in vars(module).items() if k.endswith("Fn") and isinstance(v, type)
-           and issubclass(v, module.CudaGemmFn) and v is not module.CudaGemmFn]
+    fns = region_fns(module, "CudaGemmFn")
     assert fns
     for fn in fns:
         monkeypatch.setattr(fn, "launch", _torch_launch(module, fn))

@@ -1,6 +1,7 @@
-"""The library part of a generated file: the definitions of kfuse/kernels/ its code uses, found by following names.
+"""The library part of a generated file: the definitions of kfuse's runtime modules its code uses, found by following
+names (the Triton backend's: kfuse/kernels/, MODULES; the CUDA backend's: CUDA_MODULES).
 
-Every module of kfuse/kernels/ is read as top-level definitions (functions, classes, assignments, and `try` blocks
+Every module is read as top-level definitions (functions, classes, assignments, and `try` blocks
 that bind names, such as the optional Gluon import). Starting from the names the generated regions and ModelNew
 read, the definitions they need are collected transitively; they are written module by module, each in its
 file's order (module-level values only ever read earlier definitions), under a banner naming the source file.
@@ -16,25 +17,32 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-KERNELS = Path(__file__).parent / "kernels"
-# Modules in the order their definitions are written: a module reads only those before it at import time.
-MODULES: tuple[tuple[str, str], ...] = (
-    ("pointwise", "helpers of the pointwise table's spellings"),
-    ("gemm_core", "fp32-accurate GEMM core"),
-    ("gemm_sm90", "the GEMM tile on Hopper, in Gluon"),
-    ("skinny", "skinny GEMMs: the float64 split-K pass"),
-    ("long_k", "long-K GEMMs: K slices summed in float64"),
-    ("runtime", "run-time helpers: operands, tile configs, tuning"),
-    ("conv", "convolutions: the implicit-GEMM tile"),
-    ("conv_transpose", "transposed convolutions: the stride-phase tile"),
-    ("conv_depthwise", "depthwise convolutions: the direct tile"),
-    ("batchnorm", "BatchNorm's statistics and eval fold"),
-    ("conv_norm", "BatchNorm after a convolution: counted statistics, eval fold"),
-    ("pooling", "pools after a convolution: rows of pooled pixels, global means"),
-    ("conv_reduce", "reductions over a convolution's channels: the pixel of a phase row"),
-    ("backward_ops", "training: epilogue backward launcher"),
-    ("backward", "training: autograd bases, backward GEMM"),
-    ("graphs", "CUDA graphs for repeated inference calls"),
+PACKAGE = Path(__file__).parent
+Modules = tuple[tuple[str, str], ...]  # (path under kfuse/ without .py, banner title), in the order written
+# The Triton backend's modules, in the order their definitions are written: a module reads only those before it at
+# import time.
+MODULES: Modules = (
+    ("kernels/pointwise", "helpers of the pointwise table's spellings"),
+    ("kernels/gemm_core", "fp32-accurate GEMM core"),
+    ("kernels/gemm_sm90", "the GEMM tile on Hopper, in Gluon"),
+    ("kernels/skinny", "skinny GEMMs: the float64 split-K pass"),
+    ("kernels/long_k", "long-K GEMMs: K slices summed in float64"),
+    ("kernels/runtime", "run-time helpers: operands, tile configs, tuning"),
+    ("kernels/conv", "convolutions: the implicit-GEMM tile"),
+    ("kernels/conv_transpose", "transposed convolutions: the stride-phase tile"),
+    ("kernels/conv_depthwise", "depthwise convolutions: the direct tile"),
+    ("kernels/batchnorm", "BatchNorm's statistics and eval fold"),
+    ("kernels/conv_norm", "BatchNorm after a convolution: counted statistics, eval fold"),
+    ("kernels/pooling", "pools after a convolution: rows of pooled pixels, global means"),
+    ("kernels/conv_reduce", "reductions over a convolution's channels: the pixel of a phase row"),
+    ("kernels/backward_ops", "training: epilogue backward launcher"),
+    ("kernels/backward", "training: autograd bases, backward GEMM"),
+    ("kernels/graphs", "CUDA graphs for repeated inference calls"),
+)
+# The CUDA backend's (no Triton): the autograd helpers both backends share, then its own runtime.
+CUDA_MODULES: Modules = (
+    ("kernels/backward", "autograd helpers, BatchNorm's forward state"),
+    ("cuda/runtime", "the CUDA runtime: build once, operands, autograd"),
 )
 ALWAYS_IMPORTED = ("torch", "triton", "tl")  # the generated file's own imports
 
@@ -74,8 +82,8 @@ def _source(lines: list[str], stmt: ast.stmt) -> str:
 
 @functools.cache
 def _module(name: str) -> tuple[dict[str, Definition], dict[str, str]]:
-    """A kernels module's definitions by name, and its standard imports: bound name -> import line."""
-    text = (KERNELS / f"{name}.py").read_text()
+    """A module's definitions by name, and its standard imports: bound name -> import line."""
+    text = (PACKAGE / f"{name}.py").read_text()
     lines = text.splitlines()
     defs: dict[str, Definition] = {}
     imports: dict[str, str] = {}
@@ -96,9 +104,9 @@ def _module(name: str) -> tuple[dict[str, Definition], dict[str, str]]:
     return defs, imports
 
 
-def _all_definitions() -> dict[str, Definition]:
+def _all_definitions(modules: Modules) -> dict[str, Definition]:
     out: dict[str, Definition] = {}
-    for module, _ in MODULES:
+    for module, _ in modules:
         for name, d in _module(module)[0].items():
             out.setdefault(name, d)  # a name defined twice: the earlier module's (modules never shadow)
     return out
@@ -129,31 +137,33 @@ def _closure(roots: Iterable[str], defs: dict[str, Definition], exclude: set[str
     return need
 
 
-def _ordered(names: set[str], defs: dict[str, Definition]) -> list[Definition]:
+def _ordered(names: set[str], defs: dict[str, Definition], modules: Modules) -> list[Definition]:
     chosen = {id(defs[n]): defs[n] for n in names}.values()
-    rank = {m: i for i, (m, _) in enumerate(MODULES)}
+    rank = {m: i for i, (m, _) in enumerate(modules)}
     return sorted(chosen, key=lambda d: (rank[d.module], d.order))
 
 
-def library(roots: Iterable[str], exclude: Sequence[str] = (), early: Sequence[str] = ()) -> Library:
+def library(roots: Iterable[str], exclude: Sequence[str] = (), early: Sequence[str] = (),
+            modules: Modules = MODULES) -> Library:
     """The definitions `roots` need, transitively, written module by module; `exclude`: names the generated file
     defines itself (e.g. the GEMM scheme it was built for); `early`: names among them the generated code needs
-    at its own definition (with what they need: `Library.early`, not in the sections)."""
-    defs = _all_definitions()
+    at its own definition (with what they need: `Library.early`, not in the sections); `modules`: where they are
+    looked for."""
+    defs = _all_definitions(modules)
     roots = set(roots)
     need = _closure(roots, defs, set(exclude))
     first = _closure([n for n in early if n in need], defs, set(exclude))
     reads = roots.union(*(defs[n].reads for n in need))
     sections = []
-    for module, title in MODULES:
-        mine = [d for d in _ordered(need - first, defs) if d.module == module]
+    for module, title in modules:
+        mine = [d for d in _ordered(need - first, defs, modules) if d.module == module]
         if mine:
-            banner = f"# ---------------- {title} (kfuse/kernels/{module}.py) ----------------"
+            banner = f"# ---------------- {title} (kfuse/{module}.py) ----------------"
             sections.append(banner + "\n" + "\n\n\n".join(d.source for d in mine))
     imports: dict[str, str] = {}
-    for module, _ in MODULES:
+    for module, _ in modules:
         for bound, line in _module(module)[1].items():
             if bound in reads and bound not in ALWAYS_IMPORTED:
                 imports.setdefault(bound, line)
     return Library(tuple(sections), tuple(sorted(set(imports.values()))),
-                   tuple(d.source for d in _ordered(first, defs)), frozenset(need))
+                   tuple(d.source for d in _ordered(first, defs, modules)), frozenset(need))

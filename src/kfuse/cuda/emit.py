@@ -5,8 +5,9 @@ Layout, top to bottom:
      verification summary;
   2. imports: the standard library and torch only (no Triton);
   3. the original problem, unchanged;
-  4. kfuse's CUDA runtime (kfuse/cuda/runtime.py below its marker, copied unchanged): build-once loading, operand
-     caches, the autograd base;
+  4. kfuse's CUDA runtime: the definitions of kfuse/cuda/runtime.py (build-once loading, operand caches, the
+     autograd bases) and of kfuse/kernels/backward.py (BatchNorm's forward state) that the file's code reads,
+     found by name (kfuse/library.py, CUDA_MODULES) and copied unchanged;
   5. CUDA_SRC and CPP_SRC (gemm_source.py's fixed kernels, then each region's epilogue struct and launcher) and
      `cuda_module()`, which compiles them on the first call on a machine;
   6. per fused region: its Python launcher `fused_<stem>` and its autograd Function `<Stem>Fn`; then
@@ -20,12 +21,12 @@ import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from kfuse.cuda.epilogue import CudaRegion
 from kfuse.cuda.glue import cpp_source, cuda_source
 from kfuse.cuda.regions import cuda_kind, unfused_reasons
 from kfuse.emit import CALL_MODULES, STRICT_FP32, _split_future, claim_stem, emit, forward_method, generated_line
+from kfuse.library import CUDA_MODULES, Library, free_names, library
 from kfuse.modes import Variant, guards
 from kfuse.regions import generate
 from kfuse.regions.common import kernel_name
@@ -36,18 +37,18 @@ SCHEME_NOTES = {
                "CUTLASS's headers (pip install nvidia-cutlass), else a WMMA tile",
     "ieee": "fp32 operands on the CUDA cores, float64 products and sums rounded to fp32 once",
 }
-RUNTIME_MARK = "# --- emitted below ---"
 CUDA_MODULE = '''def cuda_module():
     """The compiled extension of CUDA_SRC and CPP_SRC: built on the first call on this machine, then loaded from
     the cache folder (runtime.load_extension)."""
     return load_extension(CUDA_SRC, CPP_SRC, CUDA_FUNCTIONS)'''
-RUNTIME_IMPORTS = ("import contextlib", "import hashlib", "import importlib.util", "import inspect", "import os")
+# what the file defines itself, though the runtime's modules define these names too (none today)
+DEFINED_HERE = ("GEMM_SCHEME", "CUDA_SRC", "CPP_SRC", "CUDA_FUNCTIONS", "cuda_module")
 
 
-def runtime_source() -> str:
-    """kfuse/cuda/runtime.py below its marker."""
-    text = (Path(__file__).parent / "runtime.py").read_text()
-    return text.split(RUNTIME_MARK, 1)[1].strip("\n")
+def runtime_library(generated: Sequence[str]) -> Library:
+    """The runtime definitions the generated Python (launchers, Functions, ModelNew, cuda_module) reads,
+    transitively."""
+    return library(free_names("\n\n".join(generated)), exclude=DEFINED_HERE, modules=CUDA_MODULES)
 
 
 def _forward_lines(v: Variant, stems: set[str], classes: set[str]) -> tuple[list[str], list[CudaRegion]]:
@@ -110,10 +111,10 @@ def header(problem_name: str, variants: Sequence[Variant], scheme: str, verified
     return [w for ln in lines for w in textwrap.wrap(ln, 118, subsequent_indent="#     ")]
 
 
-def imports(forward_lines: Sequence[str]) -> str:
+def imports(forward_lines: Sequence[str], lib: Library) -> str:
     """The runtime's standard-library imports, the modules kept torch calls name (`operator.floordiv`), torch."""
     used = [f"import {m}" for m in CALL_MODULES if any(re.search(rf"\b{m}\.", ln) for ln in forward_lines)]
-    return "\n".join(sorted({*RUNTIME_IMPORTS, *used})) + "\n\nimport torch"
+    return "\n".join(sorted({*lib.imports, *used})) + "\n\nimport torch"
 
 
 def emit_cuda(problem_source: str, problem_name: str, variants: Sequence[Variant], scheme: str,
@@ -134,23 +135,23 @@ def emit_cuda(problem_source: str, problem_name: str, variants: Sequence[Variant
     parts = {p for c in fused for p in c.parts}
     cu = cuda_source([c.cu for c in fused], parts)
     cpp = cpp_source([c.cpp for c in fused], parts)
+    python = [CUDA_MODULE, *[c.python.rstrip("\n") for c in fused],
+              model_new(forwards, list(variants[0].graph.inputs)).rstrip("\n")]
+    lib = runtime_library(python)
     parts = [
         "\n".join([*future, *header(problem_name, variants, scheme, verified)]),
-        imports([ln for _, lines in forwards for ln in lines]),
+        imports([ln for _, lines in forwards for ln in lines], lib),
         "# ---------------- the original problem, unchanged ----------------\n" + original.strip("\n"),
     ]
     if strict:
         parts.append(STRICT_FP32)
     parts += [
-        "# ---------------- kfuse's CUDA runtime (kfuse/cuda/runtime.py), copied unchanged ----------------\n"
-        + runtime_source(),
+        *lib.sections,
         "# ---------------- fused regions, generated for this problem ----------------\n"
         f'GEMM_SCHEME = "{scheme}"  # the GEMM scheme of every region (kfuse optimize --scheme)',
         f"CUDA_SRC = r'''\n{cu}'''",
         f"CPP_SRC = r'''\n{cpp}'''",
         f"CUDA_FUNCTIONS = {functions!r}",
-        CUDA_MODULE,
-        *[c.python.rstrip("\n") for c in fused],
-        model_new(forwards, list(variants[0].graph.inputs)).rstrip("\n"),
+        *python,
     ]
     return "\n\n\n".join(parts) + "\n"

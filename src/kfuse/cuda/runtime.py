@@ -1,4 +1,6 @@
-"""What every `--backend cuda` ModelNew carries (this file's body below the marker is copied into it unchanged).
+"""What every `--backend cuda` ModelNew carries: the definitions its code reads, copied into it by name
+(kfuse/library.py, CUDA_MODULES), with the helpers of kfuse/kernels/backward.py it shares with the Triton backend
+(BatchNorm's forward state and reference, the autograd helpers imported below).
 
 Build once per machine: `load_extension` names the extension after a hash of everything that decides the binary
 (both sources, the bound functions, the flags, torch's and CUDA's versions, the GPU's compute capability) and
@@ -28,7 +30,8 @@ import os
 
 import torch
 
-# --- emitted below ---
+from kfuse.kernels.backward import _as_tuple, _caster, distinct_tensors
+
 SKINNY_M = 16  # GEMMs of at most this many rows run the GEMV kernel, float64 sums (gemm_source.SKINNY_M)
 SCHEME_IDS = {"fp16x3p": 0, "ieee": 1, "fp64": 2}  # gemm_source.SCHEME_IDS
 CUDA_FLAGS = ("-O3",)  # no -std: torch adds the one its headers need (C++20 since torch 2.10)
@@ -213,22 +216,6 @@ def batch_norm_mode(bn) -> tuple:
     return batch, 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else float(bn.momentum)
 
 
-def batch_norm_state(bn):
-    """What a BatchNorm normalizes with at this call: None for batch statistics, else a copy of the running
-    statistics (eval)."""
-    if bn.training or bn.running_mean is None:
-        return None
-    return bn.running_mean.detach().clone(), bn.running_var.detach().clone()
-
-
-def batch_norm_ref(y, bn, saved, cast):
-    """BatchNorm as the forward computed it (see batch_norm_state), leaving the running statistics alone."""
-    w, b = cast(bn.weight), cast(bn.bias)
-    if saved is None:
-        return torch.nn.functional.batch_norm(y, None, None, w, b, True, 0.0, bn.eps)
-    return torch.nn.functional.batch_norm(y, cast(saved[0]), cast(saved[1]), w, b, False, 0.0, bn.eps)
-
-
 @contextlib.contextmanager
 def no_tf32():
     """fp32 matmuls as the contract's eager reference runs them (TF32 off), the user's flags restored."""
@@ -238,24 +225,6 @@ def no_tf32():
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
-
-
-def distinct_tensors(*ts) -> tuple:
-    """The tensors among `ts`, each once (a parameter read twice gets its gradient once), Nones dropped."""
-    seen, out = set(), []
-    for t in ts:
-        if isinstance(t, torch.Tensor) and id(t) not in seen:
-            seen.add(id(t))
-            out.append(t)
-    return tuple(out)
-
-
-def _caster(dtype):
-    return lambda t: t if t is None or t.dtype == dtype else t.to(dtype)
-
-
-def _as_tuple(outs) -> tuple:
-    return outs if isinstance(outs, tuple) else (outs,)
 
 
 class CudaRegionFn(torch.autograd.Function):
