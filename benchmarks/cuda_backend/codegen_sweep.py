@@ -4,8 +4,9 @@
 
 For each problem file (at its file's sizes): the CUDA backend's ModelNew source, checked for completeness as
 tests/test_cuda_backend.py's `check_emitted` does (it parses, imports no Triton, every bound function and launched
-kernel is defined); the region kinds it fused are counted. `--nvcc DIR`: every file with a region of another kind than the plain
-epilogue is also compiled with nvcc for sm_90 (without CUTLASS: the WMMA tile), its sources and logs kept in DIR.
+kernel is defined); the region kinds it fused are counted. `--nvcc DIR`: every file with a region of another kind
+than the plain epilogue is also compiled with nvcc for sm_90 (without CUTLASS: the WMMA tile), its sources and logs
+kept in DIR.
 Prints one line per failure and a summary; exit 1 if anything failed.
 """
 
