@@ -1,4 +1,5 @@
-"""Training support every generated ModelNew carries (this file's body below the marker is copied into it).
+"""Training support every generated ModelNew carries (the definitions its code reads are copied into it by name:
+kfuse/library.py; the CUDA backend's files take BatchNorm's forward state and the autograd helpers from here too).
 
 Each fused region gets a generated spec class (kfuse/backward.py: its launch, params, reference, ...), which
 `autograd_fn` combines, on its first call, with one of the two bases here into a `torch.autograd.Function`
