@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import textwrap
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -91,3 +93,38 @@ LONGEST_LINE = 200  # issue 19: no generated line longer than this
 def long_lines(source: str) -> list[str]:
     """The generated lines longer than LONGEST_LINE (their first 80 characters)."""
     return [line[:80] for line in source.splitlines() if len(line) > LONGEST_LINE]
+
+
+def top_level_names(stmt: ast.stmt) -> list[str]:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    return []
+
+
+def unreached_names(source: str, library: range, roots_from: range | None = None,
+                    extra_roots: Iterable[str] = ()) -> list[str]:
+    """Top-level names a generated file binds in its copied library (statements starting on a line of `library`,
+    1-based) that nothing outside it reads, directly or through other library definitions (names read, as Python
+    resolves globals; attribute names do not count). The roots: every other statement starting on a line of
+    `roots_from` (default: anywhere), and `extra_roots` (what kfuse itself reads from the module)."""
+    reads_of: dict[str, set[str]] = {}
+    roots: set[str] = set(extra_roots)
+    for stmt in ast.parse(source).body:
+        reads = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+        names = top_level_names(stmt)
+        if stmt.lineno in library and names:
+            for name in names:
+                reads_of.setdefault(name, set()).update(reads)
+        elif roots_from is None or stmt.lineno in roots_from:
+            roots |= reads
+    reached: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo.extend(reads_of.get(name, ()))
+    return sorted(set(reads_of) - reached)

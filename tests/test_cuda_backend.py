@@ -30,7 +30,7 @@ from kfuse.load import load_problem
 from kfuse.modes import variants
 from kfuse.ops import POINTWISE
 from kfuse.optimize import Compiled, Options, capture_problem, compile_problem, load_module
-from kfuse_testing import ROOT, SEEDS, SMALL, requires_cuda, write_problem
+from kfuse_testing import ROOT, SEEDS, SMALL, requires_cuda, unreached_names, write_problem
 
 GEMM = ROOT / "problems" / "gemm"
 # problems/gemm files whose emitted files are checked: two regions, x @ W (K, N), a batch of 1, every activation
@@ -115,6 +115,10 @@ def test_cuda_spellings_compute_what_torch_computes(tmp_path):
 
 
 # ---- partition ---------------------------------------------------------------------------------------------------
+# a product of two values (no weight parameter to cache a split of) and an op after it
+TWO_VALUES = ("self.fc = nn.Linear(in_features, in_features)", "return torch.relu(torch.matmul(self.fc(x), x.t()))")
+
+
 def test_cuda_partition_fuses_what_triton_fuses_and_says_why_the_rest_is_torch(tmp_path):
     """A row reduction after the GEMM (logsumexp) is fused with the ops around it, as the Triton backend fuses it; a
     product of two values (no cached weight split) stays a torch call with the ops after it, each with the reason;
@@ -122,8 +126,7 @@ def test_cuda_partition_fuses_what_triton_fuses_and_says_why_the_rest_is_torch(t
     prob = load_problem(GEMM / "06_matmul_scale_residual_clamp_logsumexp_mish.py", {})
     (v,) = variants(capture_problem(prob, "cpu"), KINDS)
     assert [r.kind for r in v.regions if r.fused] == ["gemm_rowreduce"] and not v.unfused
-    two = write_problem(tmp_path, "self.fc = nn.Linear(in_features, in_features)",
-                        "return torch.relu(torch.matmul(self.fc(x), x.t()))", name="two_values")
+    two = write_problem(tmp_path, *TWO_VALUES, name="two_values")
     (v,) = variants(capture_problem(load_problem(two, {}), "cpu"), KINDS)
     reasons = unfused_reasons(v)
     assert set(reasons) == set(v.unfused) and v.unfused
@@ -201,25 +204,7 @@ def unreached_runtime(source: str) -> list[str]:
     lines = source.splitlines()
     first = next(i for i, ln in enumerate(lines) if ln.startswith("# -------") and "(kfuse/" in ln) + 1
     generated = next(i for i, ln in enumerate(lines) if ln.startswith("# -------") and "fused regions" in ln) + 1
-    reads_of: dict[str, frozenset] = {}
-    roots: set[str] = set()
-    for stmt in ast.parse(source).body:
-        reads = frozenset(n.id for n in ast.walk(stmt) if isinstance(n, ast.Name))
-        if stmt.lineno > generated:
-            roots |= reads
-        elif stmt.lineno > first:
-            names = [stmt.name] if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) else [
-                n.id for t in getattr(stmt, "targets", [getattr(stmt, "target", None)]) if t is not None
-                for n in ast.walk(t) if isinstance(n, ast.Name)]
-            reads_of.update({n: reads for n in names})
-    reached: set[str] = set()
-    todo = [n for n in roots if n in reads_of]
-    while todo:
-        name = todo.pop()
-        if name not in reached:
-            reached.add(name)
-            todo += [n for n in reads_of[name] if n in reads_of]
-    return sorted(set(reads_of) - reached)
+    return unreached_names(source, range(first + 1, generated + 1), roots_from=range(generated + 1, len(lines) + 1))
 
 
 def test_cuda_modules_define_each_name_once():
@@ -260,8 +245,7 @@ def test_emitted_file_imports_and_builds_modelnew_on_the_cpu(tmp_path):
 
 def test_header_names_the_unfused_ops_and_why(tmp_path):
     """A product of two values: the Linear before it fused, the product and the op after it left with reasons."""
-    path = write_problem(tmp_path, "self.fc = nn.Linear(in_features, in_features)",
-                         "return torch.relu(torch.matmul(self.fc(x), x.t()))", name="two_values")
+    path = write_problem(tmp_path, *TWO_VALUES, name="two_values")
     head = compile_cuda(path).source.split("\n\n")[0].replace("\n#     ", " ")
     assert "gemm_epilogue: nn.Linear fc" in head
     assert "torch.matmul (--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter" in head

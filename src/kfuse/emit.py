@@ -158,10 +158,15 @@ TRITON_IMPORTS = ("if not torch.cuda.is_available():\n"
                   "import triton  # noqa: E402\nimport triton.language as tl  # noqa: E402")
 
 
+def call_imports(forward_lines: Sequence[str]) -> list[str]:
+    """`import m` for each module the torch calls kept as written name (`operator.floordiv`)."""
+    return [f"import {m}" for m in CALL_MODULES if any(re.search(rf"\b{m}\.", ln) for ln in forward_lines)]
+
+
 def _imports(forward_lines: Sequence[str], strict: bool, lib: Library | None) -> str:
     """The file's imports: what the kept torch calls name, contextlib for strict_fp32, what the library reads,
     torch, and Triton where anything is fused."""
-    used = [f"import {m}" for m in CALL_MODULES if any(re.search(rf"\b{m}\.", ln) for ln in forward_lines)]
+    used = call_imports(forward_lines)
     if strict:
         used.append("import contextlib")
     if lib is not None:

@@ -154,9 +154,10 @@ def library(roots: Iterable[str], exclude: Sequence[str] = (), early: Sequence[s
     need = _closure(roots, defs, set(exclude))
     first = _closure([n for n in early if n in need], defs, set(exclude))
     reads = roots.union(*(defs[n].reads for n in need))
+    ordered = _ordered(need - first, defs, modules)
     sections = []
     for module, title in modules:
-        mine = [d for d in _ordered(need - first, defs, modules) if d.module == module]
+        mine = [d for d in ordered if d.module == module]
         if mine:
             banner = f"# ---------------- {title} (kfuse/{module}.py) ----------------"
             sections.append(banner + "\n" + "\n\n\n".join(d.source for d in mine))

@@ -14,7 +14,7 @@ from kfuse.emit import REPORTED
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem
 from kfuse.regions import kind_of
-from kfuse_testing import SEEDS, SMALL, write_problem
+from kfuse_testing import SEEDS, SMALL, unreached_names, write_problem
 
 SEED12 = "12_gemm_multiply_leakyrelu"
 SEED39 = "39_gemm_scale_batchnorm"
@@ -45,37 +45,12 @@ def line_of(lines: list[str], *words: str) -> int:
     return found[0]
 
 
-def top_level_names(stmt: ast.stmt) -> list[str]:
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [stmt.name]
-    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
-    return []
-
-
 def unreachable_library_names(source: str) -> list[str]:
     """Top-level names bound after the library banner that nothing before it reads, directly or through other
-    library definitions (names read, as Python resolves globals; attribute names do not count)."""
-    library_start = line_of(source.splitlines(), "kfuse's library") + 1  # 1-based line of the banner's text
-    reads_of: dict[str, set[str]] = {}
-    roots: set[str] = set()
-    for stmt in ast.parse(source).body:
-        reads = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
-        names = top_level_names(stmt)
-        if stmt.lineno > library_start and names:
-            for name in names:
-                reads_of.setdefault(name, set()).update(reads)
-        else:  # the problem, the regions, ModelNew, and any statement that runs at import
-            roots |= reads
-    reached: set[str] = set()
-    todo = [*roots, *REPORTED]  # and what kfuse itself reads from the module (the tuner's chosen configs)
-    while todo:
-        name = todo.pop()
-        if name not in reached:
-            reached.add(name)
-            todo.extend(reads_of.get(name, ()))
-    return sorted(set(reads_of) - reached)
+    library definitions, nor kfuse itself (the tuner's chosen configs)."""
+    lines = source.splitlines()
+    library_start = line_of(lines, "kfuse's library") + 1  # 1-based line of the banner's text
+    return unreached_names(source, range(library_start + 1, len(lines) + 1), extra_roots=REPORTED)
 
 
 @pytest.mark.parametrize("stem", [SEED12, SEED39, SEED62])

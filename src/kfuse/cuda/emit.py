@@ -17,7 +17,6 @@ A model with nothing this backend fuses gets the Triton backend's short file (no
 
 from __future__ import annotations
 
-import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from kfuse.cuda.epilogue import CudaRegion
 from kfuse.cuda.glue import cpp_source, cuda_source
 from kfuse.cuda.regions import cuda_kind, unfused_reasons
-from kfuse.emit import CALL_MODULES, STRICT_FP32, _split_future, claim_stem, emit, forward_method, generated_line
+from kfuse.emit import STRICT_FP32, _split_future, call_imports, claim_stem, emit, forward_method, generated_line
 from kfuse.library import CUDA_MODULES, Library, free_names, library
 from kfuse.modes import Variant, guards
 from kfuse.regions import generate
@@ -41,7 +40,7 @@ CUDA_MODULE = '''def cuda_module():
     """The compiled extension of CUDA_SRC and CPP_SRC: built on the first call on this machine, then loaded from
     the cache folder (runtime.load_extension)."""
     return load_extension(CUDA_SRC, CPP_SRC, CUDA_FUNCTIONS)'''
-# what the file defines itself, though the runtime's modules define these names too (none today)
+# names the file defines itself: never taken from the runtime's modules
 DEFINED_HERE = ("GEMM_SCHEME", "CUDA_SRC", "CPP_SRC", "CUDA_FUNCTIONS", "cuda_module")
 
 
@@ -113,8 +112,7 @@ def header(problem_name: str, variants: Sequence[Variant], scheme: str, verified
 
 def imports(forward_lines: Sequence[str], lib: Library) -> str:
     """The runtime's standard-library imports, the modules kept torch calls name (`operator.floordiv`), torch."""
-    used = [f"import {m}" for m in CALL_MODULES if any(re.search(rf"\b{m}\.", ln) for ln in forward_lines)]
-    return "\n".join(sorted({*lib.imports, *used})) + "\n\nimport torch"
+    return "\n".join(sorted({*lib.imports, *call_imports(forward_lines)})) + "\n\nimport torch"
 
 
 def emit_cuda(problem_source: str, problem_name: str, variants: Sequence[Variant], scheme: str,
@@ -132,9 +130,9 @@ def emit_cuda(problem_source: str, problem_name: str, variants: Sequence[Variant
     strict = any(v.unfused for v in variants)
     future, original = _split_future(problem_source)
     functions = ("split_rows", *[c.function for c in fused])
-    parts = {p for c in fused for p in c.parts}
-    cu = cuda_source([c.cu for c in fused], parts)
-    cpp = cpp_source([c.cpp for c in fused], parts)
+    fixed = {p for c in fused for p in c.parts}  # the fixed CUDA parts the regions call
+    cu = cuda_source([c.cu for c in fused], fixed)
+    cpp = cpp_source([c.cpp for c in fused], fixed)
     python = [CUDA_MODULE, *[c.python.rstrip("\n") for c in fused],
               model_new(forwards, list(variants[0].graph.inputs)).rstrip("\n")]
     lib = runtime_library(python)
