@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kfuse.library import bound_names
 from kfuse.load import Problem, load_problem
 from kfuse.optimize import Compiled, Options, compile_problem, load_module
 
@@ -95,15 +96,6 @@ def long_lines(source: str) -> list[str]:
     return [line[:80] for line in source.splitlines() if len(line) > LONGEST_LINE]
 
 
-def top_level_names(stmt: ast.stmt) -> list[str]:
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [stmt.name]
-    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
-    return []
-
-
 def unreached_names(source: str, library: range, roots_from: range | None = None,
                     extra_roots: Iterable[str] = ()) -> list[str]:
     """Top-level names a generated file binds in its copied library (statements starting on a line of `library`,
@@ -114,7 +106,7 @@ def unreached_names(source: str, library: range, roots_from: range | None = None
     roots: set[str] = set(extra_roots)
     for stmt in ast.parse(source).body:
         reads = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
-        names = top_level_names(stmt)
+        names = bound_names(stmt)
         if stmt.lineno in library and names:
             for name in names:
                 reads_of.setdefault(name, set()).update(reads)

@@ -55,7 +55,7 @@ class Definition:
     reads: frozenset[str]
 
 
-def _bound(stmt: ast.stmt) -> list[str]:
+def bound_names(stmt: ast.stmt) -> list[str]:
     """The module-level names a statement binds (imports excluded: they are the header's)."""
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return [stmt.name]
@@ -67,7 +67,7 @@ def _bound(stmt: ast.stmt) -> list[str]:
                  for s in part]
         names = [a.asname or a.name.split(".")[0] for s in inner if isinstance(s, (ast.Import, ast.ImportFrom))
                  for a in s.names]
-        return names + [n for s in inner for n in _bound(s)]
+        return names + [n for s in inner for n in bound_names(s)]
     return []
 
 
@@ -99,7 +99,7 @@ def _module(name: str) -> tuple[dict[str, Definition], dict[str, str]]:
                     imports[bound] = f"from {stmt.module} import {a.name}" + (f" as {a.asname}" if a.asname else "")
             continue
         d = Definition(name, i, _source(lines, stmt), _reads(stmt))
-        for bound in _bound(stmt):
+        for bound in bound_names(stmt):
             defs.setdefault(bound, d)
     return defs, imports
 
