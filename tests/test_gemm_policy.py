@@ -120,6 +120,9 @@ def test_settings_from_the_environment():
         s.autotune = "off"
     assert rt.SETTINGS.interpret and rt.interpreting()  # the tests run in the interpreter (conftest)
     assert rt.Tuner(rt.Settings.from_env({"KFUSE_CACHE_DIR": "/x"})).cache_path == "/x/autotune.json"
+    # the XDG cache folder (a judge's sandbox points it at the file's own compile cache), below KFUSE_CACHE_DIR
+    assert rt.Settings.from_env({"XDG_CACHE_HOME": "/c"}).cache_dir == "/c/kfuse"
+    assert rt.Settings.from_env({"XDG_CACHE_HOME": "/c", "KFUSE_CACHE_DIR": "/x"}).cache_dir == "/x"
 
 
 # ---- the tuner's record ----------------------------------------------------------------------------------------

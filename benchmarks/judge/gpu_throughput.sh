@@ -5,8 +5,9 @@
 #   benchmarks/judge/gpu_throughput.sh make OUT    candidates: kfuse optimize on 24 problems (resumable: run
 #                                                  it again if it stops at its time budget)
 #   benchmarks/judge/gpu_throughput.sh cold OUT    eval-suite --jobs 4 with the judge's caches emptied first
-#   benchmarks/judge/gpu_throughput.sh warm OUT    eval-suite again (baselines and references cached), then
-#                                                  OUT/throughput.json over both runs
+#   benchmarks/judge/gpu_throughput.sh warm OUT    eval-suite again over the problems the last run judged
+#                                                  (baselines and references cached), then OUT/throughput.json
+#                                                  over the last two runs
 #   benchmarks/judge/gpu_throughput.sh unpack OUT TGZ   candidates made earlier (make's OUT/cands.tgz) instead of make
 # OUT may be a fresh folder each call: the suite database lives in the cache folder and is copied to OUT.
 # Candidates and the judge's caches live in $KFUSE_SUITE_DIR (default .kfuse-cache/, ignored by git), so `cold` and
@@ -30,7 +31,9 @@ why="$(python3 -c 'from kfuse.judge import sandbox; print(sandbox.unavailable() 
 if [ -n "$why" ]; then echo "sandbox unavailable: $why (running --unsandboxed)"; flag="--unsandboxed"; else echo "sandbox: bwrap"; flag=""; fi
 case "$phase" in
 tests)
-    TRITON_INTERPRET=0 timeout 540 python3 -m pytest -v -p no:cacheprovider -m gpu tests/judge > "$out/pytest-gpu.log" 2>&1
+    # TESTS narrows the run (a pytest -k expression); the staging test checks the registered-file path
+    TRITON_INTERPRET=0 timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -v -p no:cacheprovider -m gpu -k "${TESTS:-}" \
+        tests/judge tests/unit/test_staging.py > "$out/pytest-gpu.log" 2>&1
     grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$out/pytest-gpu.log" | tail -20
     ;;
 make)
@@ -55,9 +58,18 @@ unpack)
     ;;
 cold|warm)
     [ "$phase" = cold ] && rm -rf "$KFUSE_JUDGE_CACHE_DIR" "$db"
+    judge_refs="$refs"
+    if [ "$phase" = warm ] && [ -f "$db" ]; then
+        # the problems the last run judged to the end (a cold run cut by its timeout leaves the rest uncached:
+        # judged here they would be cold again, and the run would not fit its time)
+        judge_refs="$suite_dir/judge-refs-warm"; rm -rf "$judge_refs"; mkdir -p "$judge_refs"
+        python3 -c "from kfuse.judge.suite import load_run; print('\n'.join(r['problem'] for r in load_run('$db')[1]))" |
+            while read -r n; do [ -f "$refs/$n.py" ] && cp "$refs/$n.py" "$judge_refs/"; done
+        echo "warm over the $(ls "$judge_refs" | wc -l) problems the last run judged"
+    fi
     start=$(date +%s.%N)
     # each record is committed as judged: a run cut short by the timeout still counts what it judged
-    timeout "${SUITE_TIMEOUT:-540}" python3 -m kfuse eval-suite "$refs" "$cands" --device cuda --db "$db" --jobs "${SUITE_JOBS:-1}" \
+    timeout "${SUITE_TIMEOUT:-540}" python3 -m kfuse eval-suite "$judge_refs" "$cands" --device cuda --db "$db" --jobs "${SUITE_JOBS:-1}" \
         --seed 21 --perf-trials 100 $flag > "$out/suite-$phase.log" 2>&1
     echo "$phase (jobs ${SUITE_JOBS:-1}): exit $? in $(python3 -c "import time; print(round(time.time() - $start, 1))") s"
     cp "$db" "$out/suite.db"

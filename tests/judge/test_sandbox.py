@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import uuid
 from pathlib import Path
 
@@ -15,8 +16,8 @@ from typer.testing import CliRunner
 
 from kfuse.cli import app
 from kfuse.errors import KfuseError
+from kfuse.judge import cache, sandbox
 from kfuse.judge import evaluate as evaluate_module
-from kfuse.judge import sandbox
 from kfuse.judge.evaluate import EvalConfig, evaluate
 
 HERE = Path(__file__).parent
@@ -67,6 +68,35 @@ def test_unsandboxed_run_is_recorded(tmp_path):
                                    "--device", "cpu", "--trials", "1", "--unsandboxed", "--json", str(out)])
     assert res.exit_code == 0, res.output
     assert '"sandbox": "none (--unsandboxed)"' in out.read_text() and "sandbox: none" in res.output
+
+
+@needs_sandbox
+def test_python_reached_through_a_folder_the_sandbox_lacks(monkeypatch):
+    """`../.venv/bin/python -m kfuse eval` from a subfolder: sys.executable runs through a folder that is not
+    bound in the sandbox (the worker crashed: bwrap could not exec it)."""
+    exe = Path(sys.executable).absolute()
+    detour = HERE / os.path.relpath(exe, HERE)  # HERE/../../.venv/bin/python: through tests/judge
+    assert ".." in detour.parts and detour.exists()
+    monkeypatch.setattr(sys, "executable", str(detour))
+    rec = evaluate(PROBLEMS / "scale_relu.py", CANDIDATES / "honest_scale.py", FAST)
+    assert rec.correct and rec.error is None, rec.error
+
+
+@needs_sandbox
+def test_a_files_xdg_cache_is_kept_across_runs(tmp_path, monkeypatch):
+    """A tool's cache under $XDG_CACHE_HOME (kfuse's autotuner keeps its choices there) is the file's own compile
+    cache: the second judging of the same file finds what the first one wrote, and the host holds it there."""
+    monkeypatch.setenv("KFUSE_JUDGE_CACHE_DIR", str(tmp_path / "judge-cache"))
+    cand = tmp_path / "cand.py"
+    cand.write_text((CANDIDATES / "honest_scale.py").read_text() + (
+        "\nimport os as _os\n_p = _os.path.join(_os.environ['XDG_CACHE_HOME'], 'tool', 'seen')\n"
+        "_os.makedirs(_os.path.dirname(_p), exist_ok=True)\n"
+        "open(_p, 'a').write('x')\n"))
+    for _ in range(2):
+        rec = evaluate(PROBLEMS / "scale_relu.py", cand, FAST)
+        assert rec.correct and rec.error is None, rec.error
+    kept = cache.compile_cache(cand.read_bytes()) / "xdg" / "tool" / "seen"
+    assert kept.read_text() == "xx"
 
 
 @needs_sandbox

@@ -5,7 +5,8 @@ seeds: a suite run again with --seed computes none); and per-file compilation ca
 Entries are JSON, keyed by a hash of everything the number depends on: the problem file's bytes, the
 overrides and the shape, the GPU, torch/triton versions, the precision flags, the timing protocol's
 settings. The cache lives where candidates never reach (outside their sandbox), in
-$KFUSE_JUDGE_CACHE_DIR, else $KFUSE_CACHE_DIR/judge, else ~/.cache/kfuse/judge.
+$KFUSE_JUDGE_CACHE_DIR, else $KFUSE_CACHE_DIR/judge, else $XDG_CACHE_HOME/kfuse/judge, else
+~/.cache/kfuse/judge.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import torch
 def cache_dir() -> Path:
     if os.environ.get("KFUSE_JUDGE_CACHE_DIR"):
         return Path(os.environ["KFUSE_JUDGE_CACHE_DIR"])
-    return Path(os.environ.get("KFUSE_CACHE_DIR") or Path.home() / ".cache" / "kfuse") / "judge"
+    if os.environ.get("KFUSE_CACHE_DIR"):
+        return Path(os.environ["KFUSE_CACHE_DIR"]) / "judge"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kfuse" / "judge"
 
 
 def compile_cache(source: bytes) -> Path | None:

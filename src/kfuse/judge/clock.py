@@ -52,6 +52,7 @@ class ClockResult:
     overhead_ms: float = 0.0
     checked: list[int] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    staged_via: list[str] = field(default_factory=list)  # each stage request's path (staging.device_sets)
 
 
 def batch_size(out_bytes: int, in_bytes: int, cfg: ClockConfig) -> int:
@@ -74,23 +75,24 @@ def protocol_cost(worker: WorkerHandle, n: int = 30) -> float:
 
 
 def timed_calls(worker: WorkerHandle, key: str, calls: Sequence[int], draw: Draw, cfg: ClockConfig,
-                reserve: int) -> tuple[list[float], list[float]]:
-    """(judge-clock ms, staging ms) of each call: its inputs staged (one request per call, or one for all
-    `calls` with `cfg.batch_staging`), `next` (untimed: the set becomes the call's, L2 evicted), then `go`."""
-    raw, stage = [], []
+                reserve: int) -> tuple[list[float], list[float], list[str]]:
+    """(judge-clock ms, staging ms) of each call and each stage request's path: its inputs staged (one request
+    per call, or one for all `calls` with `cfg.batch_staging`), `next` (untimed: the set becomes the call's, L2
+    evicted), then `go`."""
+    raw, stage, via = [], [], []
     ahead = 0.0
     if cfg.batch_staging:
         t0 = time.perf_counter()
-        worker.stage(key, list(calls), draw, reserve)
+        via.append(worker.stage(key, list(calls), draw, reserve))
         ahead = (time.perf_counter() - t0) * 1e3 / max(len(calls), 1)
     for n, i in enumerate(calls):
         t0 = time.perf_counter()
         if not cfg.batch_staging:
-            worker.stage(key, [i], draw, reserve if n == 0 else 0)
+            via.append(worker.stage(key, [i], draw, reserve if n == 0 else 0))
         worker.quick(INLINE_NEXT)
         stage.append(ahead + (time.perf_counter() - t0) * 1e3)
         raw.append(worker.quick(INLINE_GO) * 1e3)
-    return raw, stage
+    return raw, stage, via
 
 
 def time_outside(worker: WorkerHandle, key: str, draw: Draw, check: Check, cfg: ClockConfig,
@@ -99,7 +101,7 @@ def time_outside(worker: WorkerHandle, key: str, draw: Draw, check: Check, cfg: 
     batches. Negative i are the warm-up draws."""
     rng = random.Random(seed)
     in_bytes = tensor_bytes(draw(0))
-    timed_calls(worker, key, range(-cfg.warmup, 0), draw, cfg, 0)
+    _, _, via = timed_calls(worker, key, range(-cfg.warmup, 0), draw, cfg, 0)
     worker.request("kept", indices=[])
     overhead = protocol_cost(worker)
     raw, stage = [], []
@@ -108,9 +110,10 @@ def time_outside(worker: WorkerHandle, key: str, draw: Draw, check: Check, cfg: 
     size = batch_size(out_bytes, in_bytes, cfg)
     for start in range(0, cfg.runs, size):
         batch = list(range(start, min(start + size, cfg.runs)))
-        r, s = timed_calls(worker, key, batch, draw, cfg, out_bytes * len(batch))
+        r, s, v = timed_calls(worker, key, batch, draw, cfg, out_bytes * len(batch))
         raw += r
         stage += s
+        via += v
         positions = pick(batch, cfg.checks_per_batch, rng)
         answer = worker.request("kept", cap=4 * out_bytes * len(positions) + (8 << 20), indices=positions)
         for pos, outs in zip(positions, answer.get("outputs_list") or []):
@@ -119,7 +122,7 @@ def time_outside(worker: WorkerHandle, key: str, draw: Draw, check: Check, cfg: 
         if not answer["ok"] or len(answer.get("outputs_list") or []) != len(positions):
             failures.append(f"the outputs of timed calls {[batch[p] for p in positions]} were not returned")
     net = [max(r - overhead * 1e3, 0.0) for r in raw]
-    return ClockResult(summarize(net), raw, stage, overhead * 1e3, checked, failures)
+    return ClockResult(summarize(net), raw, stage, overhead * 1e3, checked, failures, via)
 
 
 class Gate:

@@ -19,7 +19,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +35,7 @@ LOG_TAIL_BYTES = 1500
 ANSWER_FLOOR_BYTES = 8 << 20  # load/build answers and small outputs
 MAX_ITEMS = 64  # per fact list, outputs, buffers
 MAX_TEXT = 400  # per fact line or error
+STAGE_PATHS = ("registered", "copied")  # staging.device_sets: how a stage's bytes reached the worker's device
 FACT_LISTS = ("replaced", "precision", "modes", "output_types", "aliases", "late_changes", "threads",
               "introspection", "launch_names", "timing_replaced", "gpu_kernels")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -112,6 +112,8 @@ def check_answer(op: str, answer: Any) -> dict[str, Any]:
         if not isinstance(lists, list) or len(lists) > MAX_ITEMS:
             raise WorkerFailure("malformed answer from the worker: outputs_list is not a list")
         out["outputs_list"] = [_tensors(x, "kept outputs") for x in lists]
+    elif op == "stage":
+        out["via"] = answer.get("via") if answer.get("via") in STAGE_PATHS else "unknown"
     elif op == "time":
         for key in ("wall_ms",):
             if key in answer and not (isinstance(answer[key], float) and math.isfinite(answer[key])):
@@ -174,7 +176,7 @@ class WorkerHandle:
         down_r, down_w = os.pipe()
         up_r, up_w = os.pipe()
         limits = sandbox.limits_for(timeout_s, limits)
-        worker = [sys.executable, "-m", "kfuse.judge.worker", str(down_r), str(up_w)]
+        worker = [sandbox.python(), "-m", "kfuse.judge.worker", str(down_r), str(up_w)]
         if warm_cuda:
             worker.append(WARM_CUDA)
         if isolated:
@@ -193,7 +195,7 @@ class WorkerHandle:
             if compile_cache is not None:
                 env.update({k: v.replace(sandbox.COMPILE_CACHE, str(compile_cache)) for k, v in
                             sandbox.environment(sandbox.Sandbox(self.io_dir, False, False, limits)).items()
-                            if k.endswith(("CACHE_DIR", "EXTENSIONS_DIR"))})
+                            if k.endswith(("CACHE_DIR", "EXTENSIONS_DIR", "CACHE_HOME"))})
             self.worker_io = str(self.io_dir)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
@@ -237,15 +239,17 @@ class WorkerHandle:
         finally:
             path.unlink(missing_ok=True)
 
-    def stage(self, key: str, calls: Sequence[int], draw: Callable[[int], list[Any]], reserve: int = 0) -> None:
+    def stage(self, key: str, calls: Sequence[int], draw: Callable[[int], list[Any]], reserve: int = 0) -> str:
         """The input sets of a batch of timed calls (`draw(i)` for each i in `calls`) put on the worker's device,
-        untimed: written raw into one file (staging.py) that the worker maps."""
+        untimed: written raw into one file (staging.py) that the worker maps. Returns how the worker says the
+        bytes reached its device (staging.device_sets; the worker's word, reported, deciding nothing)."""
         self._n += 1
         data = self.io_dir / f"stage{self._n}.bin"
         try:
             manifest = staging.write_sets(data, (draw(i) for i in calls))
-            self.request("stage", key=key, reserve=reserve, data=f"{self.worker_io}/{data.name}",
-                         manifest=manifest.to_json())
+            answer = self.request("stage", key=key, reserve=reserve, data=f"{self.worker_io}/{data.name}",
+                                  manifest=manifest.to_json())
+            return answer.get("via", "unknown")
         finally:
             data.unlink(missing_ok=True)
 

@@ -31,7 +31,7 @@ import kfuse
 SANDBOX_UID = 65534  # "nobody" inside the user namespace
 IO_DIR = "/judge"  # the judge's request folder, read-only inside
 SCRATCH = "/tmp"  # the private tmpfs
-COMPILE_CACHE = "/tmp/cache"  # Triton, load_inline and Inductor caches: kept across runs of the same file
+COMPILE_CACHE = "/tmp/cache"  # Triton, load_inline, Inductor and XDG caches: kept across runs of the same file
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 # Enough of /etc for the dynamic loader, user names and compilers (gcc/nvcc via /etc/alternatives).
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/passwd",
@@ -147,6 +147,13 @@ def _system_binds() -> list[str]:
 KFUSE_LIB = "/opt/kfuse-lib"  # inside the sandbox: holds only the kfuse package
 
 
+def python() -> str:
+    """This interpreter's path without `..` (`../.venv/bin/python` run from a subfolder): inside the sandbox only
+    the Python folders exist, so a path through another folder would not resolve there. Symlinks are kept (a
+    virtual environment's python is one)."""
+    return os.path.abspath(sys.executable)
+
+
 def python_dirs() -> list[str]:
     """The folders Python needs to run kfuse's worker with this interpreter and its packages: the base
     installation, the virtual environment, every site-packages, and the kfuse package itself (not the
@@ -179,11 +186,13 @@ def gpu_devices() -> list[str]:
 def environment(box: Sandbox) -> dict[str, str]:
     """The worker's whole environment (bubblewrap clears the rest: no tokens, no paths of the judge's)."""
     env = {
-        "PATH": f"{Path(sys.executable).parent}:/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin",
+        "PATH": f"{Path(python()).parent}:/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin",
         "HOME": SCRATCH, "TMPDIR": SCRATCH, "USER": "judge", "LOGNAME": "judge", "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTHONPATH": KFUSE_LIB,
         "TRITON_CACHE_DIR": f"{COMPILE_CACHE}/triton", "TORCH_EXTENSIONS_DIR": f"{COMPILE_CACHE}/torch_extensions",
         "TORCHINDUCTOR_CACHE_DIR": f"{COMPILE_CACHE}/inductor",
+        # a tool's own cache under the XDG cache folder (kfuse's autotuner, CuPy's kernels): kept like the rest
+        "XDG_CACHE_HOME": f"{COMPILE_CACHE}/xdg",
     }
     env.update({k: os.environ[k] for k in PASSED_ENV if k in os.environ})
     if box.interpret:

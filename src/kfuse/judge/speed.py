@@ -113,7 +113,7 @@ def time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: Eva
     ev.timed_wrong.extend(result.failures[:5])
     record.timing = {"candidate": result.timing.to_json(),
                      "protocol": {"overhead_ms": result.overhead_ms, "stage_median_ms": _median(result.stage_ms),
-                                  "checked_calls": result.checked}}
+                                  "staged_via": sorted(set(result.staged_via)), "checked_calls": result.checked}}
     record.runtime_ms = result.timing.median_ms if not result.failures else None
     if cfg.device == "cuda":
         t0 = time.monotonic()
@@ -188,6 +188,6 @@ def _time_baseline(baseline: Baseline, shape: Shape, draw: Callable[[int], list[
     except WorkerFailure as err:
         return timing_unavailable(f"baseline failed: {clean_text(err, 300)}").to_json()
     value = {**result.timing.to_json(), "stage_median_ms": _median(result.stage_ms),
-             "overhead_ms": result.overhead_ms}
+             "staged_via": sorted(set(result.staged_via)), "overhead_ms": result.overhead_ms}
     cache.store(baseline.key, value)
     return value

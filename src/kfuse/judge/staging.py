@@ -8,6 +8,12 @@ draw was made: one copy, no serialization), and sends only the layout (`Manifest
 the plain numbers get_inputs returned) in the request. The worker maps the file copy-on-write and casts the views
 onto its device. The file lives in the request folder the worker sees read-only; a new file per batch, removed by
 the judge once the worker has answered (its mapping stays valid).
+
+On the GPU the worker maps the file shared and read-only and registers the mapping with CUDA (page-locked in place,
+`device_sets`), so each tensor goes to the device by DMA straight from the file's pages: no copy-on-write page
+faults and no pageable copy through the driver's bounce buffer, which together were most of a 32 MB set's ~34 ms
+on an H100 host. Where registration is refused, the mapped copy-on-write path runs as before; the stage answer says
+which (`via`).
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import math
 import mmap
 import os
 import threading
-from collections.abc import Iterable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +31,7 @@ from typing import Any
 import torch
 
 ALIGN = 64
+CUDA_HOST_REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly: the worker's mapping of the file is read-only
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,59 @@ def read_sets(path: str, manifest: dict[str, Any]) -> list[list[Any]]:
         os.close(fd)
     buf = torch.frombuffer(mm, dtype=torch.uint8)
     return [[_view(buf, item) for item in items] for items in manifest["sets"]]
+
+
+def device_sets(path: str, manifest: dict[str, Any], device: str,
+                cast: Callable[[list[Any]], list[Any]]) -> tuple[list[list[Any]], str]:
+    """The worker's side on its device: each set `cast` (put on the device, floats in the run's dtype), and how
+    the bytes travelled: "registered" (the file's pages page-locked in place, see the module docstring) or
+    "copied" (mapped copy-on-write, then a pageable copy)."""
+    if device == "cuda":
+        sets = _registered_sets(path, manifest, cast)
+        if sets is not None:
+            return sets, "registered"
+    return [cast(xs) for xs in read_sets(path, manifest)], "copied"
+
+
+def _registered_sets(path: str, manifest: dict[str, Any],
+                     cast: Callable[[list[Any]], list[Any]]) -> list[list[Any]] | None:
+    """The sets cast from the file's shared read-only mapping, page-locked with cudaHostRegister for the
+    copies; None where CUDA refuses the registration (the refusal is cleared, so no later launch reports it)."""
+    size = int(manifest["size"])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "the given buffer is not writable": it is only read, by DMA
+            buf = torch.frombuffer(mm, dtype=torch.uint8)
+        cudart = torch.cuda.cudart()
+        if cudart.cudaHostRegister(buf.data_ptr(), size, CUDA_HOST_REGISTER_READ_ONLY) != cudart.cudaError.success:
+            _clear_cuda_error()
+            return None
+        try:
+            sets = [cast([_view(buf, item) for item in items]) for items in manifest["sets"]]
+            torch.cuda.synchronize()  # every copy done before the pages are released
+        finally:
+            cudart.cudaHostUnregister(buf.data_ptr())
+        del buf
+        return sets
+    finally:
+        try:
+            mm.close()
+        except BufferError:  # a view still exported: the mapping goes with its last reference
+            pass
+
+
+def _clear_cuda_error() -> None:
+    """A refused cudaHostRegister leaves CUDA's last error set, and torch's next launch check would raise it
+    there: one small launch here takes it (its check raises the stale error once)."""
+    try:
+        torch.zeros(1, device="cuda").add_(1)
+    except RuntimeError:
+        pass
 
 
 def _view(buf: torch.Tensor, item: dict[str, Any]) -> Any:

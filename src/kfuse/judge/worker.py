@@ -205,13 +205,14 @@ class Worker:
         nothing of the model runs. `reserve` (the bytes of the outputs the batch keeps) is taken from the
         device once and handed to the allocator's cache, so keeping a timed call's output never waits for
         cudaMalloc on the judge's clock."""
-        sets = staging.read_sets(req["data"], req["manifest"])
-        self.queue = (req["key"], [cast_inputs(xs, self.device, self.dtype) for xs in sets])
+        sets, via = staging.device_sets(req["data"], req["manifest"], self.device,
+                                        lambda xs: cast_inputs(xs, self.device, self.dtype))
+        self.queue = (req["key"], sets)
         if self.device == "cuda":
             if req.get("reserve") and not self.kept:
                 torch.empty(int(req["reserve"]), dtype=torch.uint8, device="cuda")  # freed at once, kept cached
             _real_sync()
-        return {"ok": True}
+        return {"ok": True, "via": via}
 
     def next_call(self) -> None:
         """Untimed, right before a timed call: the next staged input set becomes the call's, the model's
