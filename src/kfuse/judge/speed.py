@@ -143,7 +143,9 @@ def time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: Eva
 
 MIN_TIMED_RUNS = 30  # DESIGN.md: at least 30 timed runs
 STAGED_BYTES = 4 << 30  # fresh inputs shipped per timed model: beyond this, fewer runs (never under 30)
-EVENT_SLACK_MS = 0.1  # launch and sync overhead the events never see (tiny kernels are launch-bound)
+# launch and host overhead the events never see (tiny kernels are launch-bound): plain torch linear_relu (two
+# launches) read 0.156 ms on the judge's clock against 0.035 ms of events on an H100 host, so 0.1 flagged it
+EVENT_SLACK_MS = 0.2
 STAGE_SLACK_MS = 2.0  # staging noise (file, copy, L2 flush, a busy machine) not counted as hidden work
 
 
