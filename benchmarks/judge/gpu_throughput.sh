@@ -4,7 +4,9 @@
 #   benchmarks/judge/gpu_throughput.sh tests OUT   the judge's GPU tests (timing cheats, kernel counting)
 #   benchmarks/judge/gpu_throughput.sh make OUT    candidates: kfuse optimize on 24 problems (resumable: run
 #                                                  it again if it stops at its time budget)
-#   benchmarks/judge/gpu_throughput.sh cold OUT    eval-suite --jobs 4 with the judge's caches emptied first
+#   benchmarks/judge/gpu_throughput.sh cold OUT    eval-suite --jobs $SUITE_JOBS with the judge's caches emptied first
+#   benchmarks/judge/gpu_throughput.sh fill OUT    eval-suite over every problem again, caches kept: what a cold run
+#                                                  cut by its time left uncached gets cached (the rest is quick)
 #   benchmarks/judge/gpu_throughput.sh warm OUT    eval-suite again over the problems the last run judged
 #                                                  (baselines and references cached), then OUT/throughput.json
 #                                                  over the last two runs
@@ -14,7 +16,7 @@
 # `warm` judge what `make` made; a folder outside the checkout (/tmp/...) outlives a carried checkout between calls.
 # Where bubblewrap cannot start on the machine, the runs pass --unsandboxed and the JSON says why.
 set -uo pipefail
-phase="${1:?phase: tests, make, unpack, cold or warm}"; out="${2:?output folder}"
+phase="${1:?phase: tests, make, unpack, cold, fill or warm}"; out="${2:?output folder}"
 suite_dir="${KFUSE_SUITE_DIR:-$PWD/.kfuse-cache}"
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 KFUSE_CACHE_DIR="$suite_dir"
 export KFUSE_JUDGE_CACHE_DIR="$suite_dir/judge" TORCHINDUCTOR_CACHE_DIR="$suite_dir/inductor"
@@ -56,7 +58,7 @@ unpack)
     tar xzf "${3:?candidates archive}" -C "$suite_dir"
     echo "$(ls "$cands" | wc -l) candidates"
     ;;
-cold|warm)
+cold|fill|warm)
     [ "$phase" = cold ] && rm -rf "$KFUSE_JUDGE_CACHE_DIR" "$db"
     judge_refs="$refs"
     if [ "$phase" = warm ] && [ -f "$db" ]; then
