@@ -124,3 +124,33 @@ def test_references_are_cached_by_file_shape_and_seeds(tmp_path, monkeypatch):
     drop = ("elapsed_s", "phases_s")
     assert {k: v for k, v in first.items() if k not in drop} == {k: v for k, v in second.items() if k not in drop}
     assert first["correct"]
+
+
+def test_timed_calls_staged_through_the_evaluations_area(tmp_path, monkeypatch):
+    """The area a GPU evaluation allocates ahead (stage_area.py), forced here on the CPU: the candidate and the
+    eager baseline are staged through it, batch after batch, and judged as through fresh files."""
+    from kfuse.judge import evaluate as evaluate_module
+    from kfuse.judge import speed, stage_area
+
+    monkeypatch.setenv("KFUSE_JUDGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(stage_area, "MIN_BYTES", 0)
+    monkeypatch.setattr(stage_area, "SHM_FREE_BYTES", 0)
+    writes = []
+    real_write = stage_area.Area.write
+
+    def counted(self, sets):
+        writes.append(self.path)
+        return real_write(self, sets)
+
+    def cpu_area(ctx, plan):
+        inputs, clock_cfg = plan.refs[0].inputs, speed.clock_config(ctx, plan)
+        sets = batch_size(sum(t.nbytes for t in plan.refs[0].eager.outputs), sum(t.nbytes for t in inputs), clock_cfg)
+        return stage_area.open_area(stage_area.area_bytes(inputs, max(sets, clock_cfg.warmup)), gpu=False)
+
+    monkeypatch.setattr(stage_area.Area, "write", counted)
+    monkeypatch.setattr(evaluate_module, "stage_area", cpu_area)
+    rec = evaluate(PROBLEM, HERE / "candidates" / "honest_scale.py", TIMED)
+    assert rec.correct and rec.flags == [], (rec.flag_details, rec.error)
+    assert rec.timing["candidate"]["n"] == 30 and rec.timing["eager"]["n"] == 30
+    assert len(writes) >= 4 and len(set(writes)) == 1  # warm-up and timed batches, candidate and eager: one area
+    assert not writes[0].exists()  # freed with the evaluation

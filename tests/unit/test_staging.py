@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kfuse.judge import staging
+from kfuse.judge import stage_area, staging
+from kfuse.judge.ipc import WorkerHandle
 from kfuse_testing import requires_cuda
 
 
@@ -77,3 +78,67 @@ def test_the_gpu_worker_copies_from_the_registered_file(tmp_path):
                 else:
                     assert have == want
     assert torch.ones(3, device="cuda").sum().item() == 3.0
+
+
+def test_an_area_is_written_over_for_each_batch_and_read_through_a_link(tmp_path):
+    """The judge's stage area (stage_area.py; on the CPU: pages allocated ahead, pwrite over them): each batch
+    written from offset 0 over the last, read back bit for bit through a link in a request folder; a batch
+    larger than the area is refused (the judge then writes a fresh file)."""
+    sets = draws()
+    one = stage_area.area_bytes(sets[0], 1)
+    area = stage_area.Area(tmp_path, 2 * one, gpu=False)
+    with area:
+        assert area.ready() and not area.registered and area.path.stat().st_size == 2 * one
+        for batch in (sets[:2], sets[1:]):
+            manifest = area.write(iter(batch)).to_json()
+            link = tmp_path / "stage7.bin"
+            area.link(link)
+            got = staging.read_sets(str(link), manifest)
+            link.unlink()
+            for want_set, got_set in zip(batch, got):
+                for want, have in zip(want_set, got_set):
+                    assert torch.equal(have, want) if isinstance(want, torch.Tensor) else have == want
+        with pytest.raises(staging.TooLarge):
+            area.write(iter(sets))
+    assert not area.path.exists() and not tmp_path.exists()  # the area's folder goes with it
+
+
+def test_areas_only_where_they_pay_and_fit(monkeypatch):
+    assert stage_area.open_area(stage_area.MIN_BYTES - 1, gpu=False) is None
+    monkeypatch.setattr(stage_area, "memory_folder", lambda: "/definitely/not/here")
+    assert stage_area.open_area(stage_area.MIN_BYTES, gpu=False) is None
+
+
+def test_a_batch_too_large_for_the_area_goes_to_a_fresh_file(tmp_path):
+    sets = draws()
+    (tmp_path / "area").mkdir()
+    (tmp_path / "io").mkdir()
+    area = stage_area.Area(tmp_path / "area", stage_area.area_bytes(sets[0], 1), gpu=False)
+    data = tmp_path / "io" / "stage1.bin"
+    with area:
+        assert area.ready()
+        manifest = WorkerHandle._write_stage(data, [0, 1, 2], lambda i: sets[i], area)
+        assert data.stat().st_ino != area.path.stat().st_ino  # a fresh file, not the area
+        got = staging.read_sets(str(data), manifest.to_json())
+        assert torch.equal(got[2][0], sets[2][0])
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_a_registered_area_takes_device_draws_by_dma(tmp_path):
+    """On the GPU the area's pages are page-locked ahead; device draws land in them by DMA and reach a
+    worker's device bit for bit, batch after batch."""
+    sets = [[t.to("cuda") if isinstance(t, torch.Tensor) else t for t in xs] for xs in draws()]
+    with stage_area.Area(tmp_path, stage_area.area_bytes(sets[0], 3), gpu=True) as area:
+        assert area.ready() and area.registered, area.error
+        for batch in (sets, sets[::-1]):
+            manifest = area.write(iter(batch)).to_json()
+            link = tmp_path / "stage.bin"
+            area.link(link)
+            got, via = staging.device_sets(str(link), manifest, "cuda",
+                                           lambda xs: [x.to("cuda") if isinstance(x, torch.Tensor) else x for x in xs])
+            link.unlink()
+            assert via == "registered"
+            for want_set, got_set in zip(batch, got):
+                for want, have in zip(want_set, got_set):
+                    assert torch.equal(have, want) if isinstance(want, torch.Tensor) else have == want

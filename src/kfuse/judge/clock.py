@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kfuse.judge.ipc import WorkerHandle, tensor_bytes
+from kfuse.judge.stage_area import Area
 from kfuse.judge.worker import INLINE_GO, INLINE_NEXT, INLINE_NOP
 from kfuse.timing import Timing, summarize
 
@@ -75,7 +76,7 @@ def protocol_cost(worker: WorkerHandle, n: int = 30) -> float:
 
 
 def timed_calls(worker: WorkerHandle, key: str, calls: Sequence[int], draw: Draw, cfg: ClockConfig,
-                reserve: int) -> tuple[list[float], list[float], list[str]]:
+                reserve: int, area: Area | None = None) -> tuple[list[float], list[float], list[str]]:
     """(judge-clock ms, staging ms) of each call and each stage request's path: its inputs staged (one request
     per call, or one for all `calls` with `cfg.batch_staging`), `next` (untimed: the set becomes the call's, L2
     evicted), then `go`."""
@@ -83,12 +84,12 @@ def timed_calls(worker: WorkerHandle, key: str, calls: Sequence[int], draw: Draw
     ahead = 0.0
     if cfg.batch_staging:
         t0 = time.perf_counter()
-        via.append(worker.stage(key, list(calls), draw, reserve))
+        via.append(worker.stage(key, list(calls), draw, reserve, area))
         ahead = (time.perf_counter() - t0) * 1e3 / max(len(calls), 1)
     for n, i in enumerate(calls):
         t0 = time.perf_counter()
         if not cfg.batch_staging:
-            via.append(worker.stage(key, [i], draw, reserve if n == 0 else 0))
+            via.append(worker.stage(key, [i], draw, reserve if n == 0 else 0, area))
         worker.quick(INLINE_NEXT)
         stage.append(ahead + (time.perf_counter() - t0) * 1e3)
         raw.append(worker.quick(INLINE_GO) * 1e3)
@@ -96,12 +97,12 @@ def timed_calls(worker: WorkerHandle, key: str, calls: Sequence[int], draw: Draw
 
 
 def time_outside(worker: WorkerHandle, key: str, draw: Draw, check: Check, cfg: ClockConfig,
-                 out_bytes: int, seed: int) -> ClockResult:
+                 out_bytes: int, seed: int, area: Area | None = None) -> ClockResult:
     """Warm up on fresh draws, then `cfg.runs` timed calls, each on a fresh draw, outputs checked in
-    batches. Negative i are the warm-up draws."""
+    batches. Negative i are the warm-up draws. `area`: the evaluation's stage file, allocated ahead."""
     rng = random.Random(seed)
     in_bytes = tensor_bytes(draw(0))
-    _, _, via = timed_calls(worker, key, range(-cfg.warmup, 0), draw, cfg, 0)
+    _, _, via = timed_calls(worker, key, range(-cfg.warmup, 0), draw, cfg, 0, area)
     worker.request("kept", indices=[])
     overhead = protocol_cost(worker)
     raw, stage = [], []
@@ -110,7 +111,7 @@ def time_outside(worker: WorkerHandle, key: str, draw: Draw, check: Check, cfg: 
     size = batch_size(out_bytes, in_bytes, cfg)
     for start in range(0, cfg.runs, size):
         batch = list(range(start, min(start + size, cfg.runs)))
-        r, s, v = timed_calls(worker, key, batch, draw, cfg, out_bytes * len(batch))
+        r, s, v = timed_calls(worker, key, batch, draw, cfg, out_bytes * len(batch), area)
         raw += r
         stage += s
         via += v

@@ -37,7 +37,8 @@ from kfuse.judge.clock import GATE
 from kfuse.judge.ipc import ANSWER_FLOOR_BYTES, WorkerFailure, WorkerHandle, clean_text, tensor_bytes
 from kfuse.judge.launch import Launched, close_launched, read_candidate, spawn_worker
 from kfuse.judge.shapes import REFERENCE_LOCK, PlannedShape, Shape, prepare, snapshot_reference
-from kfuse.judge.speed import open_baselines, time_all
+from kfuse.judge.speed import open_baselines, stage_area, time_all
+from kfuse.judge.stage_area import Area
 from kfuse.load import Problem, load_problem
 from kfuse.timing import timing_unavailable
 from kfuse.verify import (
@@ -204,7 +205,10 @@ def _evaluate(ref_path: Path, cand_path: Path, cfg: EvalConfig, prestarted: Futu
         try:
             with ExitStack() as workers:  # the candidate's worker ends here, whatever happened
                 launched, planned = _launch_and_prepare(cand_path, problem, ctx, record, prestarted, workers)
-                _run(launched, planned, ctx, record, ev, verdicts)
+                area = stage_area(ctx, planned[0])  # allocated while the candidate's correctness is checked
+                if area is not None:
+                    workers.enter_context(area)
+                _run(launched, planned, ctx, record, ev, verdicts, area)
         except WorkerFailure as err:
             record.error = clean_text(err, 4000)
     _conclude(record, ev, verdicts)
@@ -249,7 +253,7 @@ def answer_cap(ref: Reference) -> int:
 
 
 def _run(launched: Launched, planned: Sequence[PlannedShape], ctx: Context, record: EvalRecord,
-         ev: cheats.Evidence, verdicts: list[Verdict]) -> None:
+         ev: cheats.Evidence, verdicts: list[Verdict], area: Area | None = None) -> None:
     """The candidate's code handed to its ready worker (every reference exists by now), imported, checked at
     every shape and, where timed and correct, timed against the baselines."""
     cfg, worker = ctx.cfg, launched.worker
@@ -283,7 +287,7 @@ def _run(launched: Launched, planned: Sequence[PlannedShape], ctx: Context, reco
             with GATE.exclusive():
                 record.phase("wait_for_device", t0)
                 t0 = time.monotonic()
-                time_all(worker, planned[0], ctx, record, ev, baselines)
+                time_all(worker, planned[0], ctx, record, ev, baselines, area)
             record.phase("timing", t0)
 
 

@@ -24,12 +24,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kfuse.judge import sandbox, staging
 from kfuse.judge.worker import WARM_CUDA
+
+if TYPE_CHECKING:
+    from kfuse.judge.stage_area import Area
 
 LOG_TAIL_BYTES = 1500
 ANSWER_FLOOR_BYTES = 8 << 20  # load/build answers and small outputs
@@ -239,19 +242,33 @@ class WorkerHandle:
         finally:
             path.unlink(missing_ok=True)
 
-    def stage(self, key: str, calls: Sequence[int], draw: Callable[[int], list[Any]], reserve: int = 0) -> str:
+    def stage(self, key: str, calls: Sequence[int], draw: Callable[[int], list[Any]], reserve: int = 0,
+              area: Area | None = None) -> str:
         """The input sets of a batch of timed calls (`draw(i)` for each i in `calls`) put on the worker's device,
-        untimed: written raw into one file (staging.py) that the worker maps. Returns how the worker says the
-        bytes reached its device (staging.device_sets; the worker's word, reported, deciding nothing)."""
+        untimed: written raw into one file that the worker maps, the evaluation's `area` (stage_area.py) linked
+        into the request folder where it is ready and large enough, else a fresh file (staging.py). Returns how
+        the worker says the bytes reached its device (staging.device_sets; the worker's word, deciding nothing)."""
         self._n += 1
         data = self.io_dir / f"stage{self._n}.bin"
         try:
-            manifest = staging.write_sets(data, (draw(i) for i in calls))
+            manifest = self._write_stage(data, calls, draw, area)
             answer = self.request("stage", key=key, reserve=reserve, data=f"{self.worker_io}/{data.name}",
                                   manifest=manifest.to_json())
             return answer.get("via", "unknown")
         finally:
             data.unlink(missing_ok=True)
+
+    @staticmethod
+    def _write_stage(data: Path, calls: Sequence[int], draw: Callable[[int], list[Any]],
+                     area: Area | None) -> staging.Manifest:
+        if area is not None and area.ready():
+            try:
+                manifest = area.write(draw(i) for i in calls)
+                area.link(data)
+                return manifest
+            except (staging.TooLarge, OSError):  # a set larger than planned, or another filesystem
+                data.unlink(missing_ok=True)
+        return staging.write_sets(data, (draw(i) for i in calls))
 
     def send(self, op: str, **fields: Any) -> Path:
         self._n += 1

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kfuse.judge import cache, cheats
-from kfuse.judge.clock import ClockConfig, time_outside
+from kfuse.judge.clock import ClockConfig, batch_size, time_outside
 from kfuse.judge.ipc import WorkerFailure, WorkerHandle, clean_text, tensor_bytes
 from kfuse.judge.launch import spawn_worker
 from kfuse.judge.shapes import REFERENCE_LOCK, PlannedShape, Shape, derive
+from kfuse.judge.stage_area import Area, area_bytes, open_area
 from kfuse.judge.worker import INLINE_GO, INLINE_NEXT
 from kfuse.timing import timing_unavailable
 from kfuse.verify import TOLERANCES, Results, compare, reference_run, seeded_inputs
@@ -89,8 +90,18 @@ def open_baselines(plan: PlannedShape, ctx: Context, workers: ExitStack) -> dict
     return out
 
 
+def stage_area(ctx: Context, plan: PlannedShape) -> Area | None:
+    """The evaluation's stage file, allocated ahead on the GPU (stage_area.py): as large as the largest batch of
+    timed calls the candidate and its baselines stage."""
+    if ctx.cfg.device != "cuda" or not ctx.timed:
+        return None
+    inputs, clock_cfg = plan.refs[0].inputs, clock_config(ctx, plan)
+    sets = batch_size(tensor_bytes(plan.refs[0].eager.outputs), tensor_bytes(inputs), clock_cfg)
+    return open_area(area_bytes(inputs, max(sets, clock_cfg.warmup)), gpu=True)
+
+
 def time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: EvalRecord,
-             ev: cheats.Evidence, baselines: Mapping[str, Baseline]) -> None:
+             ev: cheats.Evidence, baselines: Mapping[str, Baseline], area: Area | None = None) -> None:
     """The candidate and the baselines (eager and torch.compile of Model, each in its own sandboxed worker)
     timed by the judge's clock on the same fresh draws; the candidate's timed outputs checked. The
     candidate's own CUDA-event time is reported beside it (`timing.candidate_events`), deciding nothing."""
@@ -108,7 +119,7 @@ def time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: Eva
 
     out_bytes = tensor_bytes(plan.refs[0].eager.outputs)
     t0 = time.monotonic()
-    result = time_outside(worker, shape.label, draw, check, clock_cfg, out_bytes, derive(ctx.seed, "checks"))
+    result = time_outside(worker, shape.label, draw, check, clock_cfg, out_bytes, derive(ctx.seed, "checks"), area)
     record.phase("timing_candidate", t0)
     ev.timed_wrong.extend(result.failures[:5])
     record.timing = {"candidate": result.timing.to_json(),
@@ -124,7 +135,7 @@ def time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: Eva
         if event_ms is not None and not result.failures and clock_ms - event_ms > max(EVENT_SLACK_MS, 3 * event_ms):
             ev.timing.append(f"in-worker event time {event_ms:.3g} ms, judge's clock {clock_ms:.3g} ms per call")
     for name, baseline in baselines.items():
-        base = _time_baseline(baseline, shape, draw, clock_cfg, out_bytes)
+        base = _time_baseline(baseline, shape, draw, clock_cfg, out_bytes, area)
         record.timing[name] = base
         if name == "eager" and base.get("stage_median_ms") is not None and result.stage_ms:
             # more than double the reference's staging, and more than the timed call itself: hidden work
@@ -180,13 +191,13 @@ def _event_timing(worker: WorkerHandle, plan: PlannedShape, cfg: EvalConfig, rec
 
 
 def _time_baseline(baseline: Baseline, shape: Shape, draw: Callable[[int], list[torch.Tensor]],
-                   clock_cfg: ClockConfig, out_bytes: int) -> dict[str, Any]:
+                   clock_cfg: ClockConfig, out_bytes: int, area: Area | None) -> dict[str, Any]:
     """A baseline's timing: known already, or timed now like the candidate (its outputs unchecked: it is
     the reference) and stored in the cache."""
     if baseline.known is not None or baseline.worker is None:
         return baseline.known or timing_unavailable("baseline not measured").to_json()
     try:
-        result = time_outside(baseline.worker, shape.label, draw, lambda i, outs: [], clock_cfg, out_bytes, 0)
+        result = time_outside(baseline.worker, shape.label, draw, lambda i, outs: [], clock_cfg, out_bytes, 0, area)
     except WorkerFailure as err:
         return timing_unavailable(f"baseline failed: {clean_text(err, 300)}").to_json()
     value = {**result.timing.to_json(), "stage_median_ms": _median(result.stage_ms),
