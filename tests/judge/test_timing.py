@@ -154,3 +154,29 @@ def test_timed_calls_staged_through_the_evaluations_area(tmp_path, monkeypatch):
     assert rec.timing["candidate"]["n"] == 30 and rec.timing["eager"]["n"] == 30
     assert len(writes) >= 4 and len(set(writes)) == 1  # warm-up and timed batches, candidate and eager: one area
     assert not writes[0].exists()  # freed with the evaluation
+
+
+def test_the_candidate_is_gone_before_its_baselines_are_timed(tmp_path, monkeypatch):
+    """Work a candidate leaves running after its own timed calls (a thread looping kernels, a CPU hog) would slow
+    the baselines timed after it and inflate its speedup: its worker, and everything it started, is killed first.
+    (Before, the worker lived until the evaluation ended: alive while both baselines were timed.)"""
+    from kfuse.judge import speed
+
+    monkeypatch.setenv("KFUSE_JUDGE_CACHE_DIR", str(tmp_path))
+    seen = []
+    real_time_all, real_time_baseline = speed.time_all, speed._time_baseline
+
+    def time_all(worker, *args, **kwargs):
+        seen.append(worker)
+        return real_time_all(worker, *args, **kwargs)
+
+    def time_baseline(*args, **kwargs):
+        seen.append(seen[0].proc.poll())  # None: the candidate's worker still runs
+        return real_time_baseline(*args, **kwargs)
+
+    from kfuse.judge import evaluate as evaluate_module
+    monkeypatch.setattr(evaluate_module, "time_all", time_all)
+    monkeypatch.setattr(speed, "_time_baseline", time_baseline)
+    rec = evaluate(PROBLEM, HERE / "candidates" / "honest_scale.py", TIMED)
+    assert rec.correct and rec.speedup_eager is not None, (rec.flag_details, rec.error)
+    assert len(seen) == 3 and None not in seen[1:], seen  # eager and compile: the candidate had exited both times

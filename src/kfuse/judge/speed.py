@@ -104,7 +104,8 @@ def time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: Eva
              ev: cheats.Evidence, baselines: Mapping[str, Baseline], area: Area | None = None) -> None:
     """The candidate and the baselines (eager and torch.compile of Model, each in its own sandboxed worker)
     timed by the judge's clock on the same fresh draws; the candidate's timed outputs checked. The
-    candidate's own CUDA-event time is reported beside it (`timing.candidate_events`), deciding nothing."""
+    candidate's own CUDA-event time is reported beside it (`timing.candidate_events`), deciding nothing. The
+    candidate's worker is killed once it is timed, before the baselines are."""
     cfg, shape = ctx.cfg, plan.shape
     clock_cfg = clock_config(ctx, plan)
 
@@ -134,6 +135,9 @@ def time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: Eva
         clock_ms, event_ms = result.timing.median_ms, events.get("median_ms")
         if event_ms is not None and not result.failures and clock_ms - event_ms > max(EVENT_SLACK_MS, 3 * event_ms):
             ev.timing.append(f"in-worker event time {event_ms:.3g} ms, judge's clock {clock_ms:.3g} ms per call")
+    # the candidate's worker ends before any baseline is timed: work it left running (a thread looping kernels on
+    # the device or burning the CPU) would slow the baselines and so inflate its own speedup
+    worker.kill()
     for name, baseline in baselines.items():
         base = _time_baseline(baseline, shape, draw, clock_cfg, out_bytes, area)
         record.timing[name] = base
