@@ -42,26 +42,35 @@ def _weight_expr(region: Region) -> str:
     return region.anchor.args[1].expr()
 
 
+def is_product(region: Region) -> bool:
+    """A product of two values (`x @ y`, y a 2-d value): y is the launcher's and the Function's second input."""
+    return isinstance(region.anchor.args[1], str)
+
+
 def launcher_source(region: Region, g: Graph, stem: str, members: list) -> str:
-    """`fused_<stem>(x, weight, <the struct's inputs>, save_z=False)`: outputs, and z with save_z."""
+    """`fused_<stem>(x, weight, <the struct's inputs>, save_z=False)` (a product of two values: `(x, y, ...)`):
+    outputs, and z with save_z."""
     inputs = [m for m in members if m.kind not in ("out", "z")]
     names = [m.name for m in inputs]
     kn = region.anchor.op == "matmul"
+    product = is_product(region)
+    second = "y" if product else "weight"
     n_out = len(region.outputs)
     ret = "outs[0]" if n_out == 1 else "tuple(outs)"
     doc = (f"Fused: {', '.join(n.origin for n in region.nodes)}: the CUDA function `{bound_name(stem)}` of CUDA_SRC "
            f"(the GEMM tile with the epilogue struct Epi_{stem}). {gemm_cost(region, g)} save_z: also return z = "
-           "x W^T + b (kept for backward).")
+           + ("x @ y (kept for backward); y is split on every call (a value: nothing to cache)." if product else
+              "x W^T + b (kept for backward)."))
     body = ["ext = cuda_module()",
             "lead = x.shape[:-1]",
             "x2 = x.reshape(-1, x.shape[-1])",
-            f"ops, scheme = gemm_operands(ext, x2, weight, {kn}, GEMM_SCHEME)",
+            f"ops, scheme = gemm_operands(ext, x2, {second}, {kn}, GEMM_SCHEME{', cached=False' if product else ''})",
             f"got = ext.{bound_name(stem)}(*ops, scheme, {''.join(n + ', ' for n in names)}save_z)",
             "outs = [o.reshape(*lead, o.shape[-1]).to(x.dtype) for o in got]",
             "if save_z:",
             f"    return tuple(outs[:{n_out}]), outs[{n_out}]",
             f"return {ret}"]
-    params = ", ".join(["x", "weight", *names, "save_z=False"])
+    params = ", ".join(["x", second, *names, "save_z=False"])
     return "\n".join([f"def fused_{stem}({params}):", docstring(doc), *[f"    {ln}" for ln in body]]) + "\n"
 
 
@@ -73,20 +82,28 @@ def function_source(region: Region, stem: str, cls: str, values: list[str]) -> s
     """The region's autograd Function: CudaGemmFn with the launch (`fused_<stem>(x, weight, *values)`), the GEMM's
     operands and the ops after the GEMM in torch (a BatchNorm as the forward normalized: its `state`)."""
     anchor = region.anchor
-    bias = bias_of(anchor)
-    bias_expr = bias.expr() if isinstance(bias, Param) else "None"
     params = param_exprs(region)
     epilogue = [f"{n.name} = {spell(n)}  # {n.origin}" for n in region.nodes[1:]]
     replaced = " -> ".join(n.origin for n in region.nodes)
-    lines = [f"class {cls}(CudaGemmFn):",
-             docstring(f"Autograd for fused_{stem} ({replaced}). Forward: the CUDA kernels, which also keep z = x W^T "
-                       "+ b. Backward: the ops after the GEMM differentiated in float64 torch from z, then dX, dW and "
-                       "db by fp32 torch matmuls (TF32 off).")]
-    if anchor.op == "matmul":
-        lines += ["", "    KN = True  # x @ W, W (K, N)"]
-    launch = f"return fused_{stem}(x, {_weight_expr(region)}, {''.join(v + ', ' for v in values)}save_z=save_z)"
-    lines += _method("launch", ["self", "x", "save_z=False"], [launch])
-    lines += _method("gemm", ["self"], [f"return {_weight_expr(region)}, {bias_expr}"])
+    if is_product(region):
+        lines = [f"class {cls}(CudaProductFn):",
+                 docstring(f"Autograd for fused_{stem} ({replaced}). Forward: the CUDA kernels, which also keep z = "
+                           "x @ y. Backward: the ops after the product differentiated in float64 torch from z, then "
+                           "dX and dY by fp32 torch matmuls (TF32 off).")]
+        launch = f"return fused_{stem}(x, y, {''.join(v + ', ' for v in values)}save_z=save_z)"
+        lines += _method("launch", ["self", "x", "y", "save_z=False"], [launch])
+    else:
+        bias = bias_of(anchor)
+        bias_expr = bias.expr() if isinstance(bias, Param) else "None"
+        lines = [f"class {cls}(CudaGemmFn):",
+                 docstring(f"Autograd for fused_{stem} ({replaced}). Forward: the CUDA kernels, which also keep z = x "
+                           "W^T + b. Backward: the ops after the GEMM differentiated in float64 torch from z, then dX, "
+                           "dW and db by fp32 torch matmuls (TF32 off).")]
+        if anchor.op == "matmul":
+            lines += ["", "    KN = True  # x @ W, W (K, N)"]
+        launch = f"return fused_{stem}(x, {_weight_expr(region)}, {''.join(v + ', ' for v in values)}save_z=save_z)"
+        lines += _method("launch", ["self", "x", "save_z=False"], [launch])
+        lines += _method("gemm", ["self"], [f"return {_weight_expr(region)}, {bias_expr}"])
     lines += _method("params", ["self"], [f"return ({', '.join(params)}{',' if len(params) == 1 else ''})"])
     bns = [n.module for n in region.nodes if n.op == "batch_norm" and n.module]
     if bns:
@@ -98,14 +115,19 @@ def function_source(region: Region, stem: str, cls: str, values: list[str]) -> s
 
 
 def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaRegion:
-    (x,) = region_inputs(region)
+    # the GEMM's operands as the forward passes them: x, and for a product of two values y (x @ x: x twice)
+    if is_product(region):
+        operands = list(region.anchor.args[:2])
+    else:
+        (x,) = region_inputs(region)
+        operands = [x]
     struct = f"Epi_{stem}"
     struct_src, members = epilogue_struct(region, struct)
     cu, cpp = region_sources(stem, struct, members)
     cls = class_name(stem, classes)
     values = [m.value for m in members if m.kind not in ("out", "z")]
     python = launcher_source(region, g, stem, members) + "\n\n" + function_source(region, stem, cls, values)
-    forward = (f"{', '.join(region.outputs)} = {cls}.run(self, {x})",)
+    forward = (f"{', '.join(region.outputs)} = {cls}.run(self, {', '.join(operands)})",)
     return CudaRegion(bound_name(stem), struct_src + "\n" + cu, cpp, python, forward)
 
 

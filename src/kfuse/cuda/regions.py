@@ -3,9 +3,10 @@
 The backend's kinds are the registry's GEMM kinds (`family == "gemm"`), each made a CUDA twin by a mixin found by
 the ops it takes a region over at (`at_ops`): the twin admits what the registry's kind admits where the CUDA code
 can run it, and its `cuda_code` writes the region's code:
-  the plain epilogue   nn.Linear / F.linear / `x @ W` with W a 2-d parameter (not batched products, not products of
-                       two values: their operands are not cached weights) and the pointwise chain after it
-                       (kfuse/cuda/epilogue.py)
+  the plain epilogue   nn.Linear / F.linear / `x @ W` with W a 2-d parameter (not batched products) and the
+                       pointwise chain after it (kfuse/cuda/epilogue.py); with KFUSE_CUDA_PRODUCTS=1 also `x @ y`
+                       of two values, y 2-d (split on every call: nothing to cache), opt-in until run on a GPU.
+                       (the other kinds take over only a weight GEMM's walk: their CUDA code reads W)
   the row sum          the sum or mean over a GEMM's features rewritten to a GEMV (rewrite.py), W a 2-d parameter,
                        and the per-row ops after it (kfuse/cuda/rowsum.py)
   GroupNorm            over the GEMM's columns, any group size: one CUDA pass serves both registry kinds, which
@@ -20,6 +21,7 @@ calls) are the registry's own. Kinds are found in the registry by what they are,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from kfuse.cuda import epilogue, norms, pool, rowreduce, rowsum
@@ -34,6 +36,7 @@ BACKEND = "cuda"
 
 
 EPILOGUE = next(k for k in REGISTRY if k.upgradable and k.family == "gemm")  # where GEMM regions start
+PRODUCTS_SWITCH = "KFUSE_CUDA_PRODUCTS"  # "1": fuse products of two values (not yet run on a GPU)
 
 
 def weight_gemm(n: Node, g: Graph) -> bool:
@@ -42,13 +45,30 @@ def weight_gemm(n: Node, g: Graph) -> bool:
             and isinstance(n.args[1], Param) and len(n.args[1].shape) == 2)
 
 
+def value_product(n: Node, g: Graph) -> bool:
+    """`x @ y` of two values, y 2-d and no batch of products (x may have leading dimensions)."""
+    return (EPILOGUE.starts(n, g) and n.op == "matmul" and not n.attrs.get("batched")
+            and isinstance(n.args[0], str) and isinstance(n.args[1], str) and len(g.shape_of(n.args[1])) == 2)
+
+
+def products_on() -> bool:
+    return os.environ.get(PRODUCTS_SWITCH) == "1"
+
+
 class Epilogue:
-    """The plain GEMM epilogue: weight GEMMs only, taken over only by this backend's twins."""
+    """The plain GEMM epilogue: weight GEMMs, and with KFUSE_CUDA_PRODUCTS=1 products of two values."""
 
     cuda_code = staticmethod(epilogue.region_code)
 
     def starts(self, n: Node, g: Graph) -> bool:
-        return weight_gemm(n, g)
+        return weight_gemm(n, g) or (products_on() and value_product(n, g))
+
+
+class OnWeightGemm:
+    """A kind that takes an epilogue walk over only where its GEMM is a weight GEMM (its CUDA code reads W)."""
+
+    def enters(self, walk: Walk, n: Node) -> bool:
+        return weight_gemm(walk.anchor, walk.g) and super().enters(walk, n)
 
 
 class RowSum:
@@ -61,11 +81,11 @@ class RowSum:
         return isinstance(w, Param) and len(w.shape) == 2 and super().starts(n, g)
 
 
-class GroupNorm:
+class GroupNorm(OnWeightGemm):
     cuda_code = staticmethod(norms.region_code)
 
 
-class BatchNorm:
+class BatchNorm(OnWeightGemm):
     """BatchNorm1d modules only (the launcher reads the module's mode and running statistics); no eval-mode fold
     (the CUDA pass applies the running statistics per column instead)."""
 
@@ -78,13 +98,13 @@ class BatchNorm:
         return []
 
 
-class RowReduce:
+class RowReduce(OnWeightGemm):
     """A reduction or row norm over the GEMM's features (kfuse/cuda/rowreduce.py)."""
 
     cuda_code = staticmethod(rowreduce.region_code)
 
 
-class Pool:
+class Pool(OnWeightGemm):
     """A pool over the GEMM's features, its ops and a reduction of the pooled row (kfuse/cuda/pool.py)."""
 
     cuda_code = staticmethod(pool.region_code)
@@ -108,6 +128,9 @@ KINDS: tuple[RegionKind, ...] = (*FUSED, *[k for k in REGISTRY if not k.fused])
 FUSED_KINDS = tuple(k.name for k in FUSED)
 
 
+PRODUCTS_NOTE = f" (products of two 2-d values: opt-in, {PRODUCTS_SWITCH}=1)"
+
+
 def unfused_reasons(v: Variant) -> dict[str, str]:
     """Each op the CUDA partition leaves a torch call -> why, found by partitioning the same graph with the
     Triton backend's registry: a kind with no CUDA version yet, a GEMM the CUDA kind does not take, or no kind."""
@@ -121,8 +144,8 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
             if kind is None:
                 why = "no region kind fuses it (a torch call with --backend triton too)"
             elif n.op in ("linear", "matmul"):
-                why = (f"--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter (--backend triton: "
-                       f"{kind})")
+                why = (f"--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter{PRODUCTS_NOTE} "
+                       f"(--backend triton: {kind})")
             elif kind in FUSED_KINDS:  # the kind has a CUDA version, but not for this region's GEMM
                 why = (f"--backend triton fuses it in a {kind} region, whose GEMM --backend cuda does not take (not a "
                        f"Linear or x @ W with a 2-d weight parameter)")

@@ -181,18 +181,22 @@ def weight_nk(weight: torch.Tensor, kn: bool) -> torch.Tensor:
     return w.t() if kn else w
 
 
-def gemm_operands(ext, x2: torch.Tensor, weight: torch.Tensor, kn: bool, scheme: str) -> tuple:
+def gemm_operands(ext, x2: torch.Tensor, weight: torch.Tensor, kn: bool, scheme: str, cached: bool = True) -> tuple:
     """((a, a_scale, b, b_scale), scheme id) for the region functions of the extension: for "fp16x3p" x2 (M, K)
     and the weight split into [hi | lo] rows (split_rows), else both fp32 (N, K) contiguous (the CUDA-core tile;
-    skinny GEMMs: "fp64", the GEMV kernel) with the scales unused."""
+    skinny GEMMs: "fp64", the GEMV kernel) with the scales unused. `cached=False` (the second of two values, new
+    every call): its (N, K) copy is made contiguous first, so the split reads rows, and nothing is kept on it."""
     if x2.shape[0] <= SKINNY_M:
         scheme = "fp64"
     if scheme == "fp16x3p":
         a = ext.split_rows(x2.float())
+        if not cached:
+            return (*a, *ext.split_rows(weight_nk(weight, kn).contiguous())), SCHEME_IDS[scheme]
         b = cached_on(weight, ("split", kn), lambda: tuple(ext.split_rows(weight_nk(weight, kn))))
         return (*a, *b), SCHEME_IDS[scheme]
     a = x2.float().contiguous()
-    b = cached_on(weight, ("nk", kn), lambda: weight_nk(weight, kn).contiguous())
+    b = weight_nk(weight, kn).contiguous() if not cached else \
+        cached_on(weight, ("nk", kn), lambda: weight_nk(weight, kn).contiguous())
     return (a, a, b, b), SCHEME_IDS[scheme]
 
 
@@ -315,6 +319,48 @@ class CudaGemmFn(CudaRegionFn):
         dz = got[0] if got[0] is not None else torch.zeros_like(zd)
         it = iter(got[1:])
         return dz, [next(it) if nd else None for nd in need]
+
+
+class CudaProductFn(CudaGemmFn):
+    """Autograd for one fused region z = x @ y of two values (y 2-d, (K, N)) followed by its epilogue. Subclasses
+    (one per region, generated) define launch(model, x, y, save_z=False), params(model), state(model) and
+    epilogue(model, fwd_state, cast, z) as for CudaGemmFn; y is an input, so there is no gemm(model). Backward: the
+    epilogue in float64 from z, then dX = dZ y^T and dY = X^T dZ as fp32 torch matmuls (TF32 off)."""
+
+    @classmethod
+    def run(cls, model, x, y):
+        if not torch.is_grad_enabled():
+            return cls.launch(model, x, y)
+        params = distinct_tensors(*cls.params(model))
+        if x.requires_grad or y.requires_grad or any(p.requires_grad for p in params):
+            return cls.apply(cls, model, x, y, *params)
+        return cls.launch(model, x, y)
+
+    @staticmethod
+    def forward(ctx, cls, model, x, y, *params):
+        ctx.cls, ctx.model, ctx.fwd_state = cls, model, cls.state(model)
+        outs, z = cls.launch(model, x, y, save_z=True)
+        ctx.save_for_backward(x, y, z, *params)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        x, y, z = ctx.saved_tensors[:3]
+        cls, model = ctx.cls, ctx.model
+        params = list(distinct_tensors(*cls.params(model)))
+        need_x, need_y, need = ctx.needs_input_grad[2], ctx.needs_input_grad[3], list(ctx.needs_input_grad[4:])
+        dz, epi = cls.epilogue_grads(model, ctx.fwd_state, z, grads, params, need)
+        dz32 = dz.reshape(-1, dz.shape[-1]).to(x.dtype)  # rounded once, as eager's dZ is
+        x2 = x.detach().reshape(-1, x.shape[-1])
+        dx = dy = None
+        with no_tf32():
+            if need_x:
+                dx = (dz32 @ y.detach().to(x.dtype).t()).reshape(x.shape)
+            if need_y:
+                dy = (x2.t() @ dz32).to(y.dtype)
+        got = [None if g is None else g.to(p.dtype) for p, g in zip(params, epi)]
+        return (None, None, dx, dy, *got)
 
 
 class CudaRecomputeFn(CudaRegionFn):

@@ -1,0 +1,153 @@
+"""Products of two values under `--backend cuda` (KFUSE_CUDA_PRODUCTS=1 until run on a GPU): `x @ y` with y a 2-d
+value (KernelBench's level-1 matmuls, `fc(x) @ x.t()`) is a fused region, y split on every call; the other kinds
+do not take its walk over; the autograd Function's backward (kfuse/cuda/runtime.py CudaProductFn) against torch's."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from kfuse.cuda import runtime
+from kfuse.cuda.regions import KINDS, PRODUCTS_SWITCH, unfused_reasons
+from kfuse.load import load_problem
+from kfuse.modes import variants
+from kfuse.optimize import capture_problem
+from kfuse_testing import ROOT, requires_cuda, write_problem
+from test_cuda_backend import NVCC_FLAGS, TWO_VALUES, _contract, check_emitted, compile_cuda
+
+# KernelBench's level-1 files: $KB1 (gpu_sm90.sh passes its own), else beside this checkout
+KB1 = Path(os.environ.get("KB1") or ROOT.parent / "shared" / "kernelbench" / "level1")
+# the level-1 products of two 2-d values (or a 3-d value @ a 2-d one), each a different arrangement of operands
+# (small sizes: the CPU only compiles them)
+LEVEL1 = {"1_Square_matrix_multiplication_": {"N": 70}, "10_3D_tensor_matrix_multiplication": {"N": 3, "M": 37, "K": 70,
+                                                                                             "L": 129},
+          "16_Matmul_with_transposed_A": {"M": 37, "K": 70, "N": 129},
+          "18_Matmul_with_transposed_both": {"M": 37, "K": 70, "N": 129}}
+PRODUCT_NORM = ("self.fc = nn.Linear(in_features, in_features)\nself.gn = nn.GroupNorm(3, batch_size)",
+                "return self.gn(torch.matmul(self.fc(x), x.t()))")
+
+
+@pytest.fixture
+def products(monkeypatch):
+    monkeypatch.setenv(PRODUCTS_SWITCH, "1")
+
+
+def kinds_and_unfused(path: Path) -> tuple[list[str], list[str]]:
+    (v,) = variants(capture_problem(load_problem(path, {}), "cpu"), KINDS)
+    return [r.kind for r in v.regions if r.fused], list(v.unfused)
+
+
+def test_two_values_fused_with_the_op_after_them(tmp_path, products):
+    path = write_problem(tmp_path, *TWO_VALUES, name="two_values")
+    assert kinds_and_unfused(path) == (["gemm_epilogue", "gemm_epilogue"], [])
+    source = compile_cuda(path).source
+    check_emitted(source)
+    assert re.search(r"^class MatmulReluFn\(CudaProductFn\):", source, flags=re.M)
+    assert "relu = MatmulReluFn.run(self, fc, t)" in source  # x and y, as the forward has them
+    assert "gemm_operands(ext, x2, y, True, GEMM_SCHEME, cached=False)" in source
+
+
+def test_off_by_default(tmp_path):
+    path = write_problem(tmp_path, *TWO_VALUES, name="two_values")
+    kinds, unfused = kinds_and_unfused(path)
+    assert kinds == ["gemm_epilogue"] and unfused
+
+
+def test_the_norm_kinds_do_not_take_a_products_walk_over(tmp_path, products):
+    """Their CUDA code reads a weight parameter: after a product of two values the GroupNorm stays a torch call."""
+    path = write_problem(tmp_path, *PRODUCT_NORM, name="product_norm", batch=12)
+    (v,) = variants(capture_problem(load_problem(path, {}), "cpu"), KINDS)
+    assert [r.kind for r in v.regions if r.fused] == ["gemm_epilogue", "gemm_epilogue"]
+    reasons = unfused_reasons(v)
+    assert any("gemm_groupnorm" in why and "does not take" in why for why in reasons.values()), reasons
+
+
+@pytest.mark.skipif(not KB1.is_dir(), reason="needs KernelBench's level 1 ($KB1 or ../shared)")
+@pytest.mark.parametrize("name", LEVEL1)
+def test_kernelbench_level1_products_are_fused(name, products):
+    compiled = compile_cuda(KB1 / f"{name}.py", LEVEL1[name])
+    assert compiled.fallback is None and compiled.backend == "cuda"
+    assert [r.kind for v in compiled.variants for r in v.regions if r.fused] == ["gemm_epilogue"]
+    check_emitted(compiled.source)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
+def test_product_source_compiles(tmp_path, products):
+    """The CUDA side of a product region is the weight GEMM's (only the Python launcher differs): nvcc builds it."""
+    path = write_problem(tmp_path, *TWO_VALUES, name="two_values")
+    cu = ast.literal_eval(re.search(r"CUDA_SRC = (r\'\'\'.*?\'\'\')", compile_cuda(path).source, re.S).group(1))
+    (tmp_path / "k.cu").write_text(cu)
+    r = subprocess.run(["nvcc", "-c", "k.cu", "-o", "k.o", "-std=c++17", *NVCC_FLAGS,
+                        "-gencode=arch=compute_80,code=sm_80"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+
+
+class _Fake(runtime.CudaProductFn):
+    """CudaProductFn with the launch done by torch (no GPU here): relu(x @ y) * scale, z = x @ y."""
+
+    @staticmethod
+    def launch(model, x, y, save_z=False):
+        z = (x.double() @ y.double()).float()
+        out = torch.relu(z) * model.scale
+        return ((out,), z) if save_z else out
+
+    @staticmethod
+    def params(model):
+        return (model.scale,)
+
+    @staticmethod
+    def epilogue(model, fwd_state, cast, matmul):
+        return torch.relu(matmul) * cast(model.scale)
+
+
+@pytest.mark.parametrize("same", [False, True], ids=["x@y", "x@x"])
+def test_product_backward_matches_torch(same):
+    """dX = dZ y^T, dY = X^T dZ and the epilogue's parameter gradient, for a 3-d x @ a 2-d y and for x @ x."""
+    gen = torch.Generator().manual_seed(0)
+    model = torch.nn.Module()
+    model.scale = torch.nn.Parameter(torch.rand(11, generator=gen) + 0.5)
+    x = torch.randn(2, 11, 11, generator=gen) if same else torch.randn(2, 5, 7, generator=gen)
+    y = x[0] if same else torch.randn(7, 11, generator=gen)
+    x.requires_grad_(True)
+    if not same:
+        y.requires_grad_(True)
+    yy = x[0] if same else y
+    out = _Fake.run(model, x, yy)
+    grad = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, [x, model.scale] if same else [x, y, model.scale], grad)
+    ref_out = torch.relu(x.double() @ yy.double()) * model.scale.double()
+    want = torch.autograd.grad(ref_out, [x, model.scale] if same else [x, y, model.scale], grad.double())
+    assert torch.allclose(out.double(), ref_out, atol=1e-5)
+    for g, w in zip(got, want):
+        assert torch.allclose(g.double(), w.double(), rtol=1e-4, atol=1e-4), (g, w)
+    with torch.no_grad():
+        assert torch.equal(_Fake.run(model, x, yy), out.detach())  # no Function where no gradient is needed
+
+
+# ---- on a GPU (benchmarks/cuda_backend/gpu_sm90.sh OUT products) ------------------------------------------------
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_two_values_meet_the_contract_and_the_gradient_contract(tmp_path, products):
+    from kfuse.gradients import gradient_contract
+
+    prob, module, contract = _contract(write_problem(tmp_path, *TWO_VALUES, name="two_values"), {})
+    assert contract.correct, contract.failures
+    verdict = gradient_contract(prob, module.ModelNew, device="cuda", draws=2)
+    assert verdict.correct, verdict.failures
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.skipif(not KB1.is_dir(), reason="needs KernelBench's level 1 ($KB1 or ../shared)")
+@pytest.mark.parametrize("name", list(LEVEL1))
+def test_gpu_kernelbench_level1_products_meet_the_contract(name, products):
+    """At the small sizes (odd: every tile edge masked); gpu_sm90.sh's step runs them at full size."""
+    _, _, contract = _contract(KB1 / f"{name}.py", LEVEL1[name])
+    assert contract.correct, contract.failures
