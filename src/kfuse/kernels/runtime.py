@@ -54,8 +54,7 @@ class Settings:
       interpret    TRITON_INTERPRET=1: kernels run in Triton's CPU interpreter (Triton reads it once, at import)
       autotune     KFUSE_AUTOTUNE: "on" (default), "off" (0, off, false: every GEMM runs its default config) or
                    "force" (tune again, ignoring the disk cache); the tuner's mode starts here (TUNER.mode)
-      cache_dir    KFUSE_CACHE_DIR (default $XDG_CACHE_HOME/kfuse, else ~/.cache/kfuse): the autotuner's
-                   autotune.json
+      cache_dir    KFUSE_CACHE_DIR (default $XDG_CACHE_HOME/kfuse or ~/.cache/kfuse): autotune.json's folder
       cuda_graphs  KFUSE_CUDA_GRAPHS=0: no CUDA graph replay of repeated inference calls (kernels/graphs.py)"""
     interpret: bool = False
     autotune: str = "on"
@@ -64,12 +63,11 @@ class Settings:
 
     @classmethod
     def from_env(cls, env=None) -> "Settings":
-        env = os.environ if env is None else env
+        env, cache = os.environ if env is None else env, os.path.expanduser("~/.cache")
         mode = env.get("KFUSE_AUTOTUNE", "1").lower()
         return cls(interpret=env.get("TRITON_INTERPRET") == "1",
                    autotune="off" if mode in ("0", "off", "false") else "force" if mode == "force" else "on",
-                   cache_dir=env.get("KFUSE_CACHE_DIR") or os.path.join(
-                       env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "kfuse"),
+                   cache_dir=env.get("KFUSE_CACHE_DIR") or os.path.join(env.get("XDG_CACHE_HOME") or cache, "kfuse"),
                    cuda_graphs=env.get("KFUSE_CUDA_GRAPHS", "1") != "0")
 
 
