@@ -607,6 +607,16 @@ def _contract(path: Path, overrides: dict, trials: int = 3, scheme: str | None =
     return prob, module, check_contract(prob, run_in_process(module.ModelNew), device="cuda", trials=trials)
 
 
+def _both_contracts(path: Path) -> None:
+    """The accuracy contract and the gradient contract (two draws) of a problem's CUDA ModelNew, on the GPU."""
+    from kfuse.gradients import gradient_contract
+
+    prob, module, contract = _contract(path, {})
+    assert contract.correct, contract.failures
+    verdict = gradient_contract(prob, module.ModelNew, device="cuda", draws=2)
+    assert verdict.correct, verdict.failures
+
+
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("path", sorted(SEEDS.glob("*.py")), ids=lambda p: p.stem)

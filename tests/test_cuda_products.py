@@ -20,7 +20,7 @@ from kfuse.load import load_problem
 from kfuse.modes import variants
 from kfuse.optimize import capture_problem
 from kfuse_testing import ROOT, requires_cuda, write_problem
-from test_cuda_backend import NVCC_FLAGS, TWO_VALUES, _contract, check_emitted, compile_cuda
+from test_cuda_backend import NVCC_FLAGS, TWO_VALUES, _both_contracts, _contract, check_emitted, compile_cuda
 
 # KernelBench's level-1 files: $KB1 (gpu_sm90.sh passes its own), else beside this checkout
 KB1 = Path(os.environ.get("KB1") or ROOT.parent / "shared" / "kernelbench" / "level1")
@@ -135,12 +135,7 @@ def test_product_backward_matches_torch(same):
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_two_values_meet_the_contract_and_the_gradient_contract(tmp_path, products):
-    from kfuse.gradients import gradient_contract
-
-    prob, module, contract = _contract(write_problem(tmp_path, *TWO_VALUES, name="two_values"), {})
-    assert contract.correct, contract.failures
-    verdict = gradient_contract(prob, module.ModelNew, device="cuda", draws=2)
-    assert verdict.correct, verdict.failures
+    _both_contracts(write_problem(tmp_path, *TWO_VALUES, name="two_values"))
 
 
 @pytest.mark.gpu

@@ -25,7 +25,16 @@ from kfuse.load import load_problem
 from kfuse.modes import variants
 from kfuse.optimize import capture_problem, load_module
 from kfuse_testing import requires_cuda, write_problem
-from test_cuda_backend import GEMM, NVCC_FLAGS, _contract, _torch_launch, check_emitted, compile_cuda, region_fns
+from test_cuda_backend import (
+    GEMM,
+    NVCC_FLAGS,
+    _both_contracts,
+    _contract,
+    _torch_launch,
+    check_emitted,
+    compile_cuda,
+    region_fns,
+)
 
 # problems/gemm files whose reduction or row norm the kind fuses
 ROW_PROBLEMS = ["06_matmul_scale_residual_clamp_logsumexp_mish", "15_matmul_sigmoid_sum",
@@ -121,12 +130,7 @@ def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_every_stat_meets_the_contract_and_the_gradient_contract(tmp_path):
-    from kfuse.gradients import gradient_contract
-
-    prob, module, contract = _contract(write_problem(tmp_path, *EVERY_STAT, name="every_stat"), {})
-    assert contract.correct, contract.failures
-    verdict = gradient_contract(prob, module.ModelNew, device="cuda", draws=2)
-    assert verdict.correct, verdict.failures
+    _both_contracts(write_problem(tmp_path, *EVERY_STAT, name="every_stat"))
 
 
 @pytest.mark.gpu
