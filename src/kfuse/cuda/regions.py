@@ -46,9 +46,9 @@ def weight_gemm(n: Node, g: Graph) -> bool:
 
 
 def value_product(n: Node, g: Graph) -> bool:
-    """`x @ y` of two values, y 2-d and no batch of products (x may have leading dimensions)."""
-    return (EPILOGUE.starts(n, g) and n.op == "matmul" and not n.attrs.get("batched")
-            and isinstance(n.args[0], str) and isinstance(n.args[1], str) and len(g.shape_of(n.args[1])) == 2)
+    """`x @ y` of two values, y 2-d and no batch of products (x may have leading dimensions: EPILOGUE.starts
+    checks both shapes)."""
+    return EPILOGUE.starts(n, g) and n.op == "matmul" and not n.attrs.get("batched") and isinstance(n.args[1], str)
 
 
 def products_on() -> bool:

@@ -235,14 +235,15 @@ class CudaRegionFn(torch.autograd.Function):
     """What every region's Function shares: `run`, which applies the Function only where a gradient is needed."""
 
     @classmethod
-    def run(cls, model, x):
-        """ModelNew.forward calls this: the Function when a gradient is needed, else the launcher alone."""
+    def run(cls, model, *inputs):
+        """ModelNew.forward calls this: the Function when a gradient is needed, else the launcher alone. `inputs`:
+        x (x and y for a product of two values)."""
         if not torch.is_grad_enabled():
-            return cls.launch(model, x)
+            return cls.launch(model, *inputs)
         params = distinct_tensors(*cls.params(model))
-        if x.requires_grad or any(p.requires_grad for p in params):
-            return cls.apply(cls, model, x, *params)
-        return cls.launch(model, x)
+        if any(t.requires_grad for t in (*inputs, *params)):
+            return cls.apply(cls, model, *inputs, *params)
+        return cls.launch(model, *inputs)
 
 
 class CudaGemmFn(CudaRegionFn):
@@ -326,15 +327,6 @@ class CudaProductFn(CudaGemmFn):
     (one per region, generated) define launch(model, x, y, save_z=False), params(model), state(model) and
     epilogue(model, fwd_state, cast, z) as for CudaGemmFn; y is an input, so there is no gemm(model). Backward: the
     epilogue in float64 from z, then dX = dZ y^T and dY = X^T dZ as fp32 torch matmuls (TF32 off)."""
-
-    @classmethod
-    def run(cls, model, x, y):
-        if not torch.is_grad_enabled():
-            return cls.launch(model, x, y)
-        params = distinct_tensors(*cls.params(model))
-        if x.requires_grad or y.requires_grad or any(p.requires_grad for p in params):
-            return cls.apply(cls, model, x, y, *params)
-        return cls.launch(model, x, y)
 
     @staticmethod
     def forward(ctx, cls, model, x, y, *params):
