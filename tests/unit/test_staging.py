@@ -3,10 +3,13 @@ the judge drew, whatever the dtypes, shapes and plain values, and the worker's w
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from kfuse.judge import stage_area, staging
+from kfuse.judge.clock import Gate
 from kfuse.judge.ipc import WorkerHandle
 from kfuse_testing import requires_cuda
 
@@ -101,6 +104,18 @@ def test_an_area_is_written_over_for_each_batch_and_read_through_a_link(tmp_path
         with pytest.raises(staging.TooLarge):
             area.write(iter(sets))
     assert not area.path.exists() and not tmp_path.exists()  # the area's folder goes with it
+
+
+def test_an_area_is_prepared_only_while_nothing_is_timed(tmp_path):
+    """Allocating and pinning an area costs CPU time and driver work: its thread waits while another
+    evaluation holds the device for timing (the gate's exclusive side), and prepares it once that ends."""
+    gate = Gate()
+    with gate.exclusive():
+        area = stage_area.Area(tmp_path, stage_area.MIN_BYTES, gpu=False, hold=gate.shared)
+        time.sleep(0.3)
+        assert not area.path.exists()  # not even created while the other timer runs
+    with area:
+        assert area.ready() and area.path.stat().st_size == stage_area.MIN_BYTES
 
 
 def test_areas_only_where_they_pay_and_fit(monkeypatch):

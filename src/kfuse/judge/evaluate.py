@@ -284,6 +284,8 @@ def _run(launched: Launched, planned: Sequence[PlannedShape], ctx: Context, reco
                 baselines = open_baselines(planned[0], ctx, workers)
             record.phase("baseline_start", t0)
             t0 = time.monotonic()
+            if area is not None:
+                area.ready()  # its thread holds the gate as a sharer: joined inside exclusive(), it would deadlock
             with GATE.exclusive():
                 record.phase("wait_for_device", t0)
                 t0 = time.monotonic()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kfuse.judge import cache, cheats
-from kfuse.judge.clock import ClockConfig, batch_size, time_outside
+from kfuse.judge.clock import GATE, ClockConfig, batch_size, time_outside
 from kfuse.judge.ipc import WorkerFailure, WorkerHandle, clean_text, tensor_bytes
 from kfuse.judge.launch import spawn_worker
 from kfuse.judge.shapes import REFERENCE_LOCK, PlannedShape, Shape, derive
@@ -97,7 +97,7 @@ def stage_area(ctx: Context, plan: PlannedShape) -> Area | None:
         return None
     inputs, clock_cfg = plan.refs[0].inputs, clock_config(ctx, plan)
     sets = batch_size(tensor_bytes(plan.refs[0].eager.outputs), tensor_bytes(inputs), clock_cfg)
-    return open_area(area_bytes(inputs, max(sets, clock_cfg.warmup)), gpu=True)
+    return open_area(area_bytes(inputs, max(sets, clock_cfg.warmup)), gpu=True, hold=GATE.shared)
 
 
 def time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: EvalRecord,

@@ -20,7 +20,8 @@ import mmap
 import os
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,14 @@ MIN_BYTES = 64 << 20  # smaller batches cost little to write fresh: no area
 
 
 class Area:
-    """A file of `size` bytes in `folder`, allocated (and on the GPU registered) by a background thread."""
+    """A file of `size` bytes in `folder`, allocated (and on the GPU registered) by a background thread.
 
-    def __init__(self, folder: Path, size: int, gpu: bool) -> None:
+    The thread holds `hold()` while it works (the judge passes clock.GATE.shared: pinning gigabytes costs CPU
+    time and driver work, never while another candidate is timed at --jobs > 1); the evaluation joins it
+    (`ready()`) before it takes the device for its own timing."""
+
+    def __init__(self, folder: Path, size: int, gpu: bool,
+                 hold: Callable[[], AbstractContextManager[object]] = nullcontext) -> None:
         self.folder = folder  # the area's own, removed with it
         self.path = folder / "stage-area.bin"
         self.size = size
@@ -44,16 +50,17 @@ class Area:
         self._fd: int | None = None
         self._mm: mmap.mmap | None = None
         self._buf: torch.Tensor | None = None
-        self._thread = threading.Thread(target=self._open, args=(gpu,), name="kfuse-stage-area", daemon=True)
+        self._thread = threading.Thread(target=self._open, args=(gpu, hold), name="kfuse-stage-area", daemon=True)
         self._thread.start()
 
-    def _open(self, gpu: bool) -> None:
+    def _open(self, gpu: bool, hold: Callable[[], AbstractContextManager[object]]) -> None:
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            self._fd = fd
-            os.posix_fallocate(fd, 0, self.size)
-            if gpu:
-                self._register(fd)
+            with hold():
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                self._fd = fd
+                os.posix_fallocate(fd, 0, self.size)
+                if gpu:
+                    self._register(fd)
         except (OSError, RuntimeError, ValueError) as err:
             self.error = f"{type(err).__name__}: {err}"
             self._release()
@@ -130,7 +137,8 @@ def area_bytes(inputs: Sequence[Any], sets: int) -> int:
     return sets * sum(staging.aligned(t.nbytes) for t in inputs if isinstance(t, torch.Tensor))
 
 
-def open_area(size: int, gpu: bool) -> Area | None:
+def open_area(size: int, gpu: bool,
+              hold: Callable[[], AbstractContextManager[object]] = nullcontext) -> Area | None:
     """An area for batches of `size` bytes, in a folder of its own beside the workers' request folders (the
     same filesystem: it is linked into them), or None where one is not worth it or that filesystem lacks the
     room (it keeps ipc.SHM_FREE_BYTES free besides)."""
@@ -144,4 +152,4 @@ def open_area(size: int, gpu: bool) -> Area | None:
         folder = Path(tempfile.mkdtemp(prefix="kfuse-stage-", dir=parent))
     except OSError:
         return None
-    return Area(folder, size, gpu)
+    return Area(folder, size, gpu, hold)
