@@ -79,6 +79,17 @@ def test_batches_and_picks():
     assert 9 in chosen and len(chosen) in (3, 4) and all(0 <= c < 10 for c in chosen)
 
 
+def test_events_are_contradicted_by_the_clocks_fast_calls_not_its_noise():
+    """Measured on an H100: an honest kfuse candidate whose clock was noisy (median 0.539 ms, 10th percentile
+    0.205 ms) against 0.0965 ms of events was flagged by the median; a forged 1 us timer on a 1.6 ms call still is."""
+    from kfuse.judge.speed import events_contradicted
+
+    assert events_contradicted(0.539, 0.0965)  # the median: what flagged it before
+    assert not events_contradicted(0.205, 0.0965)
+    assert not events_contradicted(0.156, 0.035)  # plain torch, two launches: host overhead within the slack
+    assert events_contradicted(1.6, 0.001)
+
+
 def test_gate_keeps_timing_alone():
     """Timing waits for sharers to leave, and sharers wait while a timer waits or runs."""
     import threading
@@ -154,6 +165,7 @@ def test_timed_calls_staged_through_the_evaluations_area(tmp_path, monkeypatch):
     assert rec.correct and rec.flags == [], (rec.flag_details, rec.error)
     assert rec.timing["candidate"]["n"] == 30 and rec.timing["eager"]["n"] == 30
     assert len(writes) >= 4 and len(set(writes)) == 1  # warm-up and timed batches, candidate and eager: one area
+    assert rec.timing["protocol"]["stage_area"] == "allocated"  # on the CPU: pwrite over pages allocated ahead
     assert not writes[0].exists()  # freed with the evaluation
 
 

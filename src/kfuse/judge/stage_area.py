@@ -47,6 +47,7 @@ class Area:
         self.size = size
         self.registered = False
         self.error: str | None = None
+        self.refused: str | None = None
         self._fd: int | None = None
         self._mm: mmap.mmap | None = None
         self._buf: torch.Tensor | None = None
@@ -67,15 +68,25 @@ class Area:
 
     def _register(self, fd: int) -> None:
         """The pages mapped shared and page-locked: device tensors then land in them by DMA. A refusal leaves
-        the area unregistered (pwrite over its pages); CUDA's last error is per thread, this one's."""
+        the area unregistered (pwrite over its pages; `refused` says why); CUDA's last error is per thread, this
+        one's. Linux refuses to pin writable file pages for long outside tmpfs (they need dirty tracking): on
+        a disk-backed folder the area is never registered, in /dev/shm it is."""
         mm = mmap.mmap(fd, self.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         buf = torch.frombuffer(mm, dtype=torch.uint8)
         cudart = torch.cuda.cudart()
-        if cudart.cudaHostRegister(buf.data_ptr(), self.size, 0) == cudart.cudaError.success:
+        code = cudart.cudaHostRegister(buf.data_ptr(), self.size, 0)
+        if code == cudart.cudaError.success:
             self._mm, self._buf, self.registered = mm, buf, True
             return
+        self.refused = f"cudaHostRegister: {code}"
         del buf
         mm.close()
+
+    def how(self) -> str:
+        """How batches reach the area, for the record: 'registered' (DMA), 'allocated' (pwrite) or 'failed'."""
+        if not self.ready():
+            return "failed"
+        return "registered" if self.registered else "allocated"
 
     def ready(self) -> bool:
         """Whether the area can take a batch (waits for the background thread)."""
