@@ -207,7 +207,7 @@ def compile_sm90(path: str, name: str, tile: tuple[int, ...]) -> dict:
         f'    elif p.name in {f64!r}:\n        signature[p.name] = "*fp64"\n'
         '    elif p.name == "eps":\n        signature[p.name] = "fp32"\n    elif p.name == "phase_ptr":').replace(
         'values = {', 'values = {"BLOCK_E": 32, "BLOCK_C": 64, "BLOCK_G": 8, "BLOCK_J": 16, ')
-    out = subprocess.run([sys.executable, "-c", script, json.dumps([path, name, "fp16x3p", *tile])],
+    out = subprocess.run([sys.executable, "-c", script, json.dumps([path, name, "fp16x3p", *tile, False])],
                          capture_output=True, text=True, env=dict(os.environ, TRITON_INTERPRET="0"), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.splitlines()[-1])

@@ -61,6 +61,53 @@ def test_conv_matches_float64(case, scheme):
     _check(scheme, *CASES[case])
 
 
+@pytest.fixture
+def dense(monkeypatch):
+    """Dense K on (KFUSE_CONV_DENSE=1): groups of fewer than DENSE_BELOW channels packed unpadded."""
+    import dataclasses
+    monkeypatch.setattr(cv, "SETTINGS", dataclasses.replace(cv.SETTINGS, conv_dense=True))
+
+
+DENSE_CASES = [c for c, (xs, ws, *_) in CASES.items() if ws[1] < cv.DENSE_BELOW]
+
+
+@pytest.mark.parametrize("case", DENSE_CASES)
+@pytest.mark.parametrize("scheme", ["ieee", "fp16x3p", "fp64"])
+def test_dense_k_matches_float64(dense, case, scheme):
+    """Dense K: K blocks straddle taps (16-deep blocks over taps of 2, 3 or 5 channels), per-element bounds at
+    every edge (strided, dilated, 'same', grouped, 1-d to 3-d), the last block past taps * CIN_G masked."""
+    xs, ws, *geo = CASES[case]
+    assert cv.conv_geometry(xs, ws, *geo).dense
+    _check(scheme, *CASES[case])
+
+
+def test_dense_k_problem_23_shape_in_several_blocks(dense):
+    """KernelBench level 2 problem 23's convolution (3 -> 24 channels, 3 x 3 x 3) at a small size, in 32-deep blocks
+    (81 = 2 x 32 + 17: the last block part padding) and in the interpreter's default tiles."""
+    xs, ws = (2, 3, 5, 6, 7), (24, 3, 3, 3, 3)
+    x, w, b = _inputs(xs, ws, 11)
+    ref = cv.conv_ref(x.double(), w.double(), b.double())
+    for cfg in (cv.ConvConfig(16, 16, 32, 4, 1), None):
+        out = cv.conv_forward(x, w, b, scheme="fp16x3p", cfg=cfg)
+        assert (out.double() - ref).abs().max().item() < 1e-6
+
+
+def test_dense_layouts_and_k_blocks(dense):
+    """Dense packing: a record is the group's own channels (no zeros), the weight's K is taps * CIN_G in (tap,
+    channel) order padded once at the end; K blocks are 16, 32 or 64 deep, the one that pads K least."""
+    x = torch.randn(2, 6, 5, 7)
+    packed, _ = cv.pack_input(x, 3, False, dense=True)
+    assert torch.equal(packed.view(2, 5, 7, 3, 2), x.view(2, 3, 2, 5, 7).permute(0, 3, 4, 1, 2))
+    w = torch.randn(4, 3, 3, 3)
+    wp = cv.packed_weight(w, dense=True)
+    assert wp.shape == (4, 64) and (wp[:, 27:] == 0).all()
+    assert torch.equal(wp[:, :27].view(4, 9, 3), w.view(4, 3, 9).transpose(1, 2))
+    for cin_g, taps, want in ((3, 27, 32), (3, 9, 32), (5, 9, 16), (7, 27, 64), (1, 3, 16)):
+        geo = cv.conv_geometry((2, cin_g, 9, 9, 9), (8, cin_g, taps // 9 or 1, 3, 3 if taps >= 9 else 1), 1, 0, 1, 1)
+        assert geo.dense and cv.k_block(geo, 64) == want, (cin_g, taps)
+    assert not cv.conv_geometry((2, 8, 9, 9), (8, 8, 3, 3), 1, 0, 1, 1).dense  # 8 channels stay padded
+
+
 @pytest.mark.parametrize("case", ["2d_strided_dilated", "3d_same_grouped"])
 def test_fp64_scheme_rounds_once(case):
     """The interpreter's scheme: fp32 dots over 16-deep K blocks, summed in float64, one rounding: each element
@@ -172,7 +219,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kfuse.sm90_compile import _ptxas_usage
-path, name, scheme, bm, bn, bk, warps, stages = json.loads(sys.argv[1])
+path, name, scheme, bm, bn, bk, warps, stages, dense = json.loads(sys.argv[1])
 if path.endswith(".py"):
     spec = importlib.util.spec_from_file_location("generated", path)
     module = importlib.util.module_from_spec(spec)
@@ -180,7 +227,7 @@ if path.endswith(".py"):
 else:
     module = importlib.import_module(path)
 kernel = getattr(module, name)
-values = {"HAS_BIAS": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SCHEME": scheme}
+values = {"HAS_BIAS": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SCHEME": scheme, "DENSE": dense}
 signature, constexprs = {}, {}
 halves = ("w_ptr", "w_lo_ptr", "x_ptr")  # fp16 on fp16x3p: the weight's parts and the packed input
 for i, p in enumerate(kernel.params):
@@ -205,11 +252,11 @@ print(json.dumps({"shared": built.metadata.shared, "registers": regs, "spill": s
 '''
 
 
-def compile_sm90(path: str, name: str, scheme: str, cfg: cv.ConvConfig) -> dict:
+def compile_sm90(path: str, name: str, scheme: str, cfg: cv.ConvConfig, dense: bool = False) -> dict:
     import json
     import subprocess
     import sys
-    args = [path, name, scheme, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages]
+    args = [path, name, scheme, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, dense]
     out = subprocess.run([sys.executable, "-c", COMPILE, json.dumps(args)], capture_output=True, text=True,
                          env=dict(os.environ, TRITON_INTERPRET="0"), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -228,6 +275,21 @@ def test_compiles_for_sm90(geo, scheme):
     cfg = cv.conv_config(GPU_GEOMETRIES[geo], scheme, interpret=False)
     build = compile_sm90("kfuse.kernels.conv", "conv_bias_kernel", scheme, cfg)
     assert build["spill"] == 0 and build["shared"] <= 232448, build
+
+
+def test_dense_k_compiles_for_sm90(dense):
+    """The dense tile at KernelBench level 2 problem 23's geometry (3 -> 24 channels, 3 x 3 x 3): the default tile
+    and the tuner's 128-row one lower and fit; the tuner offers no tile gathering more than DENSE_GATHER elements a
+    thread (128 x 32 at 4 warps spilled 364 bytes; every candidate left compiled without a spill)."""
+    geo = cv.conv_geometry((128, 3, 24, 32, 32), (24, 3, 3, 3, 3), 1, 0, 1, 1)
+    default = cv.conv_config(geo, "fp16x3p", interpret=False)
+    candidates = cv.conv_candidates(geo, default)
+    assert default.block_k == 32
+    assert all(c.block_m * c.block_k <= cv.DENSE_GATHER * 32 * c.num_warps for c in candidates)
+    assert cv.ConvConfig(128, 32, 32, 8, 3) in candidates
+    for cfg in (default, cv.ConvConfig(128, 32, 32, 8, 3)):
+        build = compile_sm90("kfuse.kernels.conv", "conv_bias_kernel", "fp16x3p", cfg, dense=True)
+        assert build["spill"] == 0 and build["shared"] <= 232448, (cfg, build)
 
 
 def test_generated_region_compiles_for_sm90(tmp_path):

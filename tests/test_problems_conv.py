@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 import pytest
+import torch
 
 from kfuse.gradients import gradient_contract
 from kfuse.load import load_problem
@@ -117,3 +118,28 @@ def test_batchnorm_problem(tmp_path, stem):
     result = optimize(load_problem(path), CPU, workdir=tmp_path)
     assert result.contract.correct, result.contract.failures
     assert [r.kind for r in result.compiled.regions] == BATCHNORM[stem]
+
+
+# Dense K (kernels/conv.py dense_k, KFUSE_CONV_DENSE=1): groups of fewer than 8 input channels packed unpadded, K
+# blocks straddling taps, in every kind that runs the GEMM tile: the plain epilogue at odd sizes without bias (08),
+# training BatchNorm (32), GroupNorm with a residual (36), a channel min (40), an overlapping max pool (44) and the
+# global average pool's two phases (46)
+DENSE = {"08_conv2d_odd_nobias_clamp": "conv_epilogue", "32_conv2d_batchnorm_scale_odd": "conv_batchnorm",
+         "36_conv2d_groupnorm_tanh_residual": "conv_groupnorm", "40_conv2d_wide_scale_channel_min_tanh":
+         "conv_channel_reduce", "44_conv2d_hardswish_maxpool_overlapping_mish": "conv_pool",
+         "46_conv2d_gelu_global_avgpool_scale": "conv_pool"}
+
+
+@pytest.mark.parametrize("stem", DENSE)
+def test_dense_k_in_every_kind(tmp_path, monkeypatch, stem):
+    monkeypatch.setenv("KFUSE_CONV_DENSE", "1")  # read by the generated file's Settings when it loads
+    path = CONV / f"{stem}.py"
+    result = optimize(load_problem(path, small(path)), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert DENSE[stem] in [r.kind for r in result.compiled.regions]
+    out = tmp_path / "dense.py"
+    out.write_text(result.compiled.source)
+    module = load_module(out)
+    anchor = load_problem(path, small(path)).build()
+    conv = next(m for m in anchor.modules() if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)))
+    assert module.dense_k(conv.in_channels // conv.groups)  # the file ran dense K

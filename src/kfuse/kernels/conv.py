@@ -21,7 +21,9 @@ pipelines (cp.async; wgmma on sm_90). The accumulator is the (pixels, channels) 
 returns it and the caller's epilogue stores it to the NC(D)HW layout (conv_out_offsets): along a column the pixels
 are contiguous, so the stores are coalesced. Padding a group of 3 or 8 channels to 16 multiplies the tensor-core
 work by 16 / CIN_G, and each tap is then one 16-deep K block: such convolutions ran far from their floors on an H100
-(20-90 TFLOP/s of fp16 work, benchmarks/conv/NOTES.md "The packed tile").
+(20-90 TFLOP/s of fp16 work, benchmarks/conv/NOTES.md "The packed tile"). Dense K (dense_k; KFUSE_CONV_DENSE=1 until
+a GPU has timed it): a group of fewer than DENSE_BELOW channels is packed unpadded, K = taps * CIN_G is walked in
+blocks that straddle taps, and each element of a block is gathered with its own offset and bounds check.
 
 Precision: the scheme comes from the same switch as the GEMM's (conv_scheme -> runtime.scheme_for):
   "fp16x3p" on a GPU: the fp16 hi/lo split of kernels/gemm_core.py. The weight is split once per version
@@ -97,6 +99,11 @@ class ConvGeometry:
     def K(self) -> int:
         return self.CIN_G * self.KD * self.KH * self.KW
 
+    @property
+    def dense(self) -> bool:
+        """Whether the tile runs dense K (dense_k): a group's few channels packed tap after tap, unpadded."""
+        return dense_k(self.CIN_G)
+
 
 def _triple(v, dims: int, fill: int, what: str) -> tuple[int, int, int]:
     """An int or a tuple of `dims` ints, padded in front with `fill` to three."""
@@ -160,18 +167,37 @@ def conv_scheme(x: torch.Tensor) -> str:
 
 # a group's input channels are zero-padded to a multiple of this in the packed operands: tl.dot's least K
 PACK: tl.constexpr = tl.constexpr(16)
+# Dense K: where a group has fewer input channels than this, padding each tap's channels to 16 would multiply the
+# tensor-core work by 16 / CIN_G (5.3x for 3 channels, and one K block per tap: 27 on a 3 x 3 x 3 kernel). Such a
+# convolution packs its channels unpadded, tap after tap (K = taps * CIN_G, padded once at the end), and the tile
+# gathers each K block's (tap, channel) pairs with a bounds check per element (conv_tile_at). 8 channels stay
+# padded (2x the work, but 16-byte vector loads): on an H100 the 8-channel Conv2d problems already ran 1.5-3.9x
+# eager's speed padded, the 3-channel Conv3d ones 0.48-0.97x (benchmarks/conv/NOTES.md).
+DENSE_BELOW = 8
+# the dense weight's K is padded to a multiple of this: every K block the tiles take (16, 32, 64) reads in bounds
+DENSE_K_PAD = 64
 
 
-def packed_channels(cin_g: int) -> int:
-    """CP: the channels of one group's record in the packed input and of one tap in the packed weight."""
-    return cdiv(cin_g, PACK.value) * PACK.value
+def dense_k(cin_g: int) -> bool:
+    """Does a convolution with `cin_g` input channels a group run dense K (DENSE_BELOW)? Only with KFUSE_CONV_DENSE=1
+    for now (runtime.SETTINGS.conv_dense): checked under the interpreter, not yet timed on a GPU."""
+    return SETTINGS.conv_dense and cin_g < DENSE_BELOW
+
+
+def packed_channels(cin_g: int, dense: bool = False) -> int:
+    """CP: the channels of one group's record in the packed input and, padded, of one tap in the packed weight
+    (dense: the group's own channels, unpadded)."""
+    return cin_g if dense else cdiv(cin_g, PACK.value) * PACK.value
 
 
 @triton.jit
-def packed_record(CIN_G, SPLIT: tl.constexpr):
+def packed_record(CIN_G, SPLIT: tl.constexpr, DENSE: tl.constexpr):
     """(CP, REC) in the kernels: packed_channels, and the elements of a group's record in the packed input (on
     SPLIT the hi parts, then the lo parts)."""
-    CP = tl.cdiv(CIN_G, PACK) * PACK
+    if DENSE:
+        CP = CIN_G
+    else:
+        CP = tl.cdiv(CIN_G, PACK) * PACK
     if SPLIT:
         REC = 2 * CP
     else:
@@ -179,34 +205,38 @@ def packed_record(CIN_G, SPLIT: tl.constexpr):
     return CP, REC
 
 
-def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """(C_out, CIN_G, KD, KH, KW) -> the (C_out, taps * CP) fp32 GEMM operand: K ordered (tap, channel), each
-    tap's channels zero-padded to CP, so a K block of the tile is BLOCK_K channels of one tap."""
+def packed_weight(weight: torch.Tensor, dense: bool = False) -> torch.Tensor:
+    """(C_out, CIN_G, KD, KH, KW) -> the (C_out, K) fp32 GEMM operand, K ordered (tap, channel): each tap's
+    channels zero-padded to CP (K = taps * CP), so a K block of the tile is BLOCK_K channels of one tap; dense, the
+    taps' channels back to back and zeros only at the end (K = taps * CIN_G rounded up to DENSE_K_PAD)."""
     c_out, cin_g = weight.shape[:2]
     w = weight.detach().float().reshape(c_out, cin_g, -1).transpose(1, 2)  # (C_out, taps, CIN_G)
+    if dense:
+        w = w.reshape(c_out, -1)
+        return torch.nn.functional.pad(w, (0, cdiv(w.shape[1], DENSE_K_PAD) * DENSE_K_PAD - w.shape[1])).contiguous()
     return torch.nn.functional.pad(w, (0, packed_channels(cin_g) - cin_g)).reshape(c_out, -1).contiguous()
 
 
-def weight_parts(weight: torch.Tensor, scheme: str) -> tuple:
+def weight_parts(weight: torch.Tensor, scheme: str, dense: bool = False) -> tuple:
     """(w, w_lo, w_scale, stride_wn) of the packed weight: on "fp16x3p" its fp16 hi/lo split (split_weight: one
     power of two per output channel; views of one buffer), else the fp32 matrix (w_lo and w_scale repeat it)."""
-    wp = packed_weight(weight)
+    wp = packed_weight(weight, dense)
     if scheme != "fp16x3p":
         return wp, wp, wp, wp.stride(0)
     w_hi, w_lo, w_scale = split_weight(wp)
     return w_hi, w_lo, w_scale, w_hi.stride(0)
 
 
-def cached_conv_weight(weight: torch.Tensor, scheme: str) -> tuple:
+def cached_conv_weight(weight: torch.Tensor, scheme: str, dense: bool = False) -> tuple:
     """weight_parts, made once and reused while the weight is the same tensor with the same storage and version
     counter (an optimizer step, load_state_dict or an in-place write under no_grad invalidate it, as
     runtime.cached_split's)."""
-    key = (tensor_key(weight), scheme == "fp16x3p")
+    key = (tensor_key(weight), scheme == "fp16x3p", dense)
     hit = getattr(weight, "_kfuse_conv_weight", None)
     if hit is not None and hit[0] == key:
         return hit[1]
     with torch.no_grad():
-        parts = weight_parts(weight, scheme)
+        parts = weight_parts(weight, scheme, dense)
     weight._kfuse_conv_weight = (key, parts)
     return parts
 
@@ -219,14 +249,14 @@ def conv_x_scales(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def conv_pack_kernel(x_ptr, scale_ptr, out_ptr, P, C_in, CIN_G, S, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr,
-                     BLOCK_C: tl.constexpr):
+def conv_pack_kernel(x_ptr, scale_ptr, out_ptr, P, C_in, CIN_G, S, SPLIT: tl.constexpr, DENSE: tl.constexpr,
+                     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """x (N, C_in, S) -> the packed input (pack_input). Program (pixel block, group, channel block): reads
     coalesced along the pixels, writes along the channels."""
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     g = tl.program_id(1)
     offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    CP, REC = packed_record(CIN_G, SPLIT)
+    CP, REC = packed_record(CIN_G, SPLIT, DENSE)
     mask_p = offs_p < P
     n = offs_p // S
     src = (n.to(tl.int64) * C_in + g * CIN_G) * S + offs_p % S
@@ -243,14 +273,15 @@ def conv_pack_kernel(x_ptr, scale_ptr, out_ptr, P, C_in, CIN_G, S, SPLIT: tl.con
         tl.store(dst, v, mask=mask)
 
 
-def pack_input(x: torch.Tensor, groups: int, split: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def pack_input(x: torch.Tensor, groups: int, split: bool,
+               dense: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(packed x, per-sample scales or None): x (N, C_in, D, H, W) as (N, D, H, W, groups, record), a record the
-    group's CP channels (zeros past CIN_G), so each pixel's channels are contiguous for the tile's K blocks. On
+    group's CP channels (zeros past CIN_G; dense: no zeros), so each pixel's channels are contiguous. On
     `split` ("fp16x3p") a record is the fp16 hi parts of x * s[n] (conv_x_scales) then the lo parts (4 bytes an
     element, as x's fp32), else x's fp32 values. Cost: one read of x (two with the scales), one write."""
     n, c_in, s = x.shape[0], x.shape[1], x[0, 0].numel()
     cin_g = c_in // groups
-    cp = packed_channels(cin_g)
+    cp = packed_channels(cin_g, dense)
     out = torch.empty(n * s * groups * cp * (2 if split else 1), device=x.device,
                       dtype=torch.float16 if split else torch.float32)
     scale = conv_x_scales(x) if split else None
@@ -261,8 +292,8 @@ def pack_input(x: torch.Tensor, groups: int, split: bool) -> tuple[torch.Tensor,
         block_p = 64
     if out.numel():
         conv_pack_kernel[(cdiv(n * s, block_p), groups, cdiv(cp, block_c))](
-            x, out if scale is None else scale, out, n * s, c_in, cin_g, s, SPLIT=split, BLOCK_P=block_p,
-            BLOCK_C=block_c)
+            x, out if scale is None else scale, out, n * s, c_in, cin_g, s, SPLIT=split, DENSE=dense,
+            BLOCK_P=block_p, BLOCK_C=block_c)
     return out, scale
 
 
@@ -270,9 +301,10 @@ def conv_operands(x: torch.Tensor, weight: torch.Tensor, geo: ConvGeometry, sche
                   cached: bool = True) -> tuple:
     """(x, w, w_lo, w_scale, x_scale, stride_wn): what conv_tile reads under `scheme`, packed (pack_input,
     weight_parts: the weight's parts cached for a parameter). Unused pointers repeat x."""
-    split = scheme == "fp16x3p"
-    xp, x_scale = pack_input(x, geo.groups, split)
-    w, w_lo, w_scale, stride_wn = cached_conv_weight(weight, scheme) if cached else weight_parts(weight, scheme)
+    split, dense = scheme == "fp16x3p", geo.dense
+    xp, x_scale = pack_input(x, geo.groups, split, dense)
+    w, w_lo, w_scale, stride_wn = (cached_conv_weight(weight, scheme, dense) if cached
+                                   else weight_parts(weight, scheme, dense))
     return xp, w, w_lo, w_scale, xp if x_scale is None else x_scale, stride_wn
 
 
@@ -311,7 +343,11 @@ INTERPRETER_ELEMENTS = 2 ** 20
 
 def k_block(geo: ConvGeometry, cap: int) -> int:
     """The deepest K block up to `cap` that divides a tap's packed channels (CP): a block never straddles taps,
-    and none is all padding."""
+    and none is all padding. Dense K (blocks straddle taps): the block of 16, 32 or 64 up to `cap` that pads
+    taps * CIN_G least, the deeper on a tie."""
+    if geo.dense:
+        sizes = [b for b in (64, 32, 16) if b <= max(cap, 16)]
+        return min(sizes, key=lambda b: cdiv(geo.K, b) * b)  # min keeps the first (deepest) of equals
     cp = packed_channels(geo.CIN_G)
     return min(cap, cp & -cp)  # the largest power of two dividing CP (>= PACK)
 
@@ -345,9 +381,14 @@ def conv_candidates(geo: ConvGeometry, default: ConvConfig) -> list[ConvConfig]:
     out = [default]
     for m, n, k, warps, stages in CONV_TUNE_TILES:
         cfg = ConvConfig(m, min(n, default.block_n), k_block(geo, k), warps, stages)
-        if cfg not in out:
+        if cfg not in out and not (geo.dense and cfg.block_m * cfg.block_k > DENSE_GATHER * 32 * warps):
             out.append(cfg)
     return out
+
+
+# dense K gathers each element of a K block through its own 64-bit pointer and mask: beyond this many elements a
+# thread the sm_90 build spills (128 x 32 at 4 warps, 32 a thread: 364 bytes; 64 x 32 at 4 warps: none)
+DENSE_GATHER = 16
 
 
 def tuned_conv(kernel, geo: ConvGeometry, scheme: str, default: ConvConfig, x: torch.Tensor, launch) -> ConvConfig:
@@ -389,7 +430,8 @@ def conv_tile_ids(COUT_G, BLOCK_N: tl.constexpr):
 @triton.jit
 def conv_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m, pid_n, g,
               M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr,
+              DENSE: tl.constexpr):
     """The fp32 (BLOCK_M, BLOCK_N) accumulator of output pixels pid_m * BLOCK_M + i and channels
     g * COUT_G + pid_n * BLOCK_N + j of group g (no bias), from the packed operands (conv_operands). Rows past M and
     channels past the group are computed from zeros or clamped reads: the caller masks its store."""
@@ -399,20 +441,23 @@ def conv_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m
     return conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, offs_m // S_out,
                         sp // (OH * OW), (sp // OW) % OH, sp % OW, offs_m < M, pid_n, g,
                         C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
-                        BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
+                        BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, DENSE)
 
 
 @triton.jit
 def conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_idx, od, oh, ow, mask_m, pid_n, g,
                  C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr,
+                 DENSE: tl.constexpr):
     """conv_tile at any BLOCK_M output pixels: row i is pixel (od[i], oh[i], ow[i]) of sample n_idx[i], computed
     where mask_m[i] (rows outside it read nothing and hold zeros). Any pixel: a pooling kind's rows are pooled
     pixels, each program walking its windows' conv pixels (kernels/pooling.py).
 
     K is walked tap by tap, BLOCK_K packed channels at a time: a tap's bounds check is one per row (not per
-    element), and each row's BLOCK_K channels are contiguous in the packed input (vectorized loads)."""
-    CP, REC = packed_record(CIN_G, SCHEME == "fp16x3p")  # a group's padded channels; its record (hi, then lo)
+    element), and each row's BLOCK_K channels are contiguous in the packed input (vectorized loads). DENSE
+    (dense_k): K is taps * CIN_G unpadded, BLOCK_K of it a block whatever the taps: each column of a block is one
+    (tap, channel) pair, its offset and bounds checked per element (k_dense_block)."""
+    CP, REC = packed_record(CIN_G, SCHEME == "fp16x3p", DENSE)  # a group's channels in a record (hi, then lo)
     PIX = (C_in // CIN_G) * REC  # elements per input pixel
     id0 = od * SD - PD  # output pixel -> the input corner its window starts at
     ih0 = oh * SH - PH
@@ -428,23 +473,32 @@ def conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    NCB = tl.cdiv(CP, BLOCK_K)
-    for it in range(0, KD * KH * KW * NCB):
-        tap = it // NCB
-        c0 = (it % NCB) * BLOCK_K
-        kd = tap // (KH * KW)
-        kh = (tap // KW) % KH
-        kw = tap % KW
-        di = id0 + kd * DD
-        hh = ih0 + kh * DH
-        wi = iw0 + kw * DW
-        inside = mask_m & (di >= 0) & (di < D) & (hh >= 0) & (hh < H) & (wi >= 0) & (wi < W)
-        # BLOCK_K divides CP (k_block): no K mask, so the loads are vectorized along the channels and pipelined
-        a_mask = inside[:, None]  # outside the input: the zero padding
-        tap_off = (((kd * DD).to(tl.int64) * H + kh * DH) * W + kw * DW) * PIX  # int64: a sample may pass 2^31
-        a_ptrs = x_rows[:, None] + tap_off + c0 + offs_k[None, :]
+    if DENSE:
+        n_blocks = tl.cdiv(KD * KH * KW * CIN_G, BLOCK_K)
+    else:
+        NCB = tl.cdiv(CP, BLOCK_K)
+        n_blocks = KD * KH * KW * NCB
+    for it in range(0, n_blocks):
+        if DENSE:
+            a_ptrs, a_mask, k0 = k_dense_block(x_rows, mask_m, id0, ih0, iw0, it, offs_k, D, H, W, CIN_G, KD, KH, KW,
+                                               DD, DH, DW, PIX, BLOCK_K)
+        else:
+            tap = it // NCB
+            c0 = (it % NCB) * BLOCK_K
+            kd = tap // (KH * KW)
+            kh = (tap // KW) % KH
+            kw = tap % KW
+            di = id0 + kd * DD
+            hh = ih0 + kh * DH
+            wi = iw0 + kw * DW
+            inside = mask_m & (di >= 0) & (di < D) & (hh >= 0) & (hh < H) & (wi >= 0) & (wi < W)
+            # BLOCK_K divides CP (k_block): no K mask, so the loads are vectorized along the channels and pipelined
+            a_mask = inside[:, None]  # outside the input: the zero padding
+            tap_off = (((kd * DD).to(tl.int64) * H + kh * DH) * W + kw * DW) * PIX  # int64: a sample may pass 2^31
+            a_ptrs = x_rows[:, None] + tap_off + c0 + offs_k[None, :]
+            k0 = tap * CP + c0
         a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        b_off = w_rows[None, :] + (tap * CP + c0 + offs_k)[:, None]
+        b_off = w_rows[None, :] + (k0 + offs_k)[:, None]
         b = tl.load(w_ptr + b_off)
         if SCHEME == "fp16x3p":
             a_lo = tl.load(a_ptrs + CP, mask=a_mask, other=0.0)
@@ -464,6 +518,31 @@ def conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_
 
 
 @triton.jit
+def k_dense_block(x_rows, mask_m, id0, ih0, iw0, it, offs_k, D, H, W, CIN_G, KD, KH, KW, DD, DH, DW, PIX,
+                  BLOCK_K: tl.constexpr):
+    """(pointers, mask, first K index) of dense K block `it`: column j is K index k = it * BLOCK_K + j, the pair
+    (tap k // CIN_G, channel k % CIN_G), read where k < taps * CIN_G and the tap's input pixel is inside (else 0:
+    the zero padding, and the weight's zero columns past K). The per-column parts are vectors of BLOCK_K, so a
+    block costs an add and a compare per element over the padded tile's per-row work."""
+    k = it * BLOCK_K + offs_k
+    tap = k // CIN_G
+    c = k - tap * CIN_G
+    kd = tap // (KH * KW)
+    kh = (tap // KW) % KH
+    kw = tap % KW
+    dd = kd * DD
+    dh = kh * DH
+    dw = kw * DW
+    di = id0[:, None] + dd[None, :]
+    hh = ih0[:, None] + dh[None, :]
+    wi = iw0[:, None] + dw[None, :]
+    mask = ((mask_m[:, None] & (k < KD * KH * KW * CIN_G)[None, :]) & (di >= 0) & (di < D) & (hh >= 0) & (hh < H)
+            & (wi >= 0) & (wi < W))
+    off = ((dd.to(tl.int64) * H + dh) * W + dw) * PIX + c  # int64: a sample may pass 2^31
+    return x_rows[:, None] + off[None, :], mask, it * BLOCK_K
+
+
+@triton.jit
 def conv_out_offsets(offs_m, offs_n, OD, OH, OW, C_out):
     """Element offsets in the NC(D)HW output of pixels offs_m (rows) and global channels offs_n (columns)."""
     S_out = OD * OH * OW
@@ -479,12 +558,12 @@ def conv_out_offsets(offs_m, offs_n, OD, OH, OW, C_out):
 def conv_bias_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias_ptr, out_ptr, stride_wn,
                      M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW,
                      DD, DH, DW, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
+                     BLOCK_K: tl.constexpr, SCHEME: tl.constexpr, DENSE: tl.constexpr):
     """out = conv(x, w) + bias, NC(D)HW. Bytes: x read once, w once per row tile, out written once."""
     pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)
     acc = conv_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m, pid_n, g,
                     M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
-                    BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
+                    BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, DENSE)
     store_with_bias(acc, bias_ptr, out_ptr, pid_m, pid_n, g, M, OD, OH, OW, C_out, COUT_G, HAS_BIAS, BLOCK_M, BLOCK_N)
 
 
@@ -512,8 +591,8 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if geo.M:
         conv_bias_kernel[conv_grid(geo, cfg)](*ops, out if bias is None else bias, out, *sizes,
                                               HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                                              BLOCK_K=cfg.block_k, SCHEME=scheme, num_warps=cfg.num_warps,
-                                              num_stages=cfg.num_stages)
+                                              BLOCK_K=cfg.block_k, SCHEME=scheme, DENSE=geo.dense,
+                                              num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
 

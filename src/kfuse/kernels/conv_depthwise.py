@@ -76,9 +76,10 @@ def depthwise_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilat
 @triton.jit
 def depthwise_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m, pid_n, g,
                    M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
-    """conv.py's conv_tile for a depthwise convolution (CIN_G == 1; w_lo_ptr, w_scale_ptr, x_scale_ptr and BLOCK_K
-    unused): the fp32 (BLOCK_M, BLOCK_N) accumulator of output pixels pid_m * BLOCK_M + i and channels
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr,
+                   DENSE: tl.constexpr):
+    """conv.py's conv_tile for a depthwise convolution (CIN_G == 1; w_lo_ptr, w_scale_ptr, x_scale_ptr, BLOCK_K
+    and DENSE unused): the fp32 (BLOCK_M, BLOCK_N) accumulator of output pixels pid_m * BLOCK_M + i and channels
     g * COUT_G + pid_n * BLOCK_N + j, all reading input channel g. Rows past M hold zeros, channels past the
     multiplier read the last one's weights: the caller masks its store."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -126,7 +127,7 @@ def depthwise_bias_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias
     pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)
     acc = depthwise_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m, pid_n, g,
                          M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW,
-                         DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
+                         DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, False)
     store_with_bias(acc, bias_ptr, out_ptr, pid_m, pid_n, g, M, OD, OH, OW, C_out, COUT_G, HAS_BIAS, BLOCK_M, BLOCK_N)
 
 

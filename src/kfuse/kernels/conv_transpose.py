@@ -129,6 +129,11 @@ class TransposedGeometry:
         return self.N * cdiv(self.OD, self.SD) * cdiv(self.OH, self.SH) * cdiv(self.OW, self.SW)
 
     @property
+    def dense(self) -> bool:
+        """Never dense K (conv.py's dense_k): the phases' weight blocks are padded per tap."""
+        return False
+
+    @property
     def K(self) -> int:
         """The largest phase's K (conv_config's block_k guess)."""
         return self.CIN_G * max(self.phases[0].nt) * max(self.phases[1].nt) * max(self.phases[2].nt)
@@ -288,7 +293,7 @@ def conv_transpose_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, phase_
         acc = conv_tile(x_ptr, w_ptr + col, w_lo_ptr + col, w_scale_ptr, x_scale_ptr, stride_wn, pid_m, pid_n, g,
                         M, C_in, D, H, W, td, th, tw, C_out, CIN_G, COUT_G, ntd, nth, ntw, 1, 1, 1,
                         -tl.load(row + 6), -tl.load(row + 7), -tl.load(row + 8), -ED, -EH, -EW,
-                        BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
+                        BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, False)  # phases keep padded K (pack_input's default)
     else:  # a row tile past this phase's pixels: nothing to compute, nothing stored
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -186,7 +186,8 @@ def conv_pool_bias_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias
                           M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW,
                           DD, DH, DW, PM, QD, QH, QW, PKD, PKH, PKW, PSD, PSH, PSW, PPD, PPH, PPW, PDD, PDH, PDW,
                           DIVISOR, HAS_BIAS: tl.constexpr, MAX: tl.constexpr, COUNT_PAD: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr,
+                          DENSE: tl.constexpr):
     """out = pool(conv(x, w) + bias): rows are pooled pixels, each window position's conv tile computed in turn
     (the region kind's kernels are this one with the ops before and after the pool)."""
     pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)
@@ -205,7 +206,7 @@ def conv_pool_bias_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias
                                           PDD, PDH, PDW)
         acc = conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_idx, od, oh, ow,
                            mask_m & inside, pid_n, g, C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW,
-                           PD, PH, PW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
+                           PD, PH, PW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, DENSE)
         if HAS_BIAS:
             acc = acc + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         if MAX:  # a NaN wins, as in torch's max_pool
@@ -225,7 +226,8 @@ def conv_pool_bias_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias
 def conv_mean_partial_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias_ptr, part_ptr, stride_wn,
                              M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW,
                              DD, DH, DW, HAS_BIAS: tl.constexpr, P: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr):
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr,
+                             DENSE: tl.constexpr):
     """Phase 1 of mean(conv(x, w) + bias) over the spatial dims: per (sample, pixel tile, channel), the float64 sum
     of the tile's conv values (sample_rows: slots of P pixels, each one sample's)."""
     pid_t, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)
@@ -233,7 +235,7 @@ def conv_mean_partial_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, b
     n_idx, sp, mask_m = sample_rows(pid_t, M // S, S, BLOCK_M, P)
     acc = conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_idx, sp // (OH * OW),
                        (sp // OW) % OH, sp % OW, mask_m, pid_n, g, C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH,
-                       SW, PD, PH, PW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME)
+                       SW, PD, PH, PW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, DENSE)
     offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n = g * COUT_G + offs_c
     mask_n = offs_c < COUT_G
@@ -275,7 +277,7 @@ def conv_pool_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         conv_pool_bias_kernel[conv_pool_grid(geo, pool, cfg)](
             *ops, out if bias is None else bias, out, *sizes, *pool.args(), int(divisor_override or 0),
             HAS_BIAS=bias is not None, MAX=mode == "max", COUNT_PAD=count_include_pad, BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme, num_warps=cfg.num_warps,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme, DENSE=geo.dense, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages)
     return out
 
@@ -293,7 +295,8 @@ def conv_mean_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     part = torch.empty((n * t, c), device=x.device, dtype=torch.float64)
     conv_mean_partial_kernel[grid](
         *ops, part if bias is None else bias, part, *sizes, HAS_BIAS=bias is not None, P=p, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme, DENSE=geo.dense, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     out = torch.empty((n, c), device=x.device, dtype=x.dtype)
     bm, bt = blocks or finalize_blocks(n, t)
     conv_mean_finalize_kernel[(cdiv(n, bm), cdiv(c, 64))](part, out, n, c, t, s, BLOCK_M=bm, BLOCK_T=bt, BLOCK_N=64)

@@ -24,7 +24,7 @@ from kfuse.regions.common import (
 from kfuse.regions.kind import Walk, numel, pointwise_with
 
 TRANSPOSED = "conv_transpose"  # capture's op for ConvTranspose1d/2d/3d and F.conv_transpose1d/2d/3d
-CONV_CONSTEXPRS = tuple(constexpr(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"))
+CONV_CONSTEXPRS = tuple(constexpr(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME", "DENSE"))
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,16 @@ class ConvForm:
 
 
 _TILE = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"]
+# the launches' tile constexprs: DENSE is the plan's geometry's (kernels/conv.py dense_k; False for a transposed one)
+TILE_LAUNCH = ["BLOCK_M=cfg.block_m", "BLOCK_N=cfg.block_n", "BLOCK_K=cfg.block_k", "SCHEME=scheme", "DENSE=geo.dense",
+               "num_warps=cfg.num_warps", "num_stages=cfg.num_stages"]
 # kernels/conv.py: conv_tile's operands and sizes (conv_operands, ConvGeometry.args), in its order
 _CONV_SIZES = ("stride_wn", "M", "C_in", "D", "H", "W", "OD", "OH", "OW", "C_out", "CIN_G", "COUT_G", "KD", "KH", "KW",
                "SD", "SH", "SW", "PD", "PH", "PW", "DD", "DH", "DW")
 CONV = ConvForm(
     plain("x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr"), plain(*_CONV_SIZES),
     (call("acc = conv_tile", ["x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr", "stride_wn", "pid_m",
-                              "pid_n", "g"], list(_CONV_SIZES[1:]), _TILE, width=112, indent=8),
+                              "pid_n", "g"], list(_CONV_SIZES[1:]), [*_TILE, "DENSE"], width=112, indent=8),
      "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
      "mask_m = offs_m < M"),
     "out_offs = conv_out_offsets(offs_m, offs_n, OD, OH, OW, C_out)",
@@ -202,9 +205,7 @@ def conv_kernel(form: ConvForm, name: str, doc: str, outs: list[str], args: Kern
 def conv_launcher(form: ConvForm, name: str, outs: list[str], args: KernelArgs, doc: str) -> str:
     """fused_<name>(x, weight, <epilogue operands>, <geometry>): geometry, scheme, tile config and operands from the
     kernels module (conv_plan or conv_transpose_plan), one launch, the outputs in x's layout and dtype."""
-    launch = call(f"{name}_kernel[{form.grid}(geo, cfg)]", ["*ops", *outs, *args.params, "*sizes"],
-                  ["BLOCK_M=cfg.block_m", "BLOCK_N=cfg.block_n", "BLOCK_K=cfg.block_k", "SCHEME=scheme",
-                   "num_warps=cfg.num_warps", "num_stages=cfg.num_stages"])
+    launch = call(f"{name}_kernel[{form.grid}(geo, cfg)]", ["*ops", *outs, *args.params, "*sizes"], TILE_LAUNCH)
     if form.plan == "conv_plan":  # the tile config tuned on a GPU's first call at each geometry (kernels/conv.py)
         run = ["def launch(cfg):", *[f"    {ln}" for ln in launch.splitlines()],
                f"launch(tuned_conv({name}_kernel, geo, scheme, cfg, x, launch))"]
@@ -242,5 +243,4 @@ def conv_launch(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs) 
     """Launcher lines: one launch of a conv-tile kernel of this region under `geo`, `cfg`, `scheme`."""
     return ["if geo.M:", *[f"    {ln}" for ln in call(
         f"{kernel}_kernel[{form.grid}(geo, cfg)]", ["*ops", *ptrs, *args.params, "*sizes"],
-        ["BLOCK_M=cfg.block_m", "BLOCK_N=cfg.block_n", "BLOCK_K=cfg.block_k", "SCHEME=scheme",
-         "num_warps=cfg.num_warps", "num_stages=cfg.num_stages"]).splitlines()]]
+        TILE_LAUNCH).splitlines()]]

@@ -32,7 +32,15 @@ from kfuse.regions.common import (
     signature,
     var,
 )
-from kfuse.regions.conv_common import CONV, CONV_CONSTEXPRS, channel_operand, conv_bias, depthwise, geometry_code
+from kfuse.regions.conv_common import (
+    CONV,
+    CONV_CONSTEXPRS,
+    TILE_LAUNCH,
+    channel_operand,
+    conv_bias,
+    depthwise,
+    geometry_code,
+)
 from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with
 
 WINDOWED = ("pool", "max_pool1d", "avg_pool1d")
@@ -43,7 +51,7 @@ POOL_SIZES = plain("PM", "QD", "QH", "QW", "PKD", "PKH", "PKW", "PSD", "PSH", "P
 TILE_AT = call("acc = conv_tile_at", ["x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr", "stride_wn", "n_idx",
                                       "od", "oh", "ow", "valid", "pid_n", "g"],
                ["C_in", "D", "H", "W", "CIN_G", "COUT_G", "KD", "KH", "KW", "SD", "SH", "SW", "PD", "PH", "PW", "DD",
-                "DH", "DW", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"], width=112, indent=8)
+                "DH", "DW", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME", "DENSE"], width=112, indent=8)
 COLUMNS = ["offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # channels within group g",
            "offs_n = g * COUT_G + offs_c  # the output channels",
            "mask_n = offs_c < COUT_G",
@@ -226,8 +234,6 @@ def finalize_kernel(region: Region, stem: str, doc: str, outs: list[str],
                       docstring(f"Phase 2 of: {doc}"), *[f"    {ln}" for ln in body]]) + "\n", a2
 
 
-TILE_TAIL = ["BLOCK_M=cfg.block_m", "BLOCK_N=cfg.block_n", "BLOCK_K=cfg.block_k", "SCHEME=scheme",
-             "num_warps=cfg.num_warps", "num_stages=cfg.num_stages"]
 POOL_PARAMS = ["kernel_size", "pool_stride", "pool_padding", "pool_dilation", "ceil_mode", "count_include_pad",
                "divisor_override"]
 
@@ -262,7 +268,7 @@ def mean_launch(stem: str, kernel: str, a1: KernelArgs, a2: KernelArgs, outs: li
               for o, v in zip(outs, region.outputs)],
             "if geo.M:",
             *indented(call(f"{kernel}[grid]", ["*ops", "part", *a1.params, "*sizes", *pool_args],
-                           ["P=P", *TILE_TAIL])),
+                           ["P=P", *TILE_LAUNCH])),
             "    bm, bt = finalize_blocks(N, T)",
             *indented(call(f"{stem}_finalize_kernel[(cdiv(N, bm), cdiv(C, 64))]",
                            ["part", *outs, *a2.params, "N", "C", "T", "S"],
@@ -286,7 +292,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
                  "if pool.M:",
                  *indented(call(f"{stem}_kernel[conv_pool_grid(geo, pool, cfg)]",
                                 ["*ops", *outs, *args.params, "*sizes", *pool_args[:2]],
-                                [pool_args[2], *TILE_TAIL]))]
+                                [pool_args[2], *TILE_LAUNCH]))]
     elif windowed:  # a windowed pool, then a global mean of its values: per-sample pooled rows, then a finalize
         kernel, a1 = windowed_kernel(region, stem, doc, outs, registry)
         finalize, a2 = finalize_kernel(region, stem, doc, outs, registry)
