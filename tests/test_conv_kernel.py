@@ -319,3 +319,21 @@ def test_tuned_conv_candidates_and_untuned_paths():
     calls = []
     x = torch.randn(2, 3, 9, 11)
     assert kc.tuned_conv("k", geo, "fp16x3p", default, x, calls.append) == default and calls == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="the compiled tile: a GPU, TRITON_INTERPRET=0")
+@pytest.mark.parametrize("case", DENSE_CASES)
+def test_dense_k_on_the_gpu(dense, case):
+    """Dense K compiled, on the tensor cores (fp16x3p): within 2x the error of a strict fp32 convolution (cuDNN,
+    TF32 off) plus a few ulps, against float64, at every odd geometry of CASES and at problem 23's full shape."""
+    torch.backends.cudnn.allow_tf32 = False
+    shapes = [CASES[case], ((128, 3, 24, 32, 32), (24, 3, 3, 3, 3), 1, 0, 1, 1)]
+    for xs, ws, *geo in shapes[:1] if case != DENSE_CASES[0] else shapes:
+        x, w, b = (t.cuda() for t in _inputs(xs, ws, 5))
+        ref = cv.conv_ref(x.double(), w.double(), b.double(), *geo)
+        strict = (cv.conv_ref(x, w, b, *geo).double() - ref).abs().max().item()
+        out = cv.conv_forward(x, w, b, *geo)
+        err = (out.double() - ref).abs().max().item()
+        assert err <= 2 * strict + 4 * 2.0 ** -24 * max(1.0, ref.abs().max().item()), (xs, err, strict)

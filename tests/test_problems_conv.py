@@ -13,7 +13,7 @@ import torch
 from kfuse.gradients import gradient_contract
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module, optimize
-from kfuse_testing import ROOT, long_lines
+from kfuse_testing import ROOT, long_lines, requires_cuda
 
 CONV = ROOT / "problems" / "conv"
 PROBLEMS = sorted(CONV.glob("*.py"))
@@ -143,3 +143,15 @@ def test_dense_k_in_every_kind(tmp_path, monkeypatch, stem):
     anchor = load_problem(path, small(path)).build()
     conv = next(m for m in anchor.modules() if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)))
     assert module.dense_k(conv.in_channels // conv.groups)  # the file ran dense K
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("stem", DENSE)
+def test_dense_k_compiled_on_a_gpu(tmp_path, monkeypatch, stem):
+    """Dense K's compiled kernels (gathered K blocks on the tensor cores, fp16x3p) through the contract, at the
+    problems' own sizes."""
+    monkeypatch.setenv("KFUSE_CONV_DENSE", "1")
+    result = optimize(load_problem(CONV / f"{stem}.py"), Options(device="cuda", trials=2), workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert DENSE[stem] in [r.kind for r in result.compiled.regions]
