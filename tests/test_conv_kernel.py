@@ -64,8 +64,7 @@ def test_conv_matches_float64(case, scheme):
 @pytest.fixture
 def dense(monkeypatch):
     """Dense K on (KFUSE_CONV_DENSE=1): groups of fewer than DENSE_BELOW channels packed unpadded."""
-    import dataclasses
-    monkeypatch.setattr(cv, "SETTINGS", dataclasses.replace(cv.SETTINGS, conv_dense=True))
+    monkeypatch.setattr(cv, "DENSE_ON", True)
 
 
 DENSE_CASES = [c for c, (xs, ws, *_) in CASES.items() if ws[1] < cv.DENSE_BELOW]

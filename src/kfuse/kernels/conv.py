@@ -49,6 +49,7 @@ once per row tile, the output written once.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 import triton
@@ -178,10 +179,14 @@ DENSE_BELOW = 8
 DENSE_K_PAD = 64
 
 
+# KFUSE_CONV_DENSE=1 turns dense K on (read once, when the module loads): checked under the interpreter, not yet
+# timed on a GPU. Here, not in runtime.Settings, so that files without a convolution do not carry it.
+DENSE_ON = os.environ.get("KFUSE_CONV_DENSE", "0") == "1"
+
+
 def dense_k(cin_g: int) -> bool:
-    """Does a convolution with `cin_g` input channels a group run dense K (DENSE_BELOW)? Only with KFUSE_CONV_DENSE=1
-    for now (runtime.SETTINGS.conv_dense): checked under the interpreter, not yet timed on a GPU."""
-    return SETTINGS.conv_dense and cin_g < DENSE_BELOW
+    """Does a convolution with `cin_g` input channels a group run dense K (DENSE_BELOW, DENSE_ON)?"""
+    return DENSE_ON and cin_g < DENSE_BELOW
 
 
 def packed_channels(cin_g: int, dense: bool = False) -> int:

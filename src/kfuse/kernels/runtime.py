@@ -55,13 +55,11 @@ class Settings:
       autotune     KFUSE_AUTOTUNE: "on" (default), "off" (0, off, false: every GEMM runs its default config) or
                    "force" (tune again, ignoring the disk cache); the tuner's mode starts here (TUNER.mode)
       cache_dir    KFUSE_CACHE_DIR (default $XDG_CACHE_HOME/kfuse or ~/.cache/kfuse): autotune.json's folder
-      cuda_graphs  KFUSE_CUDA_GRAPHS=0: no CUDA graph replay of repeated inference calls (kernels/graphs.py)
-      conv_dense   KFUSE_CONV_DENSE=1: convolutions with few input channels a group run dense K (kernels/conv.py)"""
+      cuda_graphs  KFUSE_CUDA_GRAPHS=0: no CUDA graph replay of repeated inference calls (kernels/graphs.py)"""
     interpret: bool = False
     autotune: str = "on"
     cache_dir: str = ""
     cuda_graphs: bool = True
-    conv_dense: bool = False
 
     @classmethod
     def from_env(cls, env=None) -> "Settings":
@@ -70,8 +68,7 @@ class Settings:
         return cls(interpret=env.get("TRITON_INTERPRET") == "1",
                    autotune="off" if mode in ("0", "off", "false") else "force" if mode == "force" else "on",
                    cache_dir=env.get("KFUSE_CACHE_DIR") or os.path.join(env.get("XDG_CACHE_HOME") or cache, "kfuse"),
-                   cuda_graphs=env.get("KFUSE_CUDA_GRAPHS", "1") != "0",
-                   conv_dense=env.get("KFUSE_CONV_DENSE", "0") == "1")
+                   cuda_graphs=env.get("KFUSE_CUDA_GRAPHS", "1") != "0")
 
 
 SETTINGS = Settings.from_env()
