@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kfuse.judge import sandbox
-from kfuse.judge.clock import GATE, ClockConfig, batch_size, pick
+from kfuse.judge.clock import ClockConfig, batch_size, pick
 from kfuse.judge.evaluate import EvalConfig, evaluate
 
 HERE = Path(__file__).parent
@@ -153,11 +153,8 @@ def test_timed_calls_staged_through_the_evaluations_area(tmp_path, monkeypatch):
         writes.append(self.path)
         return real_write(self, sets)
 
-    def cpu_area(ctx, plan):
-        inputs, clock_cfg = plan.refs[0].inputs, speed.clock_config(ctx, plan)
-        sets = batch_size(sum(t.nbytes for t in plan.refs[0].eager.outputs), sum(t.nbytes for t in inputs), clock_cfg)
-        return stage_area.open_area(stage_area.area_bytes(inputs, max(sets, clock_cfg.warmup)), gpu=False,
-                                    hold=GATE.shared)
+    def cpu_area(ctx, plan):  # the GPU's area, sized the same, on the CPU (pwrite over pages allocated ahead)
+        return speed.sized_area(ctx, plan, gpu=False)
 
     monkeypatch.setattr(stage_area.Area, "write", counted)
     monkeypatch.setattr(evaluate_module, "stage_area", cpu_area)

@@ -91,13 +91,18 @@ def open_baselines(plan: PlannedShape, ctx: Context, workers: ExitStack) -> dict
 
 
 def stage_area(ctx: Context, plan: PlannedShape) -> Area | None:
-    """The evaluation's stage file, allocated ahead on the GPU (stage_area.py): as large as the largest batch of
-    timed calls the candidate and its baselines stage."""
+    """The evaluation's stage file, allocated ahead on the GPU (stage_area.py; sized_area)."""
     if ctx.cfg.device != "cuda" or not ctx.timed:
         return None
+    return sized_area(ctx, plan, gpu=True)
+
+
+def sized_area(ctx: Context, plan: PlannedShape, gpu: bool) -> Area | None:
+    """A stage area as large as the largest batch of timed calls the candidate and its baselines stage, prepared
+    while the judge holds the device gate as a sharer (open_area)."""
     inputs, clock_cfg = plan.refs[0].inputs, clock_config(ctx, plan)
     sets = batch_size(tensor_bytes(plan.refs[0].eager.outputs), tensor_bytes(inputs), clock_cfg)
-    return open_area(area_bytes(inputs, max(sets, clock_cfg.warmup)), gpu=True, hold=GATE.shared)
+    return open_area(area_bytes(inputs, max(sets, clock_cfg.warmup)), gpu=gpu, hold=GATE.shared)
 
 
 def time_all(worker: WorkerHandle, plan: PlannedShape, ctx: Context, record: EvalRecord,
