@@ -11,7 +11,7 @@
 # OUT gets dense.log (the summary), profile-{0,1}.json, bench-{0,1}-<problem>.json.
 set -uo pipefail
 out="${1:?output folder}"; shift || true
-steps=("${@:-tests profile bench}"); steps=(${steps[@]})
+steps=("$@"); [ ${#steps[@]} -gt 0 ] || steps=(tests profile bench)
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 KFUSE_CACHE_DIR="${KFUSE_CACHE_DIR:-$PWD/.kfuse-cache}" TRITON_INTERPRET=0
 kb="${KB:-../shared/kernelbench}"
 for d in ../shared/kernelbench kb; do [ -d "$kb/level2" ] || kb=$d; done

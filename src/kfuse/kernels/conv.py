@@ -177,6 +177,9 @@ PACK: tl.constexpr = tl.constexpr(16)
 DENSE_BELOW = 8
 # the dense weight's K is padded to a multiple of this: every K block the tiles take (16, 32, 64) reads in bounds
 DENSE_K_PAD = 64
+# dense K gathers each element of a K block through its own 64-bit pointer and mask: the tuner offers no tile past
+# this many elements a thread (the sm_90 build spilled 364 bytes at 128 x 32 on 4 warps, 32 a thread; none at 16)
+DENSE_GATHER = 16
 
 
 # KFUSE_CONV_DENSE=1 turns dense K on (read once, when the module loads): checked under the interpreter, not yet
@@ -391,10 +394,6 @@ def conv_candidates(geo: ConvGeometry, default: ConvConfig) -> list[ConvConfig]:
     return out
 
 
-# dense K gathers each element of a K block through its own 64-bit pointer and mask: beyond this many elements a
-# thread the sm_90 build spills (128 x 32 at 4 warps, 32 a thread: 364 bytes; 64 x 32 at 4 warps: none)
-DENSE_GATHER = 16
-
 
 def tuned_conv(kernel, geo: ConvGeometry, scheme: str, default: ConvConfig, x: torch.Tensor, launch) -> ConvConfig:
     """The tile config of one convolution launch: `default` (conv_config's) where nothing is tuned, else TUNER's
@@ -527,8 +526,9 @@ def k_dense_block(x_rows, mask_m, id0, ih0, iw0, it, offs_k, D, H, W, CIN_G, KD,
                   BLOCK_K: tl.constexpr):
     """(pointers, mask, first K index) of dense K block `it`: column j is K index k = it * BLOCK_K + j, the pair
     (tap k // CIN_G, channel k % CIN_G), read where k < taps * CIN_G and the tap's input pixel is inside (else 0:
-    the zero padding, and the weight's zero columns past K). The per-column parts are vectors of BLOCK_K, so a
-    block costs an add and a compare per element over the padded tile's per-row work."""
+    the zero padding, and the weight's zero columns past K). The per-column parts (tap, channel, offsets) are
+    vectors of BLOCK_K; per element a block costs a 64-bit add, three range checks and a masked scalar load, where
+    the padded tile checks once per row and tap and loads 16-byte vectors."""
     k = it * BLOCK_K + offs_k
     tap = k // CIN_G
     c = k - tap * CIN_G
