@@ -117,16 +117,19 @@ def test_cuda_spellings_compute_what_torch_computes(tmp_path):
 # ---- partition ---------------------------------------------------------------------------------------------------
 # a product of two values (no weight parameter to cache a split of) and an op after it
 TWO_VALUES = ("self.fc = nn.Linear(in_features, in_features)", "return torch.relu(torch.matmul(self.fc(x), x.t()))")
+# a batch of products (no CUDA kind takes it)
+BATCHED = ("self.fc = nn.Linear(in_features, in_features)",
+           "h = self.fc(x).view(1, x.shape[0], -1)\nreturn torch.relu(torch.bmm(h, h.transpose(1, 2)))")
 
 
 def test_cuda_partition_fuses_what_triton_fuses_and_says_why_the_rest_is_torch(tmp_path):
     """A row reduction after the GEMM (logsumexp) is fused with the ops around it, as the Triton backend fuses it; a
-    product of two values (no cached weight split) stays a torch call with the ops after it, each with the reason;
-    a convolution has no CUDA kind at all."""
+    batch of products stays a torch call with the ops after it, each with the reason; a convolution has no CUDA
+    kind at all."""
     prob = load_problem(GEMM / "06_matmul_scale_residual_clamp_logsumexp_mish.py", {})
     (v,) = variants(capture_problem(prob, "cpu"), KINDS)
     assert [r.kind for r in v.regions if r.fused] == ["gemm_rowreduce"] and not v.unfused
-    two = write_problem(tmp_path, *TWO_VALUES, name="two_values")
+    two = write_problem(tmp_path, *BATCHED, name="batched")
     (v,) = variants(capture_problem(load_problem(two, {}), "cpu"), KINDS)
     reasons = unfused_reasons(v)
     assert set(reasons) == set(v.unfused) and v.unfused
@@ -245,11 +248,11 @@ def test_emitted_file_imports_and_builds_modelnew_on_the_cpu(tmp_path):
 
 
 def test_header_names_the_unfused_ops_and_why(tmp_path):
-    """A product of two values: the Linear before it fused, the product and the op after it left with reasons."""
-    path = write_problem(tmp_path, *TWO_VALUES, name="two_values")
+    """A batch of products: the Linear before it fused, the product and the op after it left with reasons."""
+    path = write_problem(tmp_path, *BATCHED, name="batched")
     head = compile_cuda(path).source.split("\n\n")[0].replace("\n#     ", " ")
     assert "gemm_epilogue: nn.Linear fc" in head
-    assert "torch.matmul (--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter" in head
+    assert "torch.bmm (--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter" in head
     assert "torch.relu (--backend triton fuses it in a gemm_epilogue region, whose GEMM --backend cuda does not" in head
 
 
@@ -628,10 +631,11 @@ def test_gpu_seeds_meet_the_contract(path):
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("scheme", ["fp16x3p", "ieee"])
-@pytest.mark.parametrize("sizes", [(37, 70, 129), (130, 97, 300), (1, 5, 3), (300, 1000, 999), (17, 64, 128),
-                                   (16, 1001, 70), (3, 4096, 515)])
+@pytest.mark.parametrize("sizes", [(37, 70, 129), (130, 97, 300), (1, 5, 3), (300, 1000, 999), (1037, 700, 1029),
+                                   (17, 64, 128), (16, 1001, 70), (3, 4096, 515)])
 def test_gpu_odd_sizes_meet_the_contract(scheme, sizes):
-    """Edges in M, N and K (K not a multiple of 32, N of 128), the GEMV kernel at <= 16 rows, both schemes."""
+    """Edges in M, N and K (K not a multiple of 32, N of 128), the GEMV kernel at <= 16 rows, both schemes (the
+    tensor-core tiles past runtime.CUDA_CORE_MNK multiply-adds: 300 x 1000 -> 999 and 1037 x 700 -> 1029)."""
     m, k, n = sizes
     _, _, contract = _contract(SEEDS / "12_gemm_multiply_leakyrelu.py",
                                {"batch_size": m, "in_features": k, "out_features": n}, scheme=scheme)

@@ -1,4 +1,4 @@
-"""Products of two values under `--backend cuda` (KFUSE_CUDA_PRODUCTS=1 until run on a GPU): `x @ y` with y a 2-d
+"""Products of two values under `--backend cuda` (on unless KFUSE_CUDA_PRODUCTS=0): `x @ y` with y a 2-d
 value (KernelBench's level-1 matmuls, `fc(x) @ x.t()`) is a fused region, y split on every call; the other kinds
 do not take its walk over; the autograd Function's backward (kfuse/cuda/runtime.py CudaProductFn) against torch's."""
 
@@ -16,6 +16,7 @@ import torch
 
 from kfuse.cuda import runtime
 from kfuse.cuda.regions import KINDS, PRODUCTS_SWITCH, unfused_reasons
+from kfuse.kernels.gemm_core import LONG_K
 from kfuse.load import load_problem
 from kfuse.modes import variants
 from kfuse.optimize import capture_problem
@@ -54,10 +55,49 @@ def test_two_values_fused_with_the_op_after_them(tmp_path, products):
     assert "gemm_operands(ext, x2, y, True, GEMM_SCHEME, cached=False)" in source
 
 
-def test_off_by_default(tmp_path):
+def test_on_by_default_and_off_with_the_switch(tmp_path, monkeypatch):
     path = write_problem(tmp_path, *TWO_VALUES, name="two_values")
+    assert kinds_and_unfused(path) == (["gemm_epilogue", "gemm_epilogue"], [])
+    monkeypatch.setenv(PRODUCTS_SWITCH, "0")
     kinds, unfused = kinds_and_unfused(path)
     assert kinds == ["gemm_epilogue"] and unfused
+
+
+@pytest.mark.parametrize("k", [LONG_K - 1, LONG_K])
+def test_a_long_k_product_stays_a_torch_call_with_its_reason(tmp_path, k):
+    """No split-K in CUDA: a product of two values over K >= LONG_K is left to torch, saying why (one short of it
+    is fused); a Linear over the same K keeps its region."""
+    path = write_problem(tmp_path, "self.fc = nn.Linear(in_features, 3)", "return torch.relu(self.fc(x) + x @ x.t())",
+                         batch=3, k=k, n=3, name="long_k")
+    (v,) = variants(capture_problem(load_problem(path, {}), "cpu"), KINDS)
+    fused = [r.kind for r in v.regions if r.fused]
+    no_split_k = [why for why in unfused_reasons(v).values() if "has no split-K" in why]
+    if k < LONG_K:
+        assert fused == ["gemm_epilogue", "gemm_epilogue"] and not no_split_k
+    else:
+        assert fused == ["gemm_epilogue"] and len(no_split_k) == 1, unfused_reasons(v)
+
+
+class _Parts:
+    """An extension whose split is torch's (the scheme decision is under test, not the kernel)."""
+
+    @staticmethod
+    def split_rows(t):
+        return t.half(), torch.ones(t.shape[0])
+
+
+@pytest.mark.parametrize(("m", "n", "k", "scheme"), [(16, 4096, 4096, "fp64"), (17, 70, 129, "fp64"),
+                                                     (512, 512, 1024, "fp64"), (512, 513, 1024, "fp16x3p"),
+                                                     (4096, 4096, 4096, "fp16x3p")])
+def test_small_gemms_take_the_cuda_core_tile(m, n, k, scheme):
+    """At most SKINNY_M rows or CUDA_CORE_MNK multiply-adds: double sums on the CUDA cores, for either operand
+    layout and for a value's operand (not cached) as for a weight's."""
+    x = torch.empty(m, k)
+    for kn in (False, True):
+        w = torch.empty((k, n) if kn else (n, k))
+        for cached in (True, False):
+            _, got = runtime.gemm_operands(_Parts, x, w, kn, "fp16x3p", cached=cached)
+            assert got == runtime.SCHEME_IDS[scheme], (m, n, k, kn, cached)
 
 
 def test_the_norm_kinds_do_not_take_a_products_walk_over(tmp_path, products):

@@ -19,7 +19,7 @@
 #   twins   each CUDA kind against its Triton twin: kfuse bench --backend cuda, then triton, of problems/gemm 08
 #           (gemm_groupnorm_wide), 30 and 38 (gemm_batchnorm, training and eval) and 04 (gemm_rowsum), their
 #           extensions built first by kfuse optimize, 4 at a time
-#   products  products of two values (KFUSE_CUDA_PRODUCTS=1): kfuse optimize --backend cuda of KernelBench's level-1
+#   products  products of two values (fused by default): kfuse optimize --backend cuda of KernelBench's level-1
 #           products (KB1: a folder of its level-1 files, default ../shared/kernelbench/level1, or KB1=kb/level1 with
 #           kb carried; full size), 6 at a
 #           time, then tests/test_cuda_products.py's GPU tests, then kfuse bench of four of them with each backend
@@ -102,7 +102,7 @@ write_problem(Path(sys.argv[1]), *EVERY_KIND, name='every_kind')" "$out/kind_cas
     products)
         mkdir -p "$out/products"
         kb1="$(realpath "${KB1:-../shared/kernelbench/level1}")"
-        export KFUSE_CUDA_PRODUCTS=1 KB1="$kb1"
+        export KB1="$kb1"
         ls "$kb1"/{1,2,4,6,7,8,9,10,13,16,17,18}_*.py | xargs -P 6 -I{} bash -c 'optimize_one {} '"$out/products"
         TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_products.py \
             > "$out/pytest-products.log" 2>&1
@@ -113,7 +113,7 @@ write_problem(Path(sys.argv[1]), *EVERY_KIND, name='every_kind')" "$out/kind_cas
                 --json "$out/products-bench-$b.json" > "$out/products-bench-$b.log" 2>&1
             echo "bench $b: exit $?"
         done
-        unset KFUSE_CUDA_PRODUCTS;;
+        ;;
     twins)
         twins=(problems/gemm/08_*.py problems/gemm/30_*.py problems/gemm/38_*.py problems/gemm/04_*.py)
         printf '%s\n' "${twins[@]}" | xargs -P 4 -I{} bash -c 'optimize_one {} '"$out/cuda"

@@ -4,8 +4,9 @@ The backend's kinds are the registry's GEMM kinds (`family == "gemm"`), each mad
 the ops it takes a region over at (`at_ops`): the twin admits what the registry's kind admits where the CUDA code
 can run it, and its `cuda_code` writes the region's code:
   the plain epilogue   nn.Linear / F.linear / `x @ W` with W a 2-d parameter (not batched products) and the
-                       pointwise chain after it (kfuse/cuda/epilogue.py); with KFUSE_CUDA_PRODUCTS=1 also `x @ y`
-                       of two values, y 2-d (split on every call: nothing to cache), opt-in until run on a GPU.
+                       pointwise chain after it (kfuse/cuda/epilogue.py), and `x @ y` of two values, y 2-d (split
+                       on every call: nothing to cache; KFUSE_CUDA_PRODUCTS=0 leaves them to torch) unless K >=
+                       LONG_K (no split-K in CUDA: long_k).
                        (the other kinds take over only a weight GEMM's walk: their CUDA code reads W)
   the row sum          the sum or mean over a GEMM's features rewritten to a GEMV (rewrite.py), W a 2-d parameter,
                        and the per-row ops after it (kfuse/cuda/rowsum.py)
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 
 from kfuse.cuda import epilogue, norms, pool, rowreduce, rowsum
 from kfuse.ir import Graph, Node, Param
+from kfuse.kernels.gemm_core import LONG_K
 from kfuse.modes import Variant
 from kfuse.ops import POOL_OPS, REDUCE_OPS, ROW_NORM_OPS
 from kfuse.partition import partition
@@ -36,7 +38,15 @@ BACKEND = "cuda"
 
 
 EPILOGUE = next(k for k in REGISTRY if k.upgradable and k.family == "gemm")  # where GEMM regions start
-PRODUCTS_SWITCH = "KFUSE_CUDA_PRODUCTS"  # "1": fuse products of two values (not yet run on a GPU)
+PRODUCTS_SWITCH = "KFUSE_CUDA_PRODUCTS"  # "0": leave products of two values to torch (the A/B against them)
+
+
+def long_k(n: Node, g: Graph) -> bool:
+    """A product over K >= LONG_K: the CUDA tiles sum all of K in one fp32 chain (no split-K), whose truncation bias
+    adds up over positive operands: KernelBench level-1 6 (two torch.rand values, K = 524288) missed rule 3 by 4.9x
+    eager's error on an H200. Weight GEMMs keep their tile (problems/gemm 02, 15 and 42, K = 32768, met the contract
+    on an H100: a layer's weights have both signs)."""
+    return isinstance(n.args[0], str) and g.shape_of(n.args[0])[-1] >= LONG_K
 
 
 def weight_gemm(n: Node, g: Graph) -> bool:
@@ -46,17 +56,18 @@ def weight_gemm(n: Node, g: Graph) -> bool:
 
 
 def value_product(n: Node, g: Graph) -> bool:
-    """`x @ y` of two values, y 2-d and no batch of products (x may have leading dimensions: EPILOGUE.starts
-    checks both shapes)."""
-    return EPILOGUE.starts(n, g) and n.op == "matmul" and not n.attrs.get("batched") and isinstance(n.args[1], str)
+    """`x @ y` of two values, y 2-d, no batch of products and K short of LONG_K (x may have leading dimensions:
+    EPILOGUE.starts checks both shapes)."""
+    return (EPILOGUE.starts(n, g) and n.op == "matmul" and not n.attrs.get("batched") and isinstance(n.args[1], str)
+            and not long_k(n, g))
 
 
 def products_on() -> bool:
-    return os.environ.get(PRODUCTS_SWITCH) == "1"
+    return os.environ.get(PRODUCTS_SWITCH, "1") != "0"
 
 
 class Epilogue:
-    """The plain GEMM epilogue: weight GEMMs, and with KFUSE_CUDA_PRODUCTS=1 products of two values."""
+    """The plain GEMM epilogue: weight GEMMs and products of two values (unless KFUSE_CUDA_PRODUCTS=0)."""
 
     cuda_code = staticmethod(epilogue.region_code)
 
@@ -128,7 +139,7 @@ KINDS: tuple[RegionKind, ...] = (*FUSED, *[k for k in REGISTRY if not k.fused])
 FUSED_KINDS = tuple(k.name for k in FUSED)
 
 
-PRODUCTS_NOTE = f" (products of two 2-d values: opt-in, {PRODUCTS_SWITCH}=1)"
+PRODUCTS_NOTE = f" (or x @ y of two values: not with {PRODUCTS_SWITCH}=0)"
 
 
 def unfused_reasons(v: Variant) -> dict[str, str]:
@@ -143,6 +154,9 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
             kind = triton_kind.get(n.name)
             if kind is None:
                 why = "no region kind fuses it (a torch call with --backend triton too)"
+            elif n.op == "matmul" and isinstance(n.args[1], str) and long_k(n, v.graph):
+                why = (f"a product of two values over K >= {LONG_K}: --backend cuda has no split-K, and one fp32 "
+                       f"chain over K misses rule 3 (--backend triton: {kind})")
             elif n.op in ("linear", "matmul"):
                 why = (f"--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter{PRODUCTS_NOTE} "
                        f"(--backend triton: {kind})")

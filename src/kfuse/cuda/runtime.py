@@ -13,7 +13,8 @@ Operands (`gemm_operands`): x is split into fp16 hi/lo parts on every call (one 
 are kept on the weight tensor until its storage, version counter (bumped by every in-place write: optimizer steps,
 load_state_dict, mul_ under no_grad), shape or strides change. Writes through `w.data` bypass the version counter:
 set `w._kfuse_cuda_cache = None` after one. GEMMs of at most SKINNY_M rows take the GEMV kernel (kf_gemv_kernel:
-W read once, float64 sums), whatever the scheme.
+W read once, float64 sums), whatever the scheme, and GEMMs of at most CUDA_CORE_MNK multiply-adds the CUDA-core tile
+(double sums).
 
 Training (`CudaGemmFn`): the forward kernel also stores z = x W^T + b; backward differentiates the epilogue in
 float64 torch from z (each gradient rounded once), then dX = dZ W, dW = dZ^T X and db = sum(dZ) as fp32 torch
@@ -33,6 +34,10 @@ import torch
 from kfuse.kernels.backward import _as_tuple, _caster, distinct_tensors
 
 SKINNY_M = 16  # GEMMs of at most this many rows run the GEMV kernel, float64 sums (gemm_source.SKINNY_M)
+# GEMMs of at most this many multiply-adds (M N K) run the CUDA-core tile in double whatever the scheme: there fp16x3p's
+# truncated tensor-core sums missed rule 3 on positive data (K = 70: 2.2x eager's error) and the tile is no slower
+# (H200: 256^3 0.095 ms against 0.137; benchmarks/cuda_backend/NOTES.md, "Products of two values")
+CUDA_CORE_MNK = 2 ** 28
 SCHEME_IDS = {"fp16x3p": 0, "ieee": 1, "fp64": 2}  # gemm_source.SCHEME_IDS
 CUDA_FLAGS = ("-O3",)  # no -std: torch adds the one its headers need (C++20 since torch 2.10)
 BUILT_MARK = "kfuse-built"
@@ -183,10 +188,11 @@ def weight_nk(weight: torch.Tensor, kn: bool) -> torch.Tensor:
 
 def gemm_operands(ext, x2: torch.Tensor, weight: torch.Tensor, kn: bool, scheme: str, cached: bool = True) -> tuple:
     """((a, a_scale, b, b_scale), scheme id) for the region functions of the extension: for "fp16x3p" x2 (M, K)
-    and the weight split into [hi | lo] rows (split_rows), else both fp32 (N, K) contiguous (the CUDA-core tile;
-    skinny GEMMs: "fp64", the GEMV kernel) with the scales unused. `cached=False` (the second of two values, new
-    every call): its (N, K) copy is made contiguous first, so the split reads rows, and nothing is kept on it."""
-    if x2.shape[0] <= SKINNY_M:
+    and the weight split into [hi | lo] rows (split_rows), else both fp32 (N, K) contiguous with the scales unused
+    (the CUDA-core tile; "fp64" for GEMMs of at most SKINNY_M rows, the GEMV kernel, or CUDA_CORE_MNK multiply-adds).
+    `cached=False` (the second of two values, new every call): its (N, K) copy is made contiguous first, so the
+    split reads rows, and nothing is kept on it."""
+    if x2.shape[0] <= SKINNY_M or x2.shape[0] * x2.shape[1] * weight.shape[kn] <= CUDA_CORE_MNK:
         scheme = "fp64"
     if scheme == "fp16x3p":
         a = ext.split_rows(x2.float())
