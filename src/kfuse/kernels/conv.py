@@ -21,8 +21,8 @@ pipelines (cp.async; wgmma on sm_90). The accumulator is the (pixels, channels) 
 returns it and the caller's epilogue stores it to the NC(D)HW layout (conv_out_offsets): along a column the pixels
 are contiguous, so the stores are coalesced. Padding a group of 3 or 8 channels to 16 multiplies the tensor-core
 work by 16 / CIN_G, and each tap is then one 16-deep K block: such convolutions ran far from their floors on an H100
-(20-90 TFLOP/s of fp16 work, benchmarks/conv/NOTES.md "The packed tile"). Dense K (dense_k; KFUSE_CONV_DENSE=1 until
-a GPU has timed it): a group of fewer than DENSE_BELOW channels is packed unpadded, K = taps * CIN_G is walked in
+(20-90 TFLOP/s of fp16 work, benchmarks/conv/NOTES.md "The packed tile"). Dense K (dense_k; KFUSE_CONV_DENSE=1: correct,
+but slower on an H200): a group of fewer than DENSE_BELOW channels is packed unpadded, K = taps * CIN_G is walked in
 blocks that straddle taps, and each element of a block is gathered with its own offset and bounds check.
 
 Precision: the scheme comes from the same switch as the GEMM's (conv_scheme -> runtime.scheme_for):
@@ -182,8 +182,8 @@ DENSE_K_PAD = 64
 DENSE_GATHER = 16
 
 
-# KFUSE_CONV_DENSE=1 turns dense K on (read once, when the module loads): checked under the interpreter, not yet
-# timed on a GPU. Here, not in runtime.Settings, so that files without a convolution do not carry it.
+# KFUSE_CONV_DENSE=1 turns dense K on (read once, when the module loads): 1.2-1.3x slower than padded K on an H200
+# (its gathers cost more than the products it saves). Here, not in runtime.Settings: only conv files carry it.
 DENSE_ON = os.environ.get("KFUSE_CONV_DENSE", "0") == "1"
 
 
