@@ -63,7 +63,7 @@ def test_conv_matches_float64(case, scheme):
 
 @pytest.fixture
 def dense(monkeypatch):
-    """Dense K on (KFUSE_CONV_DENSE=1): groups of fewer than DENSE_BELOW channels packed unpadded."""
+    """Dense K on (KFUSE_CONV_DENSE=1): groups of fewer than DENSE_BELOW channels packed as im2col rows."""
     monkeypatch.setattr(cv, "DENSE_ON", True)
 
 
@@ -73,8 +73,8 @@ DENSE_CASES = [c for c, (xs, ws, *_) in CASES.items() if ws[1] < cv.DENSE_BELOW]
 @pytest.mark.parametrize("case", DENSE_CASES)
 @pytest.mark.parametrize("scheme", ["ieee", "fp16x3p", "fp64"])
 def test_dense_k_matches_float64(dense, case, scheme):
-    """Dense K: K blocks straddle taps (16-deep blocks over taps of 2, 3 or 5 channels), per-element bounds at
-    every edge (strided, dilated, 'same', grouped, 1-d to 3-d), the last block past taps * CIN_G masked."""
+    """Dense K: im2col rows whose K blocks straddle taps (of 2, 3 or 5 channels), the zero padding at every edge
+    (strided, dilated, 'same', grouped, 1-d to 3-d) and past taps * CIN_G written by the pack."""
     xs, ws, *geo = CASES[case]
     assert cv.conv_geometry(xs, ws, *geo).dense
     _check(scheme, *CASES[case])
@@ -82,7 +82,7 @@ def test_dense_k_matches_float64(dense, case, scheme):
 
 def test_dense_k_problem_23_shape_in_several_blocks(dense):
     """KernelBench level 2 problem 23's convolution (3 -> 24 channels, 3 x 3 x 3) at a small size, in 32-deep blocks
-    (81 = 2 x 32 + 17: the last block part padding) and in the interpreter's default tiles."""
+    (81 columns padded to 96: the last block part padding) and in the interpreter's default tiles."""
     xs, ws = (2, 3, 5, 6, 7), (24, 3, 3, 3, 3)
     x, w, b = _inputs(xs, ws, 11)
     ref = cv.conv_ref(x.double(), w.double(), b.double())
@@ -92,19 +92,34 @@ def test_dense_k_problem_23_shape_in_several_blocks(dense):
 
 
 def test_dense_layouts_and_k_blocks(dense):
-    """Dense packing: a record is the group's own channels (no zeros), the weight's K is taps * CIN_G in (tap,
-    channel) order padded once at the end; K blocks are 16, 32 or 64 deep, the one that pads K least."""
+    """Dense packing: an im2col row per output pixel and group, its (tap, channel) columns those of torch's unfold
+    (zeros in the padding), then zeros to a multiple of DENSE_K_ALIGN; the weight's K in the same order, padded
+    alike; K blocks of 32 (16 where the cap is)."""
     x = torch.randn(2, 6, 5, 7)
-    packed, _ = cv.pack_input(x, 3, False, dense=True)
-    assert torch.equal(packed.view(2, 5, 7, 3, 2), x.view(2, 3, 2, 5, 7).permute(0, 3, 4, 1, 2))
+    geo = cv.conv_geometry(tuple(x.shape), (6, 2, 3, 3), 1, 1, 1, 3)  # 3 groups of 2 channels: K = 18 -> 32
+    assert geo.dense and cv.dense_columns(geo.K) == 32
+    packed, scale = cv.pack_im2col(x, geo, False)
+    assert scale is None and packed.shape == (geo.M * 3 * 32,)
+    rows = packed.view(2, 5 * 7, 3, 32)
+    want = torch.nn.functional.unfold(x, 3, padding=1).view(2, 3, 2, 9, 35).permute(0, 4, 1, 3, 2).reshape(2, 35, 3, 18)
+    assert torch.equal(rows[..., :18], want) and (rows[..., 18:] == 0).all()
     w = torch.randn(4, 3, 3, 3)
     wp = cv.packed_weight(w, dense=True)
-    assert wp.shape == (4, 64) and (wp[:, 27:] == 0).all()
+    assert wp.shape == (4, 32) and (wp[:, 27:] == 0).all()
     assert torch.equal(wp[:, :27].view(4, 9, 3), w.view(4, 3, 9).transpose(1, 2))
-    for cin_g, taps, want in ((3, 27, 32), (3, 9, 32), (5, 9, 16), (7, 27, 64), (1, 3, 16)):
-        geo = cv.conv_geometry((2, cin_g, 9, 9, 9), (8, cin_g, taps // 9 or 1, 3, 3 if taps >= 9 else 1), 1, 0, 1, 1)
-        assert geo.dense and cv.k_block(geo, 64) == want, (cin_g, taps)
+    assert cv.k_block(geo, 64) == 32 and cv.k_block(geo, 16) == 16
     assert not cv.conv_geometry((2, 8, 9, 9), (8, 8, 3, 3), 1, 0, 1, 1).dense  # 8 channels stay padded
+
+
+def test_dense_split_rows_are_the_packed_splits(dense):
+    """On fp16x3p an im2col row is the hi parts of x * s[n] then the lo parts, as pack_input's records."""
+    x = torch.randn(3, 3, 4, 6) * torch.tensor([1e-3, 1.0, 1e3]).view(3, 1, 1, 1)
+    geo = cv.conv_geometry(tuple(x.shape), (5, 3, 1, 1), 1, 0, 1, 1)  # 1 x 1: a row is the pixel's channels
+    rows, scale = cv.pack_im2col(x, geo, True)
+    records, scale_p = cv.pack_input(x, 1, True)
+    assert torch.equal(scale, scale_p)
+    rows, records = rows.view(-1, 2, 32), records.view(-1, 2, 16)
+    assert torch.equal(rows[..., :3], records[..., :3]) and (rows[..., 3:] == 0).all()
 
 
 @pytest.mark.parametrize("case", ["2d_strided_dilated", "3d_same_grouped"])
@@ -278,15 +293,13 @@ def test_compiles_for_sm90(geo, scheme):
 
 def test_dense_k_compiles_for_sm90(dense):
     """The dense tile at KernelBench level 2 problem 23's geometry (3 -> 24 channels, 3 x 3 x 3): the default tile
-    and the tuner's 128-row one lower and fit; the tuner offers no tile gathering more than DENSE_GATHER elements a
-    thread (128 x 32 at 4 warps spilled 364 bytes; every candidate left compiled without a spill)."""
+    and the tuner's 128-row ones lower and fit without a spill."""
     geo = cv.conv_geometry((128, 3, 24, 32, 32), (24, 3, 3, 3, 3), 1, 0, 1, 1)
     default = cv.conv_config(geo, "fp16x3p", interpret=False)
     candidates = cv.conv_candidates(geo, default)
     assert default.block_k == 32
-    assert all(c.block_m * c.block_k <= cv.DENSE_GATHER * 32 * c.num_warps for c in candidates)
-    assert cv.ConvConfig(128, 32, 32, 8, 3) in candidates
-    for cfg in (default, cv.ConvConfig(128, 32, 32, 8, 3)):
+    assert cv.ConvConfig(128, 32, 32, 8, 3) in candidates and cv.ConvConfig(128, 32, 32, 4, 3) in candidates
+    for cfg in (default, cv.ConvConfig(128, 32, 32, 8, 3), cv.ConvConfig(128, 32, 32, 4, 3)):
         build = compile_sm90("kfuse.kernels.conv", "conv_bias_kernel", "fp16x3p", cfg, dense=True)
         assert build["spill"] == 0 and build["shared"] <= 232448, (cfg, build)
 

@@ -21,9 +21,10 @@ pipelines (cp.async; wgmma on sm_90). The accumulator is the (pixels, channels) 
 returns it and the caller's epilogue stores it to the NC(D)HW layout (conv_out_offsets): along a column the pixels
 are contiguous, so the stores are coalesced. Padding a group of 3 or 8 channels to 16 multiplies the tensor-core
 work by 16 / CIN_G, and each tap is then one 16-deep K block: such convolutions ran far from their floors on an H100
-(20-90 TFLOP/s of fp16 work, benchmarks/conv/NOTES.md "The packed tile"). Dense K (dense_k; KFUSE_CONV_DENSE=1: correct,
-but slower on an H200): a group of fewer than DENSE_BELOW channels is packed unpadded, K = taps * CIN_G is walked in
-blocks that straddle taps, and each element of a block is gathered with its own offset and bounds check.
+(20-90 TFLOP/s of fp16 work, benchmarks/conv/NOTES.md "The packed tile"). Dense K (dense_k; KFUSE_CONV_DENSE=1):
+a group of fewer than DENSE_BELOW channels is packed as im2col rows instead (pack_im2col: per output pixel and group
+its taps * CIN_G values, zeros past them to a multiple of DENSE_K_ALIGN), so the tile is a plain GEMM over them:
+unmasked, contiguous K blocks and no per-tap bounds checks, for a write and a read of those rows.
 
 Precision: the scheme comes from the same switch as the GEMM's (conv_scheme -> runtime.scheme_for):
   "fp16x3p" on a GPU: the fp16 hi/lo split of kernels/gemm_core.py. The weight is split once per version
@@ -169,21 +170,19 @@ def conv_scheme(x: torch.Tensor) -> str:
 # a group's input channels are zero-padded to a multiple of this in the packed operands: tl.dot's least K
 PACK: tl.constexpr = tl.constexpr(16)
 # Dense K: where a group has fewer input channels than this, padding each tap's channels to 16 would multiply the
-# tensor-core work by 16 / CIN_G (5.3x for 3 channels, and one K block per tap: 27 on a 3 x 3 x 3 kernel). Such a
-# convolution packs its channels unpadded, tap after tap (K = taps * CIN_G, padded once at the end), and the tile
-# gathers each K block's (tap, channel) pairs with a bounds check per element (conv_tile_at). 8 channels stay
-# padded (2x the work, but 16-byte vector loads): on an H100 the 8-channel Conv2d problems already ran 1.5-3.9x
-# eager's speed padded, the 3-channel Conv3d ones 0.48-0.97x (benchmarks/conv/NOTES.md).
+# tensor-core work by 16 / CIN_G (5.3x for 3 channels, and one 16-deep K block per tap: 27 on a 3 x 3 x 3 kernel,
+# each with its own bounds checks). Such a convolution packs im2col rows (pack_im2col) and the tile walks them as a
+# plain GEMM (conv_tile_at). 8 channels stay padded: on an H100 the 8-channel Conv2d problems already ran 1.5-3.9x
+# eager's speed padded, the 3-channel Conv3d ones 0.48-0.97x (benchmarks/conv/NOTES.md). (Gathering each K block's
+# (tap, channel) pairs in the tile instead, from unpadded records, was 1.2-1.3x slower than padding on an H200.)
 DENSE_BELOW = 8
-# the dense weight's K is padded to a multiple of this: every K block the tiles take (16, 32, 64) reads in bounds
-DENSE_K_PAD = 64
-# dense K gathers each element of a K block through its own 64-bit pointer and mask: the tuner offers no tile past
-# this many elements a thread (the sm_90 build spilled 364 bytes at 128 x 32 on 4 warps, 32 a thread; none at 16)
-DENSE_GATHER = 16
+# the im2col rows' K (and the dense weight's) is padded to a multiple of this, which every dense K block divides
+DENSE_K_ALIGN: tl.constexpr = tl.constexpr(32)
 
 
-# KFUSE_CONV_DENSE=1 turns dense K on (read once, when the module loads): 1.2-1.3x slower than padded K on an H200
-# (its gathers cost more than the products it saves). Here, not in runtime.Settings: only conv files carry it.
+# KFUSE_CONV_DENSE=1 turns dense K on (read once, when the module loads): on an H200 its GEMM ran 2.4-4.7x faster
+# than the padded walk, but the pack cost as much (problem 23 7% faster, 24 22% slower), so it is off by default.
+# Here, not in runtime.Settings: only conv files carry it.
 DENSE_ON = os.environ.get("KFUSE_CONV_DENSE", "0") == "1"
 
 
@@ -192,36 +191,36 @@ def dense_k(cin_g: int) -> bool:
     return DENSE_ON and cin_g < DENSE_BELOW
 
 
-def packed_channels(cin_g: int, dense: bool = False) -> int:
-    """CP: the channels of one group's record in the packed input and, padded, of one tap in the packed weight
-    (dense: the group's own channels, unpadded)."""
-    return cin_g if dense else cdiv(cin_g, PACK.value) * PACK.value
+def packed_channels(cin_g: int) -> int:
+    """CP: the channels of one group's record in the packed input and, padded, of one tap in the packed weight."""
+    return cdiv(cin_g, PACK.value) * PACK.value
+
+
+def dense_columns(K: int) -> int:
+    """KP: dense K's im2col row (and weight row) length for K = taps * CIN_G, a multiple of DENSE_K_ALIGN."""
+    return cdiv(K, DENSE_K_ALIGN.value) * DENSE_K_ALIGN.value
 
 
 @triton.jit
-def packed_record(CIN_G, SPLIT: tl.constexpr, DENSE: tl.constexpr):
-    """(CP, REC) in the kernels: packed_channels, and the elements of a group's record in the packed input (on
-    SPLIT the hi parts, then the lo parts)."""
-    if DENSE:
-        CP = CIN_G
-    else:
-        CP = tl.cdiv(CIN_G, PACK) * PACK
+def packed_record(CP, SPLIT: tl.constexpr):
+    """REC in the kernels: the elements of a group's record of CP values in the packed input (on SPLIT the hi
+    parts, then the lo parts)."""
     if SPLIT:
         REC = 2 * CP
     else:
         REC = CP
-    return CP, REC
+    return REC
 
 
 def packed_weight(weight: torch.Tensor, dense: bool = False) -> torch.Tensor:
     """(C_out, CIN_G, KD, KH, KW) -> the (C_out, K) fp32 GEMM operand, K ordered (tap, channel): each tap's
     channels zero-padded to CP (K = taps * CP), so a K block of the tile is BLOCK_K channels of one tap; dense, the
-    taps' channels back to back and zeros only at the end (K = taps * CIN_G rounded up to DENSE_K_PAD)."""
+    taps' channels back to back and zeros only at the end (dense_columns), as in the im2col rows."""
     c_out, cin_g = weight.shape[:2]
     w = weight.detach().float().reshape(c_out, cin_g, -1).transpose(1, 2)  # (C_out, taps, CIN_G)
     if dense:
         w = w.reshape(c_out, -1)
-        return torch.nn.functional.pad(w, (0, cdiv(w.shape[1], DENSE_K_PAD) * DENSE_K_PAD - w.shape[1])).contiguous()
+        return torch.nn.functional.pad(w, (0, dense_columns(w.shape[1]) - w.shape[1])).contiguous()
     return torch.nn.functional.pad(w, (0, packed_channels(cin_g) - cin_g)).reshape(c_out, -1).contiguous()
 
 
@@ -257,14 +256,15 @@ def conv_x_scales(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def conv_pack_kernel(x_ptr, scale_ptr, out_ptr, P, C_in, CIN_G, S, SPLIT: tl.constexpr, DENSE: tl.constexpr,
-                     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+def conv_pack_kernel(x_ptr, scale_ptr, out_ptr, P, C_in, CIN_G, S, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr,
+                     BLOCK_C: tl.constexpr):
     """x (N, C_in, S) -> the packed input (pack_input). Program (pixel block, group, channel block): reads
     coalesced along the pixels, writes along the channels."""
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     g = tl.program_id(1)
     offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    CP, REC = packed_record(CIN_G, SPLIT, DENSE)
+    CP = tl.cdiv(CIN_G, PACK) * PACK
+    REC = packed_record(CP, SPLIT)
     mask_p = offs_p < P
     n = offs_p // S
     src = (n.to(tl.int64) * C_in + g * CIN_G) * S + offs_p % S
@@ -272,7 +272,14 @@ def conv_pack_kernel(x_ptr, scale_ptr, out_ptr, P, C_in, CIN_G, S, SPLIT: tl.con
                 mask=mask_p[:, None] & (offs_c < CIN_G)[None, :], other=0.0).to(tl.float32)
     dst = out_ptr + (offs_p.to(tl.int64) * (C_in // CIN_G) + g)[:, None] * REC + offs_c[None, :]
     mask = mask_p[:, None] & (offs_c < CP)[None, :]
-    if SPLIT:  # gemm_core's split: x * s (exact) = hi + lo to ~2^-22 relative
+    store_record(dst, v, CP, mask, scale_ptr, n, mask_p, SPLIT)
+
+
+@triton.jit
+def store_record(dst, v, CP, mask, scale_ptr, n, mask_p, SPLIT: tl.constexpr):
+    """Store the fp32 values v (rows of samples n) at dst: on SPLIT, gemm_core's split of v * s[n] (exact) = hi + lo
+    to ~2^-22 relative, hi at dst and lo CP elements on; else v."""
+    if SPLIT:
         vs = v * tl.load(scale_ptr + n, mask=mask_p, other=1.0)[:, None]
         hi = vs.to(tl.float16)
         tl.store(dst, hi, mask=mask)
@@ -281,15 +288,70 @@ def conv_pack_kernel(x_ptr, scale_ptr, out_ptr, P, C_in, CIN_G, S, SPLIT: tl.con
         tl.store(dst, v, mask=mask)
 
 
-def pack_input(x: torch.Tensor, groups: int, split: bool,
-               dense: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+@triton.jit
+def conv_im2col_kernel(x_ptr, scale_ptr, out_ptr, M, C_in, D, H, W, OD, OH, OW, CIN_G, KD, KH, KW, SD, SH, SW,
+                       PD, PH, PW, DD, DH, DW, KP, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x (N, C_in, D, H, W) -> dense K's im2col rows (pack_im2col). Program (output pixel block, group, K block):
+    column k of a row is (tap k // CIN_G, channel k % CIN_G) at the pixel's window, zero outside the input and past
+    taps * CIN_G. An element's address is separable, the pixel's window corner (int64, per row) plus the column's
+    channel and tap offset (per column), and so are its bounds: an element costs a 64-bit add, three adds and six
+    compares."""
+    offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    g = tl.program_id(1)
+    k = tl.program_id(2) * BLOCK_K + tl.arange(0, BLOCK_K)
+    S = OD * OH * OW
+    n = offs_p // S
+    sp = offs_p % S
+    id0 = (sp // (OH * OW)) * SD - PD  # the window's corner, per row
+    ih0 = ((sp // OW) % OH) * SH - PH
+    iw0 = (sp % OW) * SW - PW
+    tap = k // CIN_G
+    dd = (tap // (KH * KW)) * DD  # the tap's offset, per column
+    dh = ((tap // KW) % KH) * DH
+    dw = (tap % KW) * DW
+    corner = (((n.to(tl.int64) * C_in + g * CIN_G) * D + id0) * H + ih0) * W + iw0
+    offset = ((((k - tap * CIN_G).to(tl.int64) * D + dd) * H + dh) * W + dw)  # per column: int64 costs nothing
+    di = id0[:, None] + dd[None, :]
+    hh = ih0[:, None] + dh[None, :]
+    wi = iw0[:, None] + dw[None, :]
+    mask_p = offs_p < M
+    inside = ((mask_p[:, None] & (k < KD * KH * KW * CIN_G)[None, :]) & (di >= 0) & (di < D) & (hh >= 0)
+              & (hh < H) & (wi >= 0) & (wi < W))
+    v = tl.load(x_ptr + corner[:, None] + offset[None, :], mask=inside, other=0.0).to(tl.float32)
+    dst = out_ptr + (offs_p.to(tl.int64) * (C_in // CIN_G) + g)[:, None] * packed_record(KP, SPLIT) + k[None, :]
+    store_record(dst, v, KP, mask_p[:, None] & (k < KP)[None, :], scale_ptr, n, mask_p, SPLIT)
+
+
+def pack_im2col(x: torch.Tensor, geo: ConvGeometry, split: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(im2col rows, per-sample scales or None) for dense K: x (N, C_in, ...) as (M, groups, record), a record the
+    KP = dense_columns(K) values of the pixel's window (split as pack_input's). Cost: x read once per tap (mostly
+    from L2), M * groups * KP * 4 bytes written, which the tile reads once: 12 bytes an element of the window of a
+    3-channel pixel, where pack_input writes 64 padded per input pixel."""
+    kp = dense_columns(geo.K)
+    out = torch.empty(geo.M * geo.groups * kp * (2 if split else 1), device=x.device,
+                      dtype=torch.float16 if split else torch.float32)
+    scale = conv_x_scales(x) if split else None
+    block_k = DENSE_K_ALIGN.value
+    if SETTINGS.interpret:  # few, large programs (INTERPRETER_ELEMENTS)
+        block_p = min(triton.next_power_of_2(geo.M), INTERPRETER_ELEMENTS // block_k)
+    else:
+        block_p = 64
+    if out.numel():
+        sizes = (geo.M, geo.C_in, geo.D, geo.H, geo.W, geo.OD, geo.OH, geo.OW, geo.CIN_G, geo.KD, geo.KH, geo.KW,
+                 geo.SD, geo.SH, geo.SW, geo.PD, geo.PH, geo.PW, geo.DD, geo.DH, geo.DW, kp)
+        conv_im2col_kernel[(cdiv(geo.M, block_p), geo.groups, kp // block_k)](
+            x, out if scale is None else scale, out, *sizes, SPLIT=split, BLOCK_P=block_p, BLOCK_K=block_k)
+    return out, scale
+
+
+def pack_input(x: torch.Tensor, groups: int, split: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(packed x, per-sample scales or None): x (N, C_in, D, H, W) as (N, D, H, W, groups, record), a record the
-    group's CP channels (zeros past CIN_G; dense: no zeros), so each pixel's channels are contiguous. On
-    `split` ("fp16x3p") a record is the fp16 hi parts of x * s[n] (conv_x_scales) then the lo parts (4 bytes an
-    element, as x's fp32), else x's fp32 values. Cost: one read of x (two with the scales), one write."""
+    group's CP channels (zeros past CIN_G), so each pixel's channels are contiguous. On `split` ("fp16x3p") a
+    record is the fp16 hi parts of x * s[n] (conv_x_scales) then the lo parts (4 bytes an element, as x's fp32),
+    else x's fp32 values. Cost: one read of x (two with the scales), one write."""
     n, c_in, s = x.shape[0], x.shape[1], x[0, 0].numel()
     cin_g = c_in // groups
-    cp = packed_channels(cin_g, dense)
+    cp = packed_channels(cin_g)
     out = torch.empty(n * s * groups * cp * (2 if split else 1), device=x.device,
                       dtype=torch.float16 if split else torch.float32)
     scale = conv_x_scales(x) if split else None
@@ -300,17 +362,17 @@ def pack_input(x: torch.Tensor, groups: int, split: bool,
         block_p = 64
     if out.numel():
         conv_pack_kernel[(cdiv(n * s, block_p), groups, cdiv(cp, block_c))](
-            x, out if scale is None else scale, out, n * s, c_in, cin_g, s, SPLIT=split, DENSE=dense,
-            BLOCK_P=block_p, BLOCK_C=block_c)
+            x, out if scale is None else scale, out, n * s, c_in, cin_g, s, SPLIT=split, BLOCK_P=block_p,
+            BLOCK_C=block_c)
     return out, scale
 
 
 def conv_operands(x: torch.Tensor, weight: torch.Tensor, geo: ConvGeometry, scheme: str,
                   cached: bool = True) -> tuple:
-    """(x, w, w_lo, w_scale, x_scale, stride_wn): what conv_tile reads under `scheme`, packed (pack_input,
-    weight_parts: the weight's parts cached for a parameter). Unused pointers repeat x."""
+    """(x, w, w_lo, w_scale, x_scale, stride_wn): what conv_tile reads under `scheme`, packed (pack_input, or
+    pack_im2col for dense K; weight_parts: the weight's parts cached for a parameter). Unused pointers repeat x."""
     split, dense = scheme == "fp16x3p", geo.dense
-    xp, x_scale = pack_input(x, geo.groups, split, dense)
+    xp, x_scale = pack_im2col(x, geo, split) if dense else pack_input(x, geo.groups, split)
     w, w_lo, w_scale, stride_wn = (cached_conv_weight(weight, scheme, dense) if cached
                                    else weight_parts(weight, scheme, dense))
     return xp, w, w_lo, w_scale, xp if x_scale is None else x_scale, stride_wn
@@ -351,11 +413,9 @@ INTERPRETER_ELEMENTS = 2 ** 20
 
 def k_block(geo: ConvGeometry, cap: int) -> int:
     """The deepest K block up to `cap` that divides a tap's packed channels (CP): a block never straddles taps,
-    and none is all padding. Dense K (blocks straddle taps): the block of 16, 32 or 64 up to `cap` that pads
-    taps * CIN_G least, the deeper on a tie."""
+    and none is all padding. Dense K: 32 (DENSE_K_ALIGN, which divides the im2col rows), or 16 where `cap` is."""
     if geo.dense:
-        sizes = [b for b in (64, 32, 16) if b <= max(cap, 16)]
-        return min(sizes, key=lambda b: cdiv(geo.K, b) * b)  # min keeps the first (deepest) of equals
+        return min(max(cap, 16), DENSE_K_ALIGN.value)
     cp = packed_channels(geo.CIN_G)
     return min(cap, cp & -cp)  # the largest power of two dividing CP (>= PACK)
 
@@ -389,7 +449,7 @@ def conv_candidates(geo: ConvGeometry, default: ConvConfig) -> list[ConvConfig]:
     out = [default]
     for m, n, k, warps, stages in CONV_TUNE_TILES:
         cfg = ConvConfig(m, min(n, default.block_n), k_block(geo, k), warps, stages)
-        if cfg not in out and not (geo.dense and cfg.block_m * cfg.block_k > DENSE_GATHER * 32 * warps):
+        if cfg not in out:
             out.append(cfg)
     return out
 
@@ -444,13 +504,13 @@ def conv_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, pid_m
     sp = offs_m % S_out
     return conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, offs_m // S_out,
                         sp // (OH * OW), (sp // OW) % OH, sp % OW, offs_m < M, pid_n, g,
-                        C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                        C_in, D, H, W, OD, OH, OW, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
                         BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, DENSE)
 
 
 @triton.jit
 def conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_idx, od, oh, ow, mask_m, pid_n, g,
-                 C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                 C_in, D, H, W, OD, OH, OW, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr,
                  DENSE: tl.constexpr):
     """conv_tile at any BLOCK_M output pixels: row i is pixel (od[i], oh[i], ow[i]) of sample n_idx[i], computed
@@ -459,15 +519,21 @@ def conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_
 
     K is walked tap by tap, BLOCK_K packed channels at a time: a tap's bounds check is one per row (not per
     element), and each row's BLOCK_K channels are contiguous in the packed input (vectorized loads). DENSE
-    (dense_k): K is taps * CIN_G unpadded, BLOCK_K of it a block whatever the taps: each column of a block is one
-    (tap, channel) pair, its offset and bounds checked per element (k_dense_block)."""
-    CP, REC = packed_record(CIN_G, SCHEME == "fp16x3p", DENSE)  # a group's channels in a record (hi, then lo)
-    PIX = (C_in // CIN_G) * REC  # elements per input pixel
+    (dense_k): x holds im2col rows (pack_im2col), one per output pixel and group, read as a plain GEMM operand:
+    KP = dense_columns(taps * CIN_G) columns in contiguous, unmasked blocks, the zero padding already in them."""
+    if DENSE:
+        CP = tl.cdiv(KD * KH * KW * CIN_G, DENSE_K_ALIGN) * DENSE_K_ALIGN  # KP: a row's columns
+    else:
+        CP = tl.cdiv(CIN_G, PACK) * PACK  # a group's channels in a record
+    REC = packed_record(CP, SCHEME == "fp16x3p")  # hi, then lo
     id0 = od * SD - PD  # output pixel -> the input corner its window starts at
     ih0 = oh * SH - PH
     iw0 = ow * SW - PW
-    # each row's pointer at its window's corner (may lie outside the input: such reads are masked)
-    x_rows = x_ptr + (((n_idx.to(tl.int64) * D + id0) * H + ih0) * W + iw0) * PIX + g * REC
+    if DENSE:  # the row's im2col record (rows outside mask_m are never read)
+        x_rows = x_ptr + ((((n_idx.to(tl.int64) * OD + od) * OH + oh) * OW + ow) * (C_in // CIN_G) + g) * REC
+    else:  # each row's pointer at its window's corner (may lie outside the input: such reads are masked)
+        PIX = (C_in // CIN_G) * REC  # elements per input pixel
+        x_rows = x_ptr + (((n_idx.to(tl.int64) * D + id0) * H + ih0) * W + iw0) * PIX + g * REC
     offs_k = tl.arange(0, BLOCK_K)
     offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     w_rows = (g * COUT_G + tl.minimum(offs_c, COUT_G - 1)).to(tl.int64) * stride_wn  # clamped: in bounds
@@ -478,14 +544,15 @@ def conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if DENSE:
-        n_blocks = tl.cdiv(KD * KH * KW * CIN_G, BLOCK_K)
+        n_blocks = CP // BLOCK_K  # BLOCK_K divides KP (k_block)
     else:
         NCB = tl.cdiv(CP, BLOCK_K)
         n_blocks = KD * KH * KW * NCB
     for it in range(0, n_blocks):
         if DENSE:
-            a_ptrs, a_mask, k0 = k_dense_block(x_rows, mask_m, id0, ih0, iw0, it, offs_k, D, H, W, CIN_G, KD, KH, KW,
-                                               DD, DH, DW, PIX, BLOCK_K)
+            k0 = it * BLOCK_K
+            a_ptrs = x_rows[:, None] + k0 + offs_k[None, :]
+            a_mask = mask_m[:, None]
         else:
             tap = it // NCB
             c0 = (it % NCB) * BLOCK_K
@@ -519,32 +586,6 @@ def conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_
         b_s = tl.load(w_scale_ptr + g * COUT_G + tl.minimum(offs_c, COUT_G - 1))
         acc = acc * _pow2_inv(a_s)[:, None] * _pow2_inv(b_s)[None, :]
     return acc.to(tl.float32)
-
-
-@triton.jit
-def k_dense_block(x_rows, mask_m, id0, ih0, iw0, it, offs_k, D, H, W, CIN_G, KD, KH, KW, DD, DH, DW, PIX,
-                  BLOCK_K: tl.constexpr):
-    """(pointers, mask, first K index) of dense K block `it`: column j is K index k = it * BLOCK_K + j, the pair
-    (tap k // CIN_G, channel k % CIN_G), read where k < taps * CIN_G and the tap's input pixel is inside (else 0:
-    the zero padding, and the weight's zero columns past K). The per-column parts (tap, channel, offsets) are
-    vectors of BLOCK_K; per element a block costs a 64-bit add, three range checks and a masked scalar load, where
-    the padded tile checks once per row and tap and loads 16-byte vectors."""
-    k = it * BLOCK_K + offs_k
-    tap = k // CIN_G
-    c = k - tap * CIN_G
-    kd = tap // (KH * KW)
-    kh = (tap // KW) % KH
-    kw = tap % KW
-    dd = kd * DD
-    dh = kh * DH
-    dw = kw * DW
-    di = id0[:, None] + dd[None, :]
-    hh = ih0[:, None] + dh[None, :]
-    wi = iw0[:, None] + dw[None, :]
-    mask = ((mask_m[:, None] & (k < KD * KH * KW * CIN_G)[None, :]) & (di >= 0) & (di < D) & (hh >= 0) & (hh < H)
-            & (wi >= 0) & (wi < W))
-    off = ((dd.to(tl.int64) * H + dh) * W + dw) * PIX + c  # int64: a sample may pass 2^31
-    return x_rows[:, None] + off[None, :], mask, it * BLOCK_K
 
 
 @triton.jit

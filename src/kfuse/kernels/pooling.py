@@ -205,8 +205,8 @@ def conv_pool_bias_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias
         od, oh, ow, inside = window_pixel(qd, qh, qw, w, OD, OH, OW, PKH, PKW, PSD, PSH, PSW, PPD, PPH, PPW,
                                           PDD, PDH, PDW)
         acc = conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_idx, od, oh, ow,
-                           mask_m & inside, pid_n, g, C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW,
-                           PD, PH, PW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, DENSE)
+                           mask_m & inside, pid_n, g, C_in, D, H, W, OD, OH, OW, CIN_G, COUT_G, KD, KH, KW, SD,
+                           SH, SW, PD, PH, PW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, DENSE)
         if HAS_BIAS:
             acc = acc + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         if MAX:  # a NaN wins, as in torch's max_pool
@@ -234,8 +234,8 @@ def conv_mean_partial_kernel(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, b
     S = OD * OH * OW
     n_idx, sp, mask_m = sample_rows(pid_t, M // S, S, BLOCK_M, P)
     acc = conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_idx, sp // (OH * OW),
-                       (sp // OW) % OH, sp % OW, mask_m, pid_n, g, C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH,
-                       SW, PD, PH, PW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, DENSE)
+                       (sp // OW) % OH, sp % OW, mask_m, pid_n, g, C_in, D, H, W, OD, OH, OW, CIN_G, COUT_G, KD, KH,
+                       KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, DENSE)
     offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n = g * COUT_G + offs_c
     mask_n = offs_c < COUT_G

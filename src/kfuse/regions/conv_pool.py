@@ -50,8 +50,8 @@ POOL_SIZES = plain("PM", "QD", "QH", "QW", "PKD", "PKH", "PKW", "PSD", "PSH", "P
 # the conv tile at the rows' conv pixels (od, oh, ow) of samples n_idx, where `valid`
 TILE_AT = call("acc = conv_tile_at", ["x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr", "stride_wn", "n_idx",
                                       "od", "oh", "ow", "valid", "pid_n", "g"],
-               ["C_in", "D", "H", "W", "CIN_G", "COUT_G", "KD", "KH", "KW", "SD", "SH", "SW", "PD", "PH", "PW", "DD",
-                "DH", "DW", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME", "DENSE"], width=112, indent=8)
+               ["C_in", "D", "H", "W", "OD", "OH", "OW", "CIN_G", "COUT_G", "KD", "KH", "KW", "SD", "SH", "SW", "PD",
+                "PH", "PW", "DD", "DH", "DW", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME", "DENSE"], width=112, indent=8)
 COLUMNS = ["offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # channels within group g",
            "offs_n = g * COUT_G + offs_c  # the output channels",
            "mask_n = offs_c < COUT_G",
