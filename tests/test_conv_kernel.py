@@ -10,6 +10,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kfuse.kernels import conv as cv  # noqa: E402
+from kfuse.kernels import conv_pack as pk  # noqa: E402
 
 # (input shape, weight shape, stride, padding, dilation, groups): each straddles the tiles of TILES (several row and
 # K blocks, a column tile wider than a group's channels), not the interpreter's default (few, large tiles)
@@ -64,10 +65,10 @@ def test_conv_matches_float64(case, scheme):
 @pytest.fixture
 def dense(monkeypatch):
     """Dense K on (KFUSE_CONV_DENSE=1): groups of fewer than DENSE_BELOW channels packed as im2col rows."""
-    monkeypatch.setattr(cv, "DENSE_ON", True)
+    monkeypatch.setattr(pk, "DENSE_ON", True)
 
 
-DENSE_CASES = [c for c, (xs, ws, *_) in CASES.items() if ws[1] < cv.DENSE_BELOW]
+DENSE_CASES = [c for c, (xs, ws, *_) in CASES.items() if ws[1] < pk.DENSE_BELOW]
 
 
 @pytest.mark.parametrize("case", DENSE_CASES)
@@ -97,14 +98,14 @@ def test_dense_layouts_and_k_blocks(dense):
     alike; K blocks of 32 (16 where the cap is)."""
     x = torch.randn(2, 6, 5, 7)
     geo = cv.conv_geometry(tuple(x.shape), (6, 2, 3, 3), 1, 1, 1, 3)  # 3 groups of 2 channels: K = 18 -> 32
-    assert geo.dense and cv.dense_columns(geo.K) == 32
-    packed, scale = cv.pack_im2col(x, geo, False)
+    assert geo.dense and pk.dense_columns(geo.K) == 32
+    packed, scale = pk.pack_im2col(x, geo, False)
     assert scale is None and packed.shape == (geo.M * 3 * 32,)
     rows = packed.view(2, 5 * 7, 3, 32)
     want = torch.nn.functional.unfold(x, 3, padding=1).view(2, 3, 2, 9, 35).permute(0, 4, 1, 3, 2).reshape(2, 35, 3, 18)
     assert torch.equal(rows[..., :18], want) and (rows[..., 18:] == 0).all()
     w = torch.randn(4, 3, 3, 3)
-    wp = cv.packed_weight(w, dense=True)
+    wp = pk.packed_weight(w, dense=True)
     assert wp.shape == (4, 32) and (wp[:, 27:] == 0).all()
     assert torch.equal(wp[:, :27].view(4, 9, 3), w.view(4, 3, 9).transpose(1, 2))
     assert cv.k_block(geo, 64) == 32 and cv.k_block(geo, 16) == 16
@@ -115,8 +116,8 @@ def test_dense_split_rows_are_the_packed_splits(dense):
     """On fp16x3p an im2col row is the hi parts of x * s[n] then the lo parts, as pack_input's records."""
     x = torch.randn(3, 3, 4, 6) * torch.tensor([1e-3, 1.0, 1e3]).view(3, 1, 1, 1)
     geo = cv.conv_geometry(tuple(x.shape), (5, 3, 1, 1), 1, 0, 1, 1)  # 1 x 1: a row is the pixel's channels
-    rows, scale = cv.pack_im2col(x, geo, True)
-    records, scale_p = cv.pack_input(x, 1, True)
+    rows, scale = pk.pack_im2col(x, geo, True)
+    records, scale_p = pk.pack_input(x, 1, True)
     assert torch.equal(scale, scale_p)
     rows, records = rows.view(-1, 2, 32), records.view(-1, 2, 16)
     assert torch.equal(rows[..., :3], records[..., :3]) and (rows[..., 3:] == 0).all()
@@ -169,7 +170,7 @@ def test_packed_input_layout(split):
     """pack_input: pixel-major records of each group's channels padded to 16, on `split` the hi parts of x * s[n]
     then the lo parts, whose sum gives back x * s[n] to ~2^-22 relative; zeros in the padding."""
     x = torch.randn(3, 6, 5, 7)
-    packed, scale = cv.pack_input(x, 2, split)
+    packed, scale = pk.pack_input(x, 2, split)
     rec = packed.view(3, 5, 7, 2, -1, 16)  # (n, h, w, group, hi/lo or one part, channels)
     want = x.view(3, 2, 3, 5, 7).permute(0, 3, 4, 1, 2)  # (n, h, w, group, channel)
     assert (rec[..., 3:] == 0).all()
@@ -187,7 +188,7 @@ def test_k_blocks_divide_a_taps_channels(cin_g):
     """The tile has no K mask: every config conv_config and the tuner make has K blocks that divide a tap's packed
     channels, and as deep as they can be (up to the cap)."""
     geo = cv.conv_geometry((2, cin_g, 9, 9), (8, cin_g, 3, 3), 1, 0, 1, 1)
-    cp = cv.packed_channels(cin_g)
+    cp = pk.packed_channels(cin_g)
     configs = [cv.conv_config(geo, s, i) for s in ("fp16x3p", "ieee", "fp64") for i in (False, True)]
     configs += cv.conv_candidates(geo, configs[0])
     assert all(cp % c.block_k == 0 and c.block_k >= 16 for c in configs)
@@ -202,13 +203,13 @@ def test_geometry_rejects_mismatched_groups():
 def test_weight_split_is_cached_until_the_weight_changes():
     x, w, b = _inputs(*CASES["1d_strided"][:2], 1)
     w = torch.nn.Parameter(w)
-    first = cv.cached_conv_weight(w, "fp16x3p")
-    assert cv.cached_conv_weight(w, "fp16x3p") is first
-    assert cv.cached_conv_weight(w, "ieee") is not first  # another scheme: the fp32 packed matrix
+    first = pk.cached_conv_weight(w, "fp16x3p")
+    assert pk.cached_conv_weight(w, "fp16x3p") is first
+    assert pk.cached_conv_weight(w, "ieee") is not first  # another scheme: the fp32 packed matrix
     before = cv.conv_forward(x, w, None, 3, 2, scheme="fp16x3p")
     with torch.no_grad():
         w.mul_(2.0)
-    assert cv.cached_conv_weight(w, "fp16x3p") is not first
+    assert pk.cached_conv_weight(w, "fp16x3p") is not first
     after = cv.conv_forward(x, w, None, 3, 2, scheme="fp16x3p")
     torch.testing.assert_close(after, 2 * before, rtol=1e-6, atol=1e-6)
 

@@ -34,7 +34,6 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels.conv import (
-    INTERPRETER_ELEMENTS,
     ConvConfig,
     ConvGeometry,
     conv_geometry,
@@ -43,6 +42,7 @@ from kfuse.kernels.conv import (
     conv_tile_ids,
     store_with_bias,
 )
+from kfuse.kernels.conv_pack import INTERPRETER_ELEMENTS
 from kfuse.kernels.runtime import SETTINGS
 
 
@@ -54,7 +54,7 @@ def depthwise_scheme(x: torch.Tensor) -> str:
 def depthwise_config(geo: ConvGeometry, interpret: bool) -> ConvConfig:
     """Column tiles cover the channel multiplier (a power of two, 1 for a plain depthwise conv); rows fill about 1024
     elements a program on a GPU (4 warps, 8 per thread), as many as Triton allows in the interpreter (its cost is
-    per tl op, not per element: conv.py's INTERPRETER_ELEMENTS). BLOCK_K is unused (the taps are a loop)."""
+    per tl op, not per element: conv_pack.py's INTERPRETER_ELEMENTS). BLOCK_K is unused (the taps are a loop)."""
     block_n = min(triton.next_power_of_2(geo.COUT_G), 16)
     if interpret:
         return ConvConfig(min(triton.next_power_of_2(geo.M), INTERPRETER_ELEMENTS // block_n), block_n, 16, 4, 1)
