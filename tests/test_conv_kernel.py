@@ -10,6 +10,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kfuse.kernels import conv as cv  # noqa: E402
+from kfuse.kernels import conv_geometry as cg  # noqa: E402
 from kfuse.kernels import conv_pack as pk  # noqa: E402
 
 # (input shape, weight shape, stride, padding, dilation, groups): each straddles the tiles of TILES (several row and
@@ -65,10 +66,10 @@ def test_conv_matches_float64(case, scheme):
 @pytest.fixture
 def dense(monkeypatch):
     """Dense K on (KFUSE_CONV_DENSE=1): groups of fewer than DENSE_BELOW channels packed as im2col rows."""
-    monkeypatch.setattr(pk, "DENSE_ON", True)
+    monkeypatch.setattr(cg, "DENSE_ON", True)
 
 
-DENSE_CASES = [c for c, (xs, ws, *_) in CASES.items() if ws[1] < pk.DENSE_BELOW]
+DENSE_CASES = [c for c, (xs, ws, *_) in CASES.items() if ws[1] < cg.DENSE_BELOW]
 
 
 @pytest.mark.parametrize("case", DENSE_CASES)

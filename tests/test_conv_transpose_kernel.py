@@ -9,6 +9,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kfuse.kernels import conv as cv  # noqa: E402
+from kfuse.kernels import conv_geometry as cg  # noqa: E402
 from kfuse.kernels import conv_transpose as ct  # noqa: E402
 
 # (input shape, weight shape (C_in, C_out/groups, k...), stride, padding, output_padding, groups, dilation); TILES
@@ -113,11 +114,11 @@ def test_phases_partition_the_taps(case):
 
 
 def _pads(g, padding) -> tuple[int, int, int]:
-    return cv._triple(padding, len(g.out_shape) - 2, 0, "padding")
+    return cg._triple(padding, len(g.out_shape) - 2, 0, "padding")
 
 
 def _dils(g, dilation) -> tuple[int, int, int]:
-    return cv._triple(dilation, len(g.out_shape) - 2, 1, "dilation")
+    return cg._triple(dilation, len(g.out_shape) - 2, 1, "dilation")
 
 
 def test_geometry_rejects_bad_arguments():

@@ -28,6 +28,7 @@ MODULES: Modules = (
     ("kernels/skinny", "skinny GEMMs: the float64 split-K pass"),
     ("kernels/long_k", "long-K GEMMs: K slices summed in float64"),
     ("kernels/runtime", "run-time helpers: operands, tile configs, tuning"),
+    ("kernels/conv_geometry", "convolutions: the geometry"),
     ("kernels/conv_pack", "convolutions: the packed operands"),
     ("kernels/conv", "convolutions: the implicit-GEMM tile"),
     ("kernels/conv_transpose", "transposed convolutions: the stride-phase tile"),

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kfuse.capture import capture
-from kfuse.kernels.conv import conv_geometry
+from kfuse.kernels.conv_geometry import conv_geometry
 from kfuse.kernels.conv_norm import conv_gn_layout
 from kfuse.kernels.conv_transpose import conv_transpose_geometry
 from kfuse.partition import partition

@@ -55,12 +55,12 @@ import torch
 import triton
 import triton.language as tl
 
+from kfuse.kernels.conv_geometry import ConvGeometry, conv_geometry
 from kfuse.kernels.conv_pack import (
     DENSE_K_ALIGN,
     INTERPRETER_ELEMENTS,
     PACK,
     cached_conv_weight,
-    dense_k,
     pack_im2col,
     pack_input,
     packed_channels,
@@ -69,101 +69,6 @@ from kfuse.kernels.conv_pack import (
 )
 from kfuse.kernels.gemm_core import _pow2_inv, cdiv
 from kfuse.kernels.runtime import GEMM_SCHEME, SETTINGS, TUNER, _kernel_hash, _kernel_name, scheme_for
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# geometry: every convolution as a 3-d one
-# ----------------------------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class ConvGeometry:
-    """One convolution's sizes, as a 3-d one (1-d and 2-d: unit leading spatial dims). The fields from M to DW are
-    the kernels' size arguments, in order (args())."""
-
-    M: int  # output pixels: N * OD * OH * OW
-    C_in: int
-    D: int
-    H: int
-    W: int
-    OD: int
-    OH: int
-    OW: int
-    C_out: int
-    CIN_G: int  # input channels per group
-    COUT_G: int  # output channels per group
-    KD: int
-    KH: int
-    KW: int
-    SD: int
-    SH: int
-    SW: int
-    PD: int  # leading (left) padding; the trailing one is implied by the output size (masking)
-    PH: int
-    PW: int
-    DD: int
-    DH: int
-    DW: int
-    groups: int
-    out_shape: tuple[int, ...]  # the output's shape at the input's rank
-
-    def args(self) -> tuple[int, ...]:
-        return tuple(dataclasses.astuple(self)[:23])
-
-    @property
-    def K(self) -> int:
-        return self.CIN_G * self.KD * self.KH * self.KW
-
-    @property
-    def dense(self) -> bool:
-        """Whether the tile runs dense K (dense_k): a group's few channels packed tap after tap, unpadded."""
-        return dense_k(self.CIN_G)
-
-
-def _triple(v, dims: int, fill: int, what: str) -> tuple[int, int, int]:
-    """An int or a tuple of `dims` ints, padded in front with `fill` to three."""
-    vals = (int(v),) * dims if isinstance(v, int) else tuple(int(x) for x in v)
-    if len(vals) == 1 and dims > 1:
-        vals = vals * dims
-    if len(vals) != dims:
-        raise ValueError(f"conv: {what} {v!r} for a {dims}-d convolution")
-    return (fill,) * (3 - dims) + vals
-
-
-def conv_pads(padding, kernel: tuple[int, ...], dilation: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(leading, trailing) zero padding per spatial dim. 'same': total dilation * (k - 1), the odd one out trailing,
-    as torch pads; 'valid': none; ints or tuples: the same on both sides."""
-    dims = len(kernel)
-    if padding == "valid":
-        return (0,) * dims, (0,) * dims
-    if padding == "same":
-        total = [d * (k - 1) for k, d in zip(kernel, dilation)]
-        return tuple(t // 2 for t in total), tuple(t - t // 2 for t in total)
-    lead = _triple(padding, dims, 0, "padding")[3 - dims:]
-    return lead, lead
-
-
-def conv_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride, padding, dilation,
-                  groups: int) -> ConvGeometry:
-    """The geometry of conv{1,2,3}d(x, w, stride, padding, dilation, groups) with torch's argument forms."""
-    dims = len(x_shape) - 2
-    if dims not in (1, 2, 3) or len(w_shape) != dims + 2:
-        raise ValueError(f"conv: input {tuple(x_shape)} and weight {tuple(w_shape)}")
-    n, c_in, *spatial = x_shape
-    c_out, cin_g, *kernel = w_shape
-    if c_in != cin_g * groups or c_out % groups:
-        raise ValueError(f"conv: {c_in} input and {c_out} output channels in {groups} groups, weight {tuple(w_shape)}")
-    st = _triple(stride, dims, 1, "stride")
-    dl = _triple(dilation, dims, 1, "dilation")
-    lead, trail = conv_pads(padding, tuple(kernel), dl[3 - dims:])
-    out = [(i + a + b - d * (k - 1) - 1) // s + 1
-           for i, a, b, d, k, s in zip(spatial, lead, trail, dl[3 - dims:], kernel, st[3 - dims:])]
-    if any(o <= 0 for o in out):
-        raise ValueError(f"conv: input {tuple(x_shape)} is smaller than the kernel {tuple(kernel)}")
-    sp3 = (1,) * (3 - dims) + tuple(spatial)
-    out3 = (1,) * (3 - dims) + tuple(out)
-    k3 = (1,) * (3 - dims) + tuple(kernel)
-    pad3 = (0,) * (3 - dims) + tuple(lead)
-    return ConvGeometry(n * out3[0] * out3[1] * out3[2], c_in, *sp3, *out3, c_out, cin_g, c_out // groups, *k3,
-                        *st, *pad3, *dl, groups, (n, c_out, *out))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -33,15 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.conv import (
-    ConvConfig,
-    ConvGeometry,
-    conv_geometry,
-    conv_grid,
-    conv_ref,
-    conv_tile_ids,
-    store_with_bias,
-)
+from kfuse.kernels.conv import ConvConfig, conv_grid, conv_ref, conv_tile_ids, store_with_bias
+from kfuse.kernels.conv_geometry import ConvGeometry, conv_geometry
 from kfuse.kernels.conv_pack import INTERPRETER_ELEMENTS
 from kfuse.kernels.runtime import SETTINGS
 

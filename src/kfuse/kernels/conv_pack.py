@@ -4,18 +4,13 @@ for groups of few channels, its im2col rows (pack_im2col, dense K), and the weig
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING
-
 import torch
 import triton
 import triton.language as tl
 
+from kfuse.kernels.conv_geometry import ConvGeometry
 from kfuse.kernels.gemm_core import _pow2_scale_torch, cdiv, split_weight
 from kfuse.kernels.runtime import SETTINGS, tensor_key
-
-if TYPE_CHECKING:
-    from kfuse.kernels.conv import ConvGeometry
 
 # Triton's CPU interpreter runs each program as numpy code behind a Python front end that costs ~0.5 ms per tl op
 # (about 300 per program here) whatever the tile's size: few, large tiles, up to Triton's 2^20 elements per block.
@@ -25,26 +20,8 @@ INTERPRETER_ELEMENTS = 2 ** 20
 
 # a group's input channels are zero-padded to a multiple of this in the packed operands: tl.dot's least K
 PACK: tl.constexpr = tl.constexpr(16)
-# Dense K: where a group has fewer input channels than this, padding each tap's channels to 16 would multiply the
-# tensor-core work by 16 / CIN_G (5.3x for 3 channels, and one 16-deep K block per tap: 27 on a 3 x 3 x 3 kernel,
-# each with its own bounds checks). Such a convolution packs im2col rows (pack_im2col) and the tile walks them as a
-# plain GEMM (conv_tile_at). 8 channels stay padded: on an H100 the 8-channel Conv2d problems already ran 1.5-3.9x
-# eager's speed padded, the 3-channel Conv3d ones 0.48-0.97x (benchmarks/conv/NOTES.md). (Gathering each K block's
-# (tap, channel) pairs in the tile instead, from unpadded records, was 1.2-1.3x slower than padding on an H200.)
-DENSE_BELOW = 8
 # the im2col rows' K (and the dense weight's) is padded to a multiple of this, which every dense K block divides
 DENSE_K_ALIGN: tl.constexpr = tl.constexpr(32)
-
-
-# KFUSE_CONV_DENSE=1 turns dense K on (read once, when the module loads): on an H200 its GEMM ran 2.4-4.7x faster
-# than the padded walk, but the pack cost as much (problem 23 7% faster, 24 22% slower), so it is off by default.
-# Here, not in runtime.Settings: only conv files carry it.
-DENSE_ON = os.environ.get("KFUSE_CONV_DENSE", "0") == "1"
-
-
-def dense_k(cin_g: int) -> bool:
-    """Does a convolution with `cin_g` input channels a group run dense K (DENSE_BELOW, DENSE_ON)?"""
-    return DENSE_ON and cin_g < DENSE_BELOW
 
 
 def packed_channels(cin_g: int) -> int:
@@ -178,7 +155,7 @@ def conv_im2col_kernel(x_ptr, scale_ptr, out_ptr, M, C_in, D, H, W, OD, OH, OW, 
     store_record(dst, v, KP, mask_p[:, None] & (k < KP)[None, :], scale_ptr, n, mask_p, SPLIT)
 
 
-def pack_im2col(x: torch.Tensor, geo: "ConvGeometry", split: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def pack_im2col(x: torch.Tensor, geo: ConvGeometry, split: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(im2col rows, per-sample scales or None) for dense K: x (N, C_in, ...) as (M, groups, record), a record the
     KP = dense_columns(K) values of the pixel's window (split as pack_input's). Cost: x read once per tap (mostly
     from L2), M * groups * KP * 4 bytes written, which the tile reads once: 12 bytes an element of the window of a

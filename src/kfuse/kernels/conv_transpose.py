@@ -45,7 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.conv import ConvConfig, _triple, conv_config, conv_scheme, conv_tile, conv_tile_ids
+from kfuse.kernels.conv import ConvConfig, conv_config, conv_scheme, conv_tile, conv_tile_ids
+from kfuse.kernels.conv_geometry import _triple
 from kfuse.kernels.conv_pack import pack_input, packed_channels
 from kfuse.kernels.gemm_core import cdiv, split_weight
 from kfuse.kernels.runtime import SETTINGS, tensor_key

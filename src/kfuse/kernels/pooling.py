@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.conv import ConvGeometry, _triple, conv_config, conv_plan, conv_tile_at, conv_tile_ids
+from kfuse.kernels.conv import conv_config, conv_plan, conv_tile_at, conv_tile_ids
+from kfuse.kernels.conv_geometry import ConvGeometry, _triple
 from kfuse.kernels.gemm_core import cdiv
 from kfuse.kernels.runtime import SETTINGS
 

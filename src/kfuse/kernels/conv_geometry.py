@@ -1,0 +1,117 @@
+"""Every convolution as a 3-d one: its sizes (ConvGeometry, from torch's argument forms by conv_geometry) and whether
+its tile runs dense K (dense_k). Plain Python: kernels/conv_pack.py packs the operands for a geometry, kernels/conv.py
+tiles it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+# Dense K: where a group has fewer input channels than this, padding each tap's channels to 16 would multiply the
+# tensor-core work by 16 / CIN_G (5.3x for 3 channels, and one 16-deep K block per tap: 27 on a 3 x 3 x 3 kernel,
+# each with its own bounds checks). Such a convolution packs im2col rows (pack_im2col) and the tile walks them as a
+# plain GEMM (conv_tile_at). 8 channels stay padded: on an H100 the 8-channel Conv2d problems already ran 1.5-3.9x
+# eager's speed padded, the 3-channel Conv3d ones 0.48-0.97x (benchmarks/conv/NOTES.md). (Gathering each K block's
+# (tap, channel) pairs in the tile instead, from unpadded records, was 1.2-1.3x slower than padding on an H200.)
+DENSE_BELOW = 8
+# KFUSE_CONV_DENSE=1 turns dense K on (read once, when the module loads): on an H200 its GEMM ran 2.4-4.7x faster
+# than the padded walk, but the pack cost as much (problem 23 7% faster, 24 22% slower), so it is off by default.
+# Here, not in runtime.Settings: only conv files carry it.
+DENSE_ON = os.environ.get("KFUSE_CONV_DENSE", "0") == "1"
+
+
+def dense_k(cin_g: int) -> bool:
+    """Does a convolution with `cin_g` input channels a group run dense K (DENSE_BELOW, DENSE_ON)?"""
+    return DENSE_ON and cin_g < DENSE_BELOW
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvGeometry:
+    """One convolution's sizes, as a 3-d one (1-d and 2-d: unit leading spatial dims). The fields from M to DW are
+    the kernels' size arguments, in order (args())."""
+
+    M: int  # output pixels: N * OD * OH * OW
+    C_in: int
+    D: int
+    H: int
+    W: int
+    OD: int
+    OH: int
+    OW: int
+    C_out: int
+    CIN_G: int  # input channels per group
+    COUT_G: int  # output channels per group
+    KD: int
+    KH: int
+    KW: int
+    SD: int
+    SH: int
+    SW: int
+    PD: int  # leading (left) padding; the trailing one is implied by the output size (masking)
+    PH: int
+    PW: int
+    DD: int
+    DH: int
+    DW: int
+    groups: int
+    out_shape: tuple[int, ...]  # the output's shape at the input's rank
+
+    def args(self) -> tuple[int, ...]:
+        return tuple(dataclasses.astuple(self)[:23])
+
+    @property
+    def K(self) -> int:
+        return self.CIN_G * self.KD * self.KH * self.KW
+
+    @property
+    def dense(self) -> bool:
+        """Whether the tile runs dense K (dense_k): a group's few channels packed tap after tap, unpadded."""
+        return dense_k(self.CIN_G)
+
+
+def _triple(v, dims: int, fill: int, what: str) -> tuple[int, int, int]:
+    """An int or a tuple of `dims` ints, padded in front with `fill` to three."""
+    vals = (int(v),) * dims if isinstance(v, int) else tuple(int(x) for x in v)
+    if len(vals) == 1 and dims > 1:
+        vals = vals * dims
+    if len(vals) != dims:
+        raise ValueError(f"conv: {what} {v!r} for a {dims}-d convolution")
+    return (fill,) * (3 - dims) + vals
+
+
+def conv_pads(padding, kernel: tuple[int, ...], dilation: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(leading, trailing) zero padding per spatial dim. 'same': total dilation * (k - 1), the odd one out trailing,
+    as torch pads; 'valid': none; ints or tuples: the same on both sides."""
+    dims = len(kernel)
+    if padding == "valid":
+        return (0,) * dims, (0,) * dims
+    if padding == "same":
+        total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        return tuple(t // 2 for t in total), tuple(t - t // 2 for t in total)
+    lead = _triple(padding, dims, 0, "padding")[3 - dims:]
+    return lead, lead
+
+
+def conv_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride, padding, dilation,
+                  groups: int) -> ConvGeometry:
+    """The geometry of conv{1,2,3}d(x, w, stride, padding, dilation, groups) with torch's argument forms."""
+    dims = len(x_shape) - 2
+    if dims not in (1, 2, 3) or len(w_shape) != dims + 2:
+        raise ValueError(f"conv: input {tuple(x_shape)} and weight {tuple(w_shape)}")
+    n, c_in, *spatial = x_shape
+    c_out, cin_g, *kernel = w_shape
+    if c_in != cin_g * groups or c_out % groups:
+        raise ValueError(f"conv: {c_in} input and {c_out} output channels in {groups} groups, weight {tuple(w_shape)}")
+    st = _triple(stride, dims, 1, "stride")
+    dl = _triple(dilation, dims, 1, "dilation")
+    lead, trail = conv_pads(padding, tuple(kernel), dl[3 - dims:])
+    out = [(i + a + b - d * (k - 1) - 1) // s + 1
+           for i, a, b, d, k, s in zip(spatial, lead, trail, dl[3 - dims:], kernel, st[3 - dims:])]
+    if any(o <= 0 for o in out):
+        raise ValueError(f"conv: input {tuple(x_shape)} is smaller than the kernel {tuple(kernel)}")
+    sp3 = (1,) * (3 - dims) + tuple(spatial)
+    out3 = (1,) * (3 - dims) + tuple(out)
+    k3 = (1,) * (3 - dims) + tuple(kernel)
+    pad3 = (0,) * (3 - dims) + tuple(lead)
+    return ConvGeometry(n * out3[0] * out3[1] * out3[2], c_in, *sp3, *out3, c_out, cin_g, c_out // groups, *k3,
+                        *st, *pad3, *dl, groups, (n, c_out, *out))
