@@ -67,18 +67,23 @@ def weight_parts(weight: torch.Tensor, scheme: str, dense: bool = False) -> tupl
     return w_hi, w_lo, w_scale, w_hi.stride(0)
 
 
-def cached_conv_weight(weight: torch.Tensor, scheme: str, dense: bool = False) -> tuple:
-    """weight_parts, made once and reused while the weight is the same tensor with the same storage and version
-    counter (an optimizer step, load_state_dict or an in-place write under no_grad invalidate it, as
-    runtime.cached_split's)."""
-    key = (tensor_key(weight), scheme == "fp16x3p", dense)
-    hit = getattr(weight, "_kfuse_conv_weight", None)
+def cached_parts(weight: torch.Tensor, attr: str, key: tuple, make) -> tuple:
+    """make()'s parts of the weight, kept on it under `attr` and reused while `key` is the same: key starts with the
+    weight's tensor_key (its storage and version counter: an optimizer step, load_state_dict or an in-place write
+    under no_grad invalidate it, as runtime.cached_split's)."""
+    hit = getattr(weight, attr, None)
     if hit is not None and hit[0] == key:
         return hit[1]
     with torch.no_grad():
-        parts = weight_parts(weight, scheme, dense)
-    weight._kfuse_conv_weight = (key, parts)
+        parts = make()
+    setattr(weight, attr, (key, parts))
     return parts
+
+
+def cached_conv_weight(weight: torch.Tensor, scheme: str, dense: bool = False) -> tuple:
+    """weight_parts, made once per version of the weight (cached_parts)."""
+    return cached_parts(weight, "_kfuse_conv_weight", (tensor_key(weight), scheme == "fp16x3p", dense),
+                     lambda: weight_parts(weight, scheme, dense))
 
 
 def conv_x_scales(x: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ import triton.language as tl
 
 from kfuse.kernels.conv import ConvConfig, conv_config, conv_scheme, conv_tile, conv_tile_ids
 from kfuse.kernels.conv_geometry import _triple
-from kfuse.kernels.conv_pack import pack_input, packed_channels
+from kfuse.kernels.conv_pack import cached_parts, pack_input, packed_channels
 from kfuse.kernels.gemm_core import cdiv, split_weight
 from kfuse.kernels.runtime import SETTINGS, tensor_key
 
@@ -199,17 +199,10 @@ def _weight_parts(weight: torch.Tensor, geo: TransposedGeometry, split: bool) ->
 
 
 def cached_phase_weight(weight: torch.Tensor, geo: TransposedGeometry, split: bool) -> tuple:
-    """_weight_parts, made once and reused while the weight is the same tensor with the same storage and version
-    counter (an optimizer step, load_state_dict or an in-place write under no_grad invalidate it, as conv.py's
-    cached_conv_weight) and the geometry's taps are the same (stride, padding, dilation, kernel)."""
-    key = (tensor_key(weight), geo.phases, split)
-    hit = getattr(weight, "_kfuse_conv_transpose", None)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    with torch.no_grad():
-        parts = _weight_parts(weight, geo, split)
-    weight._kfuse_conv_transpose = (key, parts)
-    return parts
+    """_weight_parts, made once per version of the weight and per taps of the geometry (stride, padding, dilation,
+    kernel: geo.phases; conv_pack.cached_parts)."""
+    return cached_parts(weight, "_kfuse_conv_transpose", (tensor_key(weight), geo.phases, split),
+                     lambda: _weight_parts(weight, geo, split))
 
 
 @functools.lru_cache(maxsize=256)
