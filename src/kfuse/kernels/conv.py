@@ -164,7 +164,6 @@ def conv_candidates(geo: ConvGeometry, default: ConvConfig) -> list[ConvConfig]:
     return out
 
 
-
 def tuned_conv(kernel, geo: ConvGeometry, scheme: str, default: ConvConfig, x: torch.Tensor, launch) -> ConvConfig:
     """The tile config of one convolution launch: `default` (conv_config's) where nothing is tuned, else TUNER's
     pick among conv_candidates, timed on the first call at each geometry and kept in the disk cache.
@@ -231,19 +230,21 @@ def conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_
     element), and each row's BLOCK_K channels are contiguous in the packed input (vectorized loads). DENSE
     (dense_k): x holds im2col rows (pack_im2col), one per output pixel and group, read as a plain GEMM operand:
     KP = dense_columns(taps * CIN_G) columns in contiguous, unmasked blocks, the zero padding already in them."""
-    if DENSE:
-        CP = tl.cdiv(KD * KH * KW * CIN_G, DENSE_K_ALIGN) * DENSE_K_ALIGN  # KP: a row's columns
-    else:
-        CP = tl.cdiv(CIN_G, PACK) * PACK  # a group's channels in a record
-    REC = packed_record(CP, SCHEME == "fp16x3p")  # hi, then lo
-    id0 = od * SD - PD  # output pixel -> the input corner its window starts at
-    ih0 = oh * SH - PH
-    iw0 = ow * SW - PW
-    if DENSE:  # the row's im2col record (rows outside mask_m are never read)
+    if DENSE:  # the row's im2col record of KP columns (rows outside mask_m are never read)
+        CP = tl.cdiv(KD * KH * KW * CIN_G, DENSE_K_ALIGN) * DENSE_K_ALIGN  # KP
+        REC = packed_record(CP, SCHEME == "fp16x3p")  # hi, then lo
         x_rows = x_ptr + ((((n_idx.to(tl.int64) * OD + od) * OH + oh) * OW + ow) * (C_in // CIN_G) + g) * REC
+        n_blocks = CP // BLOCK_K  # BLOCK_K divides KP (k_block)
     else:  # each row's pointer at its window's corner (may lie outside the input: such reads are masked)
+        CP = tl.cdiv(CIN_G, PACK) * PACK  # a group's channels in a record
+        REC = packed_record(CP, SCHEME == "fp16x3p")  # hi, then lo
+        id0 = od * SD - PD  # output pixel -> the input corner its window starts at
+        ih0 = oh * SH - PH
+        iw0 = ow * SW - PW
         PIX = (C_in // CIN_G) * REC  # elements per input pixel
         x_rows = x_ptr + (((n_idx.to(tl.int64) * D + id0) * H + ih0) * W + iw0) * PIX + g * REC
+        NCB = tl.cdiv(CP, BLOCK_K)
+        n_blocks = KD * KH * KW * NCB
     offs_k = tl.arange(0, BLOCK_K)
     offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     w_rows = (g * COUT_G + tl.minimum(offs_c, COUT_G - 1)).to(tl.int64) * stride_wn  # clamped: in bounds
@@ -253,11 +254,6 @@ def conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if DENSE:
-        n_blocks = CP // BLOCK_K  # BLOCK_K divides KP (k_block)
-    else:
-        NCB = tl.cdiv(CP, BLOCK_K)
-        n_blocks = KD * KH * KW * NCB
     for it in range(0, n_blocks):
         if DENSE:
             k0 = it * BLOCK_K

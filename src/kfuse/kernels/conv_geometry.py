@@ -65,7 +65,7 @@ class ConvGeometry:
 
     @property
     def dense(self) -> bool:
-        """Whether the tile runs dense K (dense_k): a group's few channels packed tap after tap, unpadded."""
+        """Whether the tile runs dense K (dense_k): a group's few channels packed as im2col rows (conv_pack)."""
         return dense_k(self.CIN_G)
 
 

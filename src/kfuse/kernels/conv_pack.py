@@ -160,20 +160,29 @@ def conv_im2col_kernel(x_ptr, scale_ptr, out_ptr, M, C_in, D, H, W, OD, OH, OW, 
     store_record(dst, v, KP, mask_p[:, None] & (k < KP)[None, :], scale_ptr, n, mask_p, SPLIT)
 
 
+def packed_buffer(x: torch.Tensor, values: int, split: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(an empty packed buffer of `values` values, x's per-sample scales): on `split` fp16, twice as many (hi and lo
+    parts), with conv_x_scales; else fp32 and no scales."""
+    if split:
+        return torch.empty(2 * values, device=x.device, dtype=torch.float16), conv_x_scales(x)
+    return torch.empty(values, device=x.device, dtype=torch.float32), None
+
+
+def pack_rows(rows: int, cols: int) -> int:
+    """Rows of a pack program over `cols` columns: 64 on a GPU; in the interpreter few, large programs
+    (INTERPRETER_ELEMENTS)."""
+    return min(triton.next_power_of_2(rows), INTERPRETER_ELEMENTS // cols) if SETTINGS.interpret else 64
+
+
 def pack_im2col(x: torch.Tensor, geo: ConvGeometry, split: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(im2col rows, per-sample scales or None) for dense K: x (N, C_in, ...) as (M, groups, record), a record the
     KP = dense_columns(K) values of the pixel's window (split as pack_input's). Cost: x read once per tap (mostly
     from L2), M * groups * KP * 4 bytes written, which the tile reads once: 12 bytes an element of the window of a
     3-channel pixel, where pack_input writes 64 padded per input pixel."""
     kp = dense_columns(geo.K)
-    out = torch.empty(geo.M * geo.groups * kp * (2 if split else 1), device=x.device,
-                      dtype=torch.float16 if split else torch.float32)
-    scale = conv_x_scales(x) if split else None
+    out, scale = packed_buffer(x, geo.M * geo.groups * kp, split)
     block_k = DENSE_K_ALIGN.value
-    if SETTINGS.interpret:  # few, large programs (INTERPRETER_ELEMENTS)
-        block_p = min(triton.next_power_of_2(geo.M), INTERPRETER_ELEMENTS // block_k)
-    else:
-        block_p = 64
+    block_p = pack_rows(geo.M, block_k)
     if out.numel():
         sizes = (geo.M, geo.C_in, geo.D, geo.H, geo.W, geo.OD, geo.OH, geo.OW, geo.CIN_G, geo.KD, geo.KH, geo.KW,
                  geo.SD, geo.SH, geo.SW, geo.PD, geo.PH, geo.PW, geo.DD, geo.DH, geo.DW, kp)
@@ -190,14 +199,9 @@ def pack_input(x: torch.Tensor, groups: int, split: bool) -> tuple[torch.Tensor,
     n, c_in, s = x.shape[0], x.shape[1], x[0, 0].numel()
     cin_g = c_in // groups
     cp = packed_channels(cin_g)
-    out = torch.empty(n * s * groups * cp * (2 if split else 1), device=x.device,
-                      dtype=torch.float16 if split else torch.float32)
-    scale = conv_x_scales(x) if split else None
+    out, scale = packed_buffer(x, n * s * groups * cp, split)
     block_c = min(64, triton.next_power_of_2(cp))
-    if SETTINGS.interpret:  # few, large programs (INTERPRETER_ELEMENTS)
-        block_p = min(triton.next_power_of_2(n * s), INTERPRETER_ELEMENTS // block_c)
-    else:
-        block_p = 64
+    block_p = pack_rows(n * s, block_c)
     if out.numel():
         conv_pack_kernel[(cdiv(n * s, block_p), groups, cdiv(cp, block_c))](
             x, out if scale is None else scale, out, n * s, c_in, cin_g, s, SPLIT=split, BLOCK_P=block_p,
