@@ -120,38 +120,49 @@ def test_batchnorm_problem(tmp_path, stem):
     assert [r.kind for r in result.compiled.regions] == BATCHNORM[stem]
 
 
-# Dense K (kernels/conv.py dense_k, KFUSE_CONV_DENSE=1): groups of fewer than 8 input channels packed unpadded, K
-# blocks straddling taps, in every kind that runs the GEMM tile: the plain epilogue at odd sizes without bias (08),
-# training BatchNorm (32), GroupNorm with a residual (36), a channel min (40), an overlapping max pool (44) and the
-# global average pool's two phases (46)
-DENSE = {"08_conv2d_odd_nobias_clamp": "conv_epilogue", "32_conv2d_batchnorm_scale_odd": "conv_batchnorm",
+# Groups of fewer than 8 input channels, in every kind that runs the convolution's tile: the plain epilogue at odd
+# sizes without bias (08), training BatchNorm (32), GroupNorm with a residual (36), a channel min (40), an overlapping
+# max pool (44) and the global average pool's two phases (46); each on the three walks such a group can take
+FEW_CHANNELS = {"08_conv2d_odd_nobias_clamp": "conv_epilogue", "32_conv2d_batchnorm_scale_odd": "conv_batchnorm",
          "36_conv2d_groupnorm_tanh_residual": "conv_groupnorm", "40_conv2d_wide_scale_channel_min_tanh":
          "conv_channel_reduce", "44_conv2d_hardswish_maxpool_overlapping_mish": "conv_pool",
          "46_conv2d_gelu_global_avgpool_scale": "conv_pool"}
+# the environment of each walk, read by the generated file's conv_geometry when it loads: the direct tile (the
+# default, kernels/conv_direct.py), the implicit GEMM with each tap's channels padded (KFUSE_CONV_DIRECT=0), dense K's
+# im2col rows (KFUSE_CONV_DENSE=1, opt-in)
+WALKS = {"direct": {}, "padded": {"KFUSE_CONV_DIRECT": "0"}, "dense": {"KFUSE_CONV_DENSE": "1"}}
 
 
-@pytest.mark.parametrize("stem", DENSE)
-def test_dense_k_in_every_kind(tmp_path, monkeypatch, stem):
-    monkeypatch.setenv("KFUSE_CONV_DENSE", "1")  # read by the generated file's Settings when it loads
+def _walk_taken(module, cin_g: int) -> str:
+    return "dense" if module.dense_k(cin_g) else "direct" if module.direct_k(cin_g) else "padded"
+
+
+@pytest.mark.parametrize("walk", WALKS)
+@pytest.mark.parametrize("stem", FEW_CHANNELS)
+def test_few_channels_in_every_kind(tmp_path, monkeypatch, stem, walk):
+    for name, value in WALKS[walk].items():
+        monkeypatch.setenv(name, value)
     path = CONV / f"{stem}.py"
     result = optimize(load_problem(path, small(path)), CPU, workdir=tmp_path)
     assert result.contract.correct, result.contract.failures
-    assert DENSE[stem] in [r.kind for r in result.compiled.regions]
-    out = tmp_path / "dense.py"
+    assert FEW_CHANNELS[stem] in [r.kind for r in result.compiled.regions]
+    out = tmp_path / f"{walk}.py"
     out.write_text(result.compiled.source)
     module = load_module(out)
     anchor = load_problem(path, small(path)).build()
     conv = next(m for m in anchor.modules() if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)))
-    assert module.dense_k(conv.in_channels // conv.groups)  # the file ran dense K
+    assert _walk_taken(module, conv.in_channels // conv.groups) == walk  # the file ran that walk
 
 
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("stem", DENSE)
-def test_dense_k_compiled_on_a_gpu(tmp_path, monkeypatch, stem):
-    """Dense K's compiled kernels (gathered K blocks on the tensor cores, fp16x3p) through the contract, at the
-    problems' own sizes."""
-    monkeypatch.setenv("KFUSE_CONV_DENSE", "1")
+@pytest.mark.parametrize("walk", WALKS)
+@pytest.mark.parametrize("stem", FEW_CHANNELS)
+def test_few_channels_compiled_on_a_gpu(tmp_path, monkeypatch, stem, walk):
+    """Each walk's compiled kernels (the direct tile in float64 on CUDA cores; the padded and dense tiles on the
+    tensor cores, fp16x3p) through the contract, at the problems' own sizes."""
+    for name, value in WALKS[walk].items():
+        monkeypatch.setenv(name, value)
     result = optimize(load_problem(CONV / f"{stem}.py"), Options(device="cuda", trials=2), workdir=tmp_path)
     assert result.contract.correct, result.contract.failures
-    assert DENSE[stem] in [r.kind for r in result.compiled.regions]
+    assert FEW_CHANNELS[stem] in [r.kind for r in result.compiled.regions]

@@ -30,6 +30,7 @@ MODULES: Modules = (
     ("kernels/runtime", "run-time helpers: operands, tile configs, tuning"),
     ("kernels/conv_geometry", "convolutions: the geometry"),
     ("kernels/conv_pack", "convolutions: the packed operands"),
+    ("kernels/conv_direct", "convolutions of few channels a group: the direct loop"),
     ("kernels/conv", "convolutions: the implicit-GEMM tile"),
     ("kernels/conv_transpose", "transposed convolutions: the stride-phase tile"),
     ("kernels/conv_depthwise", "depthwise convolutions: the direct tile"),

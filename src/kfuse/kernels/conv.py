@@ -24,7 +24,9 @@ work by 16 / CIN_G, and each tap is then one 16-deep K block: such convolutions 
 (20-90 TFLOP/s of fp16 work, benchmarks/conv/NOTES.md "The packed tile"). Dense K (dense_k; KFUSE_CONV_DENSE=1):
 a group of fewer than DENSE_BELOW channels is packed as im2col rows instead (pack_im2col: per output pixel and group
 its taps * CIN_G values, zeros past them to a multiple of DENSE_K_ALIGN), so the tile is a plain GEMM over them:
-unmasked, contiguous K blocks and no per-tap bounds checks, for a write and a read of those rows.
+unmasked, contiguous K blocks and no per-tap bounds checks, for a write and a read of those rows. The direct tile
+(direct_k, on unless KFUSE_CONV_DIRECT=0; dense K where turned on comes first): a group of fewer than DIRECT_BELOW
+channels skips the pack and the tensor cores, a loop over its channels and taps on CUDA cores (kernels/conv_direct.py).
 
 Precision: the scheme comes from the same switch as the GEMM's (conv_scheme -> runtime.scheme_for):
   "fp16x3p" on a GPU: the fp16 hi/lo split of kernels/gemm_core.py. The weight is split once per version
@@ -40,6 +42,8 @@ Precision: the scheme comes from the same switch as the GEMM's (conv_scheme -> r
             exact fp16 products, so tests exercise "fp16x3p" there too).
   "fp64"    what the interpreter runs on the CPU: fp32 dots over 16-deep K blocks, each block's sum promoted
             into a float64 accumulator, rounded to fp32 once (conv_scheme says why; Triton has no float64 dot).
+  "direct64" the direct tile's, on every device: exact fp32 products summed in float64, rounded once.
+  "direct32" the direct tile in fp32 products and sums (given explicitly only).
 
 Cost of one call: 2 * M * C_out/g * taps * CP flops per group (three fp16 products on "fp16x3p"); bytes: x read
 twice and its packed copy written once (scales and pack_input), the packed copy read once from HBM (the taps' reuse
@@ -55,6 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kfuse.kernels.conv_direct import conv_direct_at
 from kfuse.kernels.conv_geometry import ConvGeometry, conv_geometry
 from kfuse.kernels.conv_pack import (
     DENSE_K_ALIGN,
@@ -70,15 +75,21 @@ from kfuse.kernels.conv_pack import (
 from kfuse.kernels.gemm_core import _pow2_inv, cdiv
 from kfuse.kernels.runtime import GEMM_SCHEME, SETTINGS, TUNER, _kernel_hash, _kernel_name, scheme_for
 
-
 # ----------------------------------------------------------------------------------------------------------------
 # the scheme and the operands (packed by kernels/conv_pack.py)
 # ----------------------------------------------------------------------------------------------------------------
-def conv_scheme(x: torch.Tensor) -> str:
-    """The scheme of a convolution of x in this file: the GEMM's (runtime.scheme_for on GEMM_SCHEME) on a GPU; in the
-    interpreter "fp64" (16-deep fp32 dots summed in float64, rounded once): plain fp32 dots missed rule 3 by 1% on
-    KernelBench level 2 problem 27 (Conv3d, GroupNorm, mean: 3.8e-6 against 2 x eager's 1.84e-6 + 1e-7; with
-    "fp64" 1.0e-6 against eager's 0.95e-6), where the CPU's eager convolution sums more accurately than one fp32 dot."""
+DIRECT_SCHEMES = ("direct64", "direct32")  # the direct tile (kernels/conv_direct.py): float64 or fp32 sums
+
+
+def conv_scheme(x: torch.Tensor, geo: ConvGeometry | None = None) -> str:
+    """The scheme of a convolution of x in this file. A geometry of few channels a group (geo.direct): "direct64",
+    the direct tile's exact products summed in float64, on every device. Else the GEMM's (runtime.scheme_for on
+    GEMM_SCHEME) on a GPU; in the interpreter "fp64" (16-deep fp32 dots summed in float64, rounded once): plain fp32
+    dots missed rule 3 by 1% on KernelBench level 2 problem 27 (Conv3d, GroupNorm, mean: 3.8e-6 against 2 x eager's
+    1.84e-6 + 1e-7; with "fp64" 1.0e-6 against eager's 0.95e-6), where the CPU's eager convolution sums more
+    accurately than one fp32 dot."""
+    if geo is not None and geo.direct:
+        return "direct64"
     compiled = x.is_cuda and not SETTINGS.interpret
     return scheme_for(GEMM_SCHEME, compiled) if compiled else "fp64"
 
@@ -86,7 +97,11 @@ def conv_scheme(x: torch.Tensor) -> str:
 def conv_operands(x: torch.Tensor, weight: torch.Tensor, geo: ConvGeometry, scheme: str,
                   cached: bool = True) -> tuple:
     """(x, w, w_lo, w_scale, x_scale, stride_wn): what conv_tile reads under `scheme`, packed (pack_input, or
-    pack_im2col for dense K; weight_parts: the weight's parts cached for a parameter). Unused pointers repeat x."""
+    pack_im2col for dense K; weight_parts: the weight's parts cached for a parameter). Unused pointers repeat x.
+    The direct tile reads x as it is and the weight as (C_out, CIN_G * taps): its own layout, a view."""
+    if scheme in DIRECT_SCHEMES:
+        w2 = weight.detach().reshape(weight.shape[0], -1).float().contiguous()
+        return x, w2, w2, x, x, w2.stride(0)
     split, dense = scheme == "fp16x3p", geo.dense
     xp, x_scale = pack_im2col(x, geo, split) if dense else pack_input(x, geo.groups, split)
     w, w_lo, w_scale, stride_wn = (cached_conv_weight(weight, scheme, dense) if cached
@@ -100,7 +115,7 @@ def conv_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, 
     (conv_scheme unless given), tile config (conv_config), operand tensors and size arguments (conv_tile's order).
     A parameter's packed weight is cached (cached_conv_weight); any other weight is packed on every call."""
     geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
-    scheme = scheme or conv_scheme(x)
+    scheme = scheme or conv_scheme(x, geo)
     cfg = conv_config(geo, scheme, SETTINGS.interpret)
     *ops, stride_wn = conv_operands(x, weight, geo, scheme, cached=isinstance(weight, torch.nn.Parameter))
     return geo, scheme, cfg, tuple(ops), (stride_wn, *geo.args())
@@ -133,7 +148,9 @@ def k_block(geo: ConvGeometry, cap: int) -> int:
 def conv_config(geo: ConvGeometry, scheme: str, interpret: bool) -> ConvConfig:
     """The tile config of a convolution (the tuner's default on a GPU: tuned_conv). Column tiles cover the group's
     channels up to 128 (depthwise: 16, the narrowest tl.dot takes); fp16x3p keeps two fp32 accumulators (partial +
-    sum), so its tiles stay at 128 x 128 or less. K blocks: k_block."""
+    sum), so its tiles stay at 128 x 128 or less. K blocks: k_block. The direct tile: direct_config."""
+    if scheme in DIRECT_SCHEMES:
+        return direct_config(geo, interpret)
     block_n = min(max(triton.next_power_of_2(geo.COUT_G), 16), 128)
     if interpret:
         block_n = min(block_n, 64)
@@ -142,6 +159,16 @@ def conv_config(geo: ConvGeometry, scheme: str, interpret: bool) -> ConvConfig:
     # 64 x 128 at 4 warps: two fp32 accumulators of 64 registers each per thread; on an H100 within 8% of the
     # best tile on the problems timed (CONV_TUNE_TILES: the tuner's other choices)
     return ConvConfig(64, block_n, k_block(geo, 32), 4, 3 if scheme == "fp16x3p" else 2)
+
+
+def direct_config(geo: ConvGeometry, interpret: bool) -> ConvConfig:
+    """The direct tile's (BLOCK_K unused: the channels and taps are loops): columns cover the group's channels up to
+    64, rows fill 8192 float64 accumulators a program (64 registers a thread at 4 warps); in the interpreter as many
+    rows as INTERPRETER_ELEMENTS allows (its cost is per tl op, not per element)."""
+    block_n = min(triton.next_power_of_2(geo.COUT_G), 64)
+    if interpret:
+        return ConvConfig(min(triton.next_power_of_2(geo.M), INTERPRETER_ELEMENTS // block_n), block_n, 16, 4, 1)
+    return ConvConfig(max(8192 // block_n, 64), block_n, 16, 4, 1)
 
 
 # Tiles the tuner tries besides conv_config's: (rows, columns, K block, warps, stages). Measured on an H100 (the
@@ -153,10 +180,22 @@ CONV_TUNE_TILES = ((128, 64, 32, 4, 3), (128, 128, 64, 8, 3), (128, 32, 32, 4, 3
                    (64, 128, 16, 4, 4), (32, 128, 32, 4, 4))
 
 
-def conv_candidates(geo: ConvGeometry, default: ConvConfig) -> list[ConvConfig]:
+# The direct tile's (rows, warps) besides direct_config's, its columns the default's: the same accumulators over more
+# or fewer threads, or half or twice the rows.
+DIRECT_TUNE_TILES = ((128, 4), (256, 8), (64, 2), (512, 8))
+
+
+def conv_candidates(geo: ConvGeometry, default: ConvConfig, scheme: str = "") -> list[ConvConfig]:
     """The configs tuned_conv times: the default first, then CONV_TUNE_TILES clipped to the group's channels (no
-    column tile wider than the default's) and to a tap's packed channels (k_block)."""
+    column tile wider than the default's) and to a tap's packed channels (k_block); the direct tile's
+    DIRECT_TUNE_TILES."""
     out = [default]
+    if scheme in DIRECT_SCHEMES:
+        for m, warps in DIRECT_TUNE_TILES:
+            cfg = ConvConfig(m, default.block_n, default.block_k, warps, 1)
+            if cfg not in out:
+                out.append(cfg)
+        return out
     for m, n, k, warps, stages in CONV_TUNE_TILES:
         cfg = ConvConfig(m, min(n, default.block_n), k_block(geo, k), warps, stages)
         if cfg not in out:
@@ -175,7 +214,7 @@ def tuned_conv(kernel, geo: ConvGeometry, scheme: str, default: ConvConfig, x: t
     if cfg is None:  # the GEMM tuner's timing and disk cache, under a key of the convolution's own
         disk_key = "|".join([torch.cuda.get_device_name(x.device), _kernel_name(kernel), _kernel_hash(kernel),
                              "conv:" + "x".join(map(str, geo.args())), str(x.dtype).replace("torch.", ""), scheme])
-        cfg = TUNER._pick(disk_key, conv_candidates(geo, default), launch, lambda d: ConvConfig(**d))[0]
+        cfg = TUNER._pick(disk_key, conv_candidates(geo, default, scheme), launch, lambda d: ConvConfig(**d))[0]
         _CONV_CONFIGS[key] = cfg
     return cfg
 
@@ -224,7 +263,28 @@ def conv_tile_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_
                  DENSE: tl.constexpr):
     """conv_tile at any BLOCK_M output pixels: row i is pixel (od[i], oh[i], ow[i]) of sample n_idx[i], computed
     where mask_m[i] (rows outside it read nothing and hold zeros). Any pixel: a pooling kind's rows are pooled
-    pixels, each program walking its windows' conv pixels (kernels/pooling.py).
+    pixels, each program walking its windows' conv pixels (kernels/pooling.py). The direct schemes run
+    kernels/conv_direct.py's loop (x and the weight as they are: conv_operands), the others the implicit GEMM
+    (conv_gemm_at, on the packed operands)."""
+    if SCHEME == "direct64":
+        acc = conv_direct_at(x_ptr, w_ptr, stride_wn, n_idx, od, oh, ow, mask_m, pid_n, g, C_in, D, H, W, CIN_G,
+                             COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, BLOCK_M, BLOCK_N, True)
+    elif SCHEME == "direct32":
+        acc = conv_direct_at(x_ptr, w_ptr, stride_wn, n_idx, od, oh, ow, mask_m, pid_n, g, C_in, D, H, W, CIN_G,
+                             COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, BLOCK_M, BLOCK_N, False)
+    else:
+        acc = conv_gemm_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_idx, od, oh, ow, mask_m,
+                           pid_n, g, C_in, D, H, W, OD, OH, OW, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW,
+                           DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K, SCHEME, DENSE)
+    return acc
+
+
+@triton.jit
+def conv_gemm_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_idx, od, oh, ow, mask_m, pid_n, g,
+                 C_in, D, H, W, OD, OH, OW, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCHEME: tl.constexpr,
+                 DENSE: tl.constexpr):
+    """conv_tile_at's implicit GEMM on the packed operands (conv_operands), at pixels as conv_tile_at's.
 
     K is walked tap by tap, BLOCK_K packed channels at a time: a tap's bounds check is one per row (not per
     element), and each row's BLOCK_K channels are contiguous in the packed input (vectorized loads). DENSE

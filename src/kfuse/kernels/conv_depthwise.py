@@ -10,7 +10,8 @@ Here one program owns BLOCK_M output pixels of one input channel g and the BLOCK
 (the channel multiplier, rounded up to a power of two): per tap it loads the (BLOCK_M,) input values (contiguous
 along the output pixels at stride 1, masked to zero outside the input: the zero padding) and the (BLOCK_N,) weights,
 and adds their outer product to the accumulator. No tl.dot; the taps are a runtime loop (kernel sizes are runtime
-arguments, as conv_tile's).
+arguments, as conv_tile's). That loop is kernels/conv_direct.py's conv_direct_at at one channel a group, the tile
+conv.py runs for any group of few channels.
 
 The tile keeps conv_tile's signature and return (the fp32 (BLOCK_M, BLOCK_N) accumulator, no bias), so a region
 kind's epilogue, per-channel loads and NC(D)HW stores (conv_out_offsets) are the same as for conv.py's tile, and the
@@ -34,6 +35,7 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels.conv import ConvConfig, conv_grid, conv_ref, conv_tile_ids, store_with_bias
+from kfuse.kernels.conv_direct import conv_direct_at
 from kfuse.kernels.conv_geometry import ConvGeometry, conv_geometry
 from kfuse.kernels.conv_pack import INTERPRETER_ELEMENTS
 from kfuse.kernels.runtime import SETTINGS
@@ -76,36 +78,11 @@ def depthwise_tile(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, 
     g * COUT_G + pid_n * BLOCK_N + j, all reading input channel g. Rows past M hold zeros, channels past the
     multiplier read the last one's weights: the caller masks its store."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < M
     S_out = OD * OH * OW
-    n_idx = offs_m // S_out
     sp = offs_m % S_out
-    # output pixel -> the input corner its window starts at (before the taps' offsets)
-    id0 = (sp // (OH * OW)) * SD - PD
-    ih0 = ((sp // OW) % OH) * SH - PH
-    iw0 = (sp % OW) * SW - PW
-    x_rows = x_ptr + (n_idx.to(tl.int64) * C_in + g) * (D * H * W)
-    offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    w_rows = w_ptr + (g * COUT_G + tl.minimum(offs_c, COUT_G - 1)).to(tl.int64) * stride_wn  # clamped: in bounds
-    if SCHEME == "fp64":
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kd in range(KD):
-        di = id0 + kd * DD
-        in_d = mask_m & (di >= 0) & (di < D)
-        for kh in range(KH):
-            hh = ih0 + kh * DH
-            in_dh = in_d & (hh >= 0) & (hh < H)
-            for kw in range(KW):
-                wi = iw0 + kw * DW
-                a = tl.load(x_rows + (di * (H * W) + hh * W + wi), mask=in_dh & (wi >= 0) & (wi < W), other=0.0)
-                b = tl.load(w_rows + ((kd * KH + kh) * KW + kw))
-                if SCHEME == "fp64":  # the product of two fp32 values is exact in float64
-                    acc += a.to(tl.float64)[:, None] * b.to(tl.float64)[None, :]
-                else:
-                    acc += a.to(tl.float32)[:, None] * b.to(tl.float32)[None, :]
-    return acc.to(tl.float32)
+    return conv_direct_at(x_ptr, w_ptr, stride_wn, offs_m // S_out, sp // (OH * OW), (sp // OW) % OH, sp % OW,
+                          offs_m < M, pid_n, g, C_in, D, H, W, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW,
+                          DD, DH, DW, BLOCK_M, BLOCK_N, SCHEME == "fp64")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Every convolution as a 3-d one: its sizes (ConvGeometry, from torch's argument forms by conv_geometry) and whether
-its tile runs dense K (dense_k). Plain Python: kernels/conv_pack.py packs the operands for a geometry, kernels/conv.py
-tiles it."""
+its tile runs dense K (dense_k) or the direct loop (direct_k). Plain Python: kernels/conv_pack.py packs the operands
+for a geometry, kernels/conv.py tiles it (kernels/conv_direct.py for the direct loop)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,22 @@ DENSE_ON = os.environ.get("KFUSE_CONV_DENSE", "0") == "1"
 def dense_k(cin_g: int) -> bool:
     """Does a convolution with `cin_g` input channels a group run dense K (DENSE_BELOW, DENSE_ON)?"""
     return DENSE_ON and cin_g < DENSE_BELOW
+
+
+# The direct tile (kernels/conv_direct.py): where a group has fewer input channels than this, the convolution runs as
+# a loop over its channels and taps on CUDA cores, from x as it is (no pack) and the weight as it is: per (channel,
+# tap) one load of the tile's pixels and one of its channels' weights, their outer product added to a float64
+# accumulator. A 3-channel 3 x 3 x 3 convolution then does its 81 real products a pixel and channel, not the padded
+# tile's 27 x 16 x 3 fp16 products behind 27 per-tap blocks of address arithmetic.
+DIRECT_BELOW = 8
+# KFUSE_CONV_DIRECT=0 turns the direct tile off (read once, when the module loads). Here, not in runtime.Settings:
+# only conv files carry it. Dense K, where turned on, comes first: it is the explicit choice.
+DIRECT_ON = os.environ.get("KFUSE_CONV_DIRECT", "1") != "0"
+
+
+def direct_k(cin_g: int) -> bool:
+    """Does a convolution with `cin_g` input channels a group run on the direct tile (DIRECT_BELOW, DIRECT_ON)?"""
+    return DIRECT_ON and cin_g < DIRECT_BELOW and not dense_k(cin_g)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +83,11 @@ class ConvGeometry:
     def dense(self) -> bool:
         """Whether the tile runs dense K (dense_k): a group's few channels packed as im2col rows (conv_pack)."""
         return dense_k(self.CIN_G)
+
+    @property
+    def direct(self) -> bool:
+        """Whether the convolution runs on the direct tile (direct_k): few channels, CUDA cores, no pack."""
+        return direct_k(self.CIN_G)
 
 
 def _triple(v, dims: int, fill: int, what: str) -> tuple[int, int, int]:
