@@ -9,7 +9,8 @@
 #            and of level 1's 3-channel Conv3d problems, alone: padded tile, direct64, direct32, cuDNN
 #   profile  benchmarks/conv/kernel_profile.py at full size on the 3-channel level 2 problems, direct off then on
 #   bench    kfuse bench --baselines eager over the level 2 and level 1 problems with 3 input channels (not
-#            transposed), direct off then on, interleaved problem by problem (the A/B)
+#            transposed), direct off then on, interleaved problem by problem (the A/B); LEVELS (default "level2
+#            level1") and SETTINGS (default "0 1", KFUSE_CONV_DIRECT's values) narrow it
 # OUT gets direct.log (the summary), pytest-direct.log, micro.json, profile-{0,1}.json, bench-{0,1}-<problem>.json.
 set -uo pipefail
 out="${1:?output folder}"; shift || true
@@ -47,9 +48,10 @@ level1=(54_conv_standard_3D__square_input__square_kernel 59_conv_standard_3D__as
                 echo "profile direct=$d: exit $?"
             done;;
         bench)
-            for f in $(grep -l -E "^in_channels *= *3$" "$kb"/level2/*.py "$kb"/level1/*.py | grep -v -i transpose); do
+            for f in $(for l in ${LEVELS:-level2 level1}; do grep -l -E "^in_channels *= *3$" "$kb/$l"/*.py; done \
+                       | grep -v -i transpose); do
                 n=$(basename "$f" .py)
-                for d in 0 1; do
+                for d in ${SETTINGS:-0 1}; do
                     KFUSE_CONV_DIRECT=$d timeout 120 python3 -m kfuse bench "$f" --baselines eager,eager_strict \
                         --trials 1 --json "$out/bench-$d-$n.json" > /dev/null 2>&1
                 done
@@ -61,7 +63,7 @@ def one(d):
         return f"{r['kfuse_ms']:.3f} ms ({r['speedup_vs_eager']:.2f}x, correct {r['correct']})"
     except (OSError, KeyError, IndexError, TypeError, ValueError) as err:
         return f"failed ({type(err).__name__})"
-print(f"{sys.argv[2]:55} padded {one(0)}  direct {one(1)}")
+print(f"{sys.argv[2]:55} padded {one(0)}  direct {one(1)}  float64 direct {one(64)}")
 PY
             done;;
         *) echo "unknown step $step";;

@@ -42,8 +42,9 @@ Precision: the scheme comes from the same switch as the GEMM's (conv_scheme -> r
             exact fp16 products, so tests exercise "fp16x3p" there too).
   "fp64"    what the interpreter runs on the CPU: fp32 dots over 16-deep K blocks, each block's sum promoted
             into a float64 accumulator, rounded to fp32 once (conv_scheme says why; Triton has no float64 dot).
-  "direct64" the direct tile's, on every device: exact fp32 products summed in float64, rounded once.
-  "direct32" the direct tile in fp32 products and sums (given explicitly only).
+  "direct32" the direct tile's on a GPU: fp32 products and sums in (tap, channel) order.
+  "direct64" the direct tile's in the interpreter (and on a GPU under KFUSE_CONV_DIRECT=64): exact fp32 products
+            summed in float64, rounded once.
 
 Cost of one call: 2 * M * C_out/g * taps * CP flops per group (three fp16 products on "fp16x3p"); bytes: x read
 twice and its packed copy written once (scales and pack_input), the packed copy read once from HBM (the taps' reuse
@@ -60,7 +61,7 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels.conv_direct import conv_direct_at
-from kfuse.kernels.conv_geometry import ConvGeometry, conv_geometry
+from kfuse.kernels.conv_geometry import DIRECT_FP64, ConvGeometry, conv_geometry
 from kfuse.kernels.conv_pack import (
     DENSE_K_ALIGN,
     INTERPRETER_ELEMENTS,
@@ -82,15 +83,18 @@ DIRECT_SCHEMES = ("direct64", "direct32")  # the direct tile (kernels/conv_direc
 
 
 def conv_scheme(x: torch.Tensor, geo: ConvGeometry | None = None) -> str:
-    """The scheme of a convolution of x in this file. A geometry of few channels a group (geo.direct): "direct64",
-    the direct tile's exact products summed in float64, on every device. Else the GEMM's (runtime.scheme_for on
-    GEMM_SCHEME) on a GPU; in the interpreter "fp64" (16-deep fp32 dots summed in float64, rounded once): plain fp32
-    dots missed rule 3 by 1% on KernelBench level 2 problem 27 (Conv3d, GroupNorm, mean: 3.8e-6 against 2 x eager's
-    1.84e-6 + 1e-7; with "fp64" 1.0e-6 against eager's 0.95e-6), where the CPU's eager convolution sums more
-    accurately than one fp32 dot."""
-    if geo is not None and geo.direct:
-        return "direct64"
+    """The scheme of a convolution of x in this file. A geometry of few channels a group (geo.direct) runs the direct
+    tile: on a GPU "direct32", fp32 products and sums as eager's own fp32 convolution (on an H200 within 0.96-1.32x
+    strict cuDNN's error against float64, and 2.7x faster than "direct64": benchmarks/conv/NOTES.md, "The direct
+    tile"; KFUSE_CONV_DIRECT=64 picks "direct64" there too); in the interpreter "direct64", exact products summed in
+    float64 (the CPU's eager convolution sums more accurately than one fp32 chain, see below). Else the GEMM's
+    (runtime.scheme_for on GEMM_SCHEME) on a GPU; in the interpreter "fp64" (16-deep fp32 dots summed in float64,
+    rounded once): plain fp32 dots missed rule 3 by 1% on KernelBench level 2 problem 27 (Conv3d, GroupNorm, mean:
+    3.8e-6 against 2 x eager's 1.84e-6 + 1e-7; with "fp64" 1.0e-6 against eager's 0.95e-6), where the CPU's eager
+    convolution sums more accurately than one fp32 dot."""
     compiled = x.is_cuda and not SETTINGS.interpret
+    if geo is not None and geo.direct:
+        return "direct32" if compiled and not DIRECT_FP64 else "direct64"
     return scheme_for(GEMM_SCHEME, compiled) if compiled else "fp64"
 
 
@@ -163,7 +167,7 @@ def conv_config(geo: ConvGeometry, scheme: str, interpret: bool) -> ConvConfig:
 
 def direct_config(geo: ConvGeometry, interpret: bool) -> ConvConfig:
     """The direct tile's (BLOCK_K unused: the channels and taps are loops): columns cover the group's channels up to
-    64, rows fill 8192 float64 accumulators a program (64 registers a thread at 4 warps); in the interpreter as many
+    64, rows fill 8192 accumulators a program (64 registers a thread at 4 warps in float64); in the interpreter as many
     rows as INTERPRETER_ELEMENTS allows (its cost is per tl op, not per element)."""
     block_n = min(triton.next_power_of_2(geo.COUT_G), 64)
     if interpret:

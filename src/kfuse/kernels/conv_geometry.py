@@ -27,13 +27,18 @@ def dense_k(cin_g: int) -> bool:
 
 # The direct tile (kernels/conv_direct.py): where a group has fewer input channels than this, the convolution runs as
 # a loop over its channels and taps on CUDA cores, from x as it is (no pack) and the weight as it is: per (channel,
-# tap) one load of the tile's pixels and one of its channels' weights, their outer product added to a float64
-# accumulator. A 3-channel 3 x 3 x 3 convolution then does its 81 real products a pixel and channel, not the padded
-# tile's 27 x 16 x 3 fp16 products behind 27 per-tap blocks of address arithmetic.
+# tap) one load of the tile's pixels and one of its channels' weights, their outer product added to the accumulator
+# (fp32 on a GPU, float64 in the interpreter). A 3-channel 3 x 3 x 3 convolution then does its 81 real products a
+# pixel and channel, not the padded tile's 27 x 16 x 3 fp16 products behind 27 per-tap blocks of address
+# arithmetic. 8 channels stay on the GEMM tile:
+# on an H200 the direct tile beat it on a Conv3d of 8 -> 16 channels but lost on the 8 -> 64 Conv2d problems
+# (benchmarks/conv/NOTES.md, "The direct tile").
 DIRECT_BELOW = 8
-# KFUSE_CONV_DIRECT=0 turns the direct tile off (read once, when the module loads). Here, not in runtime.Settings:
-# only conv files carry it. Dense K, where turned on, comes first: it is the explicit choice.
+# KFUSE_CONV_DIRECT (read once, when the module loads; here, not in runtime.Settings: only conv files carry it):
+# "0" turns the direct tile off, "64" sums in float64 on a GPU too (conv.conv_scheme). Dense K, where turned on,
+# comes first: it is the explicit choice.
 DIRECT_ON = os.environ.get("KFUSE_CONV_DIRECT", "1") != "0"
+DIRECT_FP64 = os.environ.get("KFUSE_CONV_DIRECT", "1") == "64"
 
 
 def direct_k(cin_g: int) -> bool:
