@@ -10,7 +10,8 @@
 #   profile  benchmarks/conv/kernel_profile.py at full size on the 3-channel level 2 problems, direct off then on
 #   bench    kfuse bench --baselines eager over the level 2 and level 1 problems with 3 input channels (not
 #            transposed), direct off then on, interleaved problem by problem (the A/B); LEVELS (default "level2
-#            level1") and SETTINGS (default "0 1", KFUSE_CONV_DIRECT's values) narrow it
+#            level1") and SETTINGS (default "0 1", KFUSE_CONV_DIRECT's values) narrow it; BASELINES (default
+#            "eager,eager_strict") picks the baselines
 # OUT gets direct.log (the summary), pytest-direct.log, micro.json, profile-{0,1}.json, bench-{0,1}-<problem>.json.
 set -uo pipefail
 out="${1:?output folder}"; shift || true
@@ -52,7 +53,7 @@ level1=(54_conv_standard_3D__square_input__square_kernel 59_conv_standard_3D__as
                        | grep -v -i transpose); do
                 n=$(basename "$f" .py)
                 for d in ${SETTINGS:-0 1}; do
-                    KFUSE_CONV_DIRECT=$d timeout 120 python3 -m kfuse bench "$f" --baselines eager,eager_strict \
+                    KFUSE_CONV_DIRECT=$d timeout 120 python3 -m kfuse bench "$f" --baselines "${BASELINES:-eager,eager_strict}" \
                         --trials 1 --json "$out/bench-$d-$n.json" > /dev/null 2>&1
                 done
                 python3 - "$out" "$n" <<'PY'
