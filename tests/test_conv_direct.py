@@ -1,4 +1,4 @@
-"""kernels/conv_direct.py (the direct tile for groups of few channels) under the Triton CPU interpreter at odd sizes,
+"""kernels/conv_direct.py (the direct tile for narrow groups) under the Triton CPU interpreter at odd sizes,
 against torch's conv{1,2,3}d in float64, and which convolutions take it (conv_geometry.direct_k, conv.conv_plan)."""
 import os
 
@@ -12,9 +12,9 @@ from kfuse.kernels import conv_geometry as cg  # noqa: E402
 from kfuse.kernels import pooling as pl  # noqa: E402
 from test_conv_kernel import CASES, _check, _inputs  # noqa: E402
 
-# every geometry of test_conv_kernel with fewer than 8 channels a group, and a few of its own: 1 to 7 channels, a
+# every geometry of test_conv_kernel the direct tile takes, and a few of its own: 1 to 7 channels, a
 # column tile wider than the group's channels, rows straddling samples, stride, dilation, 'same', groups
-DIRECT_CASES = {**{c: CASES[c] for c, (xs, ws, *_) in CASES.items() if ws[1] < cg.DIRECT_BELOW},
+DIRECT_CASES = {**{c: CASES[c] for c, (xs, ws, *_, groups) in CASES.items() if cg.direct_k(ws[1], ws[0] // groups)},
                 "2d_7_channels_odd": ((3, 7, 37, 11), (5, 7, 3, 3), 1, 1, 1, 1),
                 "2d_1_channel_strided": ((2, 1, 19, 23), (9, 1, 5, 3), (2, 3), (2, 1), 1, 1),
                 "3d_grouped_dilated": ((2, 6, 7, 6, 5), (4, 3, 2, 3, 3), 1, (1, 2, 0), (2, 1, 2), 2),
@@ -46,8 +46,9 @@ def test_plan_picks_the_direct_tile_for_few_channels(monkeypatch):
     geo, scheme, cfg, ops, _ = cv.conv_plan(x, torch.randn(5, 3, 3, 3), 1, 0, 1, 1)
     assert geo.direct and scheme == "direct64" and ops[0] is x  # x as it is: no pack
     assert ops[1].shape == (5, 27) and cfg == cv.direct_config(geo, True)
-    geo8, scheme8, *_ = cv.conv_plan(torch.randn(2, 8, 9, 8), torch.randn(5, 8, 3, 3), 1, 0, 1, 1)
-    assert not geo8.direct and scheme8 == "fp64"  # 8 channels: the implicit GEMM
+    geo8, scheme8, *_ = cv.conv_plan(torch.randn(2, 8, 9, 8), torch.randn(33, 8, 3, 3), 1, 0, 1, 1)
+    assert not geo8.direct and scheme8 == "fp64"  # 8 x 64 multiply-adds a pixel and tap: the implicit GEMM
+    assert cv.conv_plan(torch.randn(2, 8, 9, 8), torch.randn(32, 8, 3, 3), 1, 0, 1, 1)[0].direct  # 8 x 32
     geo_g, scheme_g, *_ = cv.conv_plan(torch.randn(2, 16, 9, 8), torch.randn(4, 4, 3, 3), 1, 0, 1, 4)
     assert geo_g.direct and scheme_g == "direct64"  # 4 channels a group
     assert cv.conv_plan(x, torch.randn(5, 3, 3, 3), 1, 0, 1, 1, scheme="fp16x3p")[1] == "fp16x3p"  # given: kept

@@ -121,10 +121,11 @@ def test_batchnorm_problem(tmp_path, stem):
 
 
 # Groups of fewer than 8 input channels, in every kind that runs the convolution's tile: the plain epilogue at odd
-# sizes without bias (08), training BatchNorm (32), GroupNorm with a residual (36), a channel min (40), an overlapping
-# max pool (44) and the global average pool's two phases (46); each on the three walks such a group can take
+# sizes without bias (08), training BatchNorm (32), GroupNorm with a residual (36), a softmax over the channels (41),
+# an overlapping max pool (44) and the global average pool's two phases (46); each on the three walks such a group
+# can take
 FEW_CHANNELS = {"08_conv2d_odd_nobias_clamp": "conv_epilogue", "32_conv2d_batchnorm_scale_odd": "conv_batchnorm",
-         "36_conv2d_groupnorm_tanh_residual": "conv_groupnorm", "40_conv2d_wide_scale_channel_min_tanh":
+         "36_conv2d_groupnorm_tanh_residual": "conv_groupnorm", "41_conv3d_batch1_softmax_bias_sigmoid":
          "conv_channel_reduce", "44_conv2d_hardswish_maxpool_overlapping_mish": "conv_pool",
          "46_conv2d_gelu_global_avgpool_scale": "conv_pool"}
 # the environment of each walk, read by the generated file's conv_geometry when it loads: the direct tile (the
@@ -133,8 +134,8 @@ FEW_CHANNELS = {"08_conv2d_odd_nobias_clamp": "conv_epilogue", "32_conv2d_batchn
 WALKS = {"direct": {}, "padded": {"KFUSE_CONV_DIRECT": "0"}, "dense": {"KFUSE_CONV_DENSE": "1"}}
 
 
-def _walk_taken(module, cin_g: int) -> str:
-    return "dense" if module.dense_k(cin_g) else "direct" if module.direct_k(cin_g) else "padded"
+def _walk_taken(module, cin_g: int, cout_g: int) -> str:
+    return "dense" if module.dense_k(cin_g) else "direct" if module.direct_k(cin_g, cout_g) else "padded"
 
 
 @pytest.mark.parametrize("walk", WALKS)
@@ -151,7 +152,7 @@ def test_few_channels_in_every_kind(tmp_path, monkeypatch, stem, walk):
     module = load_module(out)
     anchor = load_problem(path, small(path)).build()
     conv = next(m for m in anchor.modules() if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)))
-    assert _walk_taken(module, conv.in_channels // conv.groups) == walk  # the file ran that walk
+    assert _walk_taken(module, conv.in_channels // conv.groups, conv.out_channels // conv.groups) == walk  # it ran
 
 
 @requires_cuda

@@ -25,15 +25,18 @@ def dense_k(cin_g: int) -> bool:
     return DENSE_ON and cin_g < DENSE_BELOW
 
 
-# The direct tile (kernels/conv_direct.py): where a group has fewer input channels than this, the convolution runs as
-# a loop over its channels and taps on CUDA cores, from x as it is (no pack) and the weight as it is: per (channel,
-# tap) one load of the tile's pixels and one of its channels' weights, their outer product added to the accumulator
-# (fp32 on a GPU, float64 in the interpreter). A 3-channel 3 x 3 x 3 convolution then does its 81 real products a
-# pixel and channel, not the padded tile's 27 x 16 x 3 fp16 products behind 27 per-tap blocks of address
-# arithmetic. 8 channels stay on the GEMM tile:
-# on an H200 the direct tile beat it on a Conv3d of 8 -> 16 channels but lost on the 8 -> 64 Conv2d problems
-# (benchmarks/conv/NOTES.md, "The direct tile").
-DIRECT_BELOW = 8
+# The direct tile (kernels/conv_direct.py): a convolution whose groups are narrow runs as a loop over its channels and
+# taps on CUDA cores, from x as it is (no pack) and the weight as it is: per (channel, tap) one load of the tile's
+# pixels and one of its channels' weights, their outer product added to the accumulator (fp32 on a GPU, float64 in
+# the interpreter). A 3-channel 3 x 3 x 3 convolution then does its 81 real products a pixel and channel, not the
+# padded tile's 27 x 16 x 3 fp16 products behind 27 per-tap blocks of address arithmetic. Its cost grows with the
+# multiply-adds a pixel and tap, CIN_G x COUT_G (COUT_G rounded up to a power of two, as its column tiles), the
+# padded tile's hardly at all at these sizes, so the rule is a bound on that product. On an H200, over a grid of
+# channel counts (benchmarks/conv/direct_grid.py; NOTES.md, "The direct tile") the direct tile won everywhere up to
+# 256 (1.3-12x faster), went either way at 384 and 512 (0.71-1.20x its time; 8 -> 64 lost, as on KernelBench's
+# 8 -> 64 problems) and lost from 768 on (1.09-3.1x). At KernelBench's full sizes: 3 -> 16/24/64 and 8 -> 16 won
+# 1.6-3.8x, 8 -> 32 went either way (0.90x and 1.06x its time).
+DIRECT_WORK = 256
 # KFUSE_CONV_DIRECT (read once, when the module loads; here, not in runtime.Settings: only conv files carry it):
 # "0" turns the direct tile off, "64" sums in float64 on a GPU too (conv.conv_scheme). Dense K, where turned on,
 # comes first: it is the explicit choice.
@@ -41,9 +44,10 @@ DIRECT_ON = os.environ.get("KFUSE_CONV_DIRECT", "1") != "0"
 DIRECT_FP64 = os.environ.get("KFUSE_CONV_DIRECT", "1") == "64"
 
 
-def direct_k(cin_g: int) -> bool:
-    """Does a convolution with `cin_g` input channels a group run on the direct tile (DIRECT_BELOW, DIRECT_ON)?"""
-    return DIRECT_ON and cin_g < DIRECT_BELOW and not dense_k(cin_g)
+def direct_k(cin_g: int, cout_g: int) -> bool:
+    """Does a convolution with `cin_g` input and `cout_g` output channels a group run on the direct tile
+    (DIRECT_WORK, DIRECT_ON)?"""
+    return DIRECT_ON and cin_g * (1 << max(cout_g - 1, 0).bit_length()) <= DIRECT_WORK and not dense_k(cin_g)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +95,8 @@ class ConvGeometry:
 
     @property
     def direct(self) -> bool:
-        """Whether the convolution runs on the direct tile (direct_k): few channels, CUDA cores, no pack."""
-        return direct_k(self.CIN_G)
+        """Whether the convolution runs on the direct tile (direct_k): narrow groups, CUDA cores, no pack."""
+        return direct_k(self.CIN_G, self.COUT_G)
 
 
 def _triple(v, dims: int, fill: int, what: str) -> tuple[int, int, int]:
