@@ -46,9 +46,10 @@ def test_plan_picks_the_direct_tile_for_few_channels(monkeypatch):
     geo, scheme, cfg, ops, _ = cv.conv_plan(x, torch.randn(5, 3, 3, 3), 1, 0, 1, 1)
     assert geo.direct and scheme == "direct64" and ops[0] is x  # x as it is: no pack
     assert ops[1].shape == (5, 27) and cfg == cv.direct_config(geo, True)
-    geo8, scheme8, *_ = cv.conv_plan(torch.randn(2, 8, 9, 8), torch.randn(33, 8, 3, 3), 1, 0, 1, 1)
-    assert not geo8.direct and scheme8 == "fp64"  # 8 x 64 multiply-adds a pixel and tap: the implicit GEMM
-    assert cv.conv_plan(torch.randn(2, 8, 9, 8), torch.randn(32, 8, 3, 3), 1, 0, 1, 1)[0].direct  # 8 x 32
+    geo8, scheme8, *_ = cv.conv_plan(torch.randn(2, 8, 9, 8), torch.randn(5, 8, 3, 3), 1, 0, 1, 1)
+    assert not geo8.direct and scheme8 == "fp64"  # 8 channels: the implicit GEMM
+    assert cv.conv_plan(torch.randn(2, 7, 9, 8), torch.randn(64, 7, 3, 3), 1, 0, 1, 1)[0].direct  # 7 x 64
+    assert not cv.conv_plan(torch.randn(2, 7, 9, 8), torch.randn(65, 7, 3, 3), 1, 0, 1, 1)[0].direct  # 7 x 128
     geo_g, scheme_g, *_ = cv.conv_plan(torch.randn(2, 16, 9, 8), torch.randn(4, 4, 3, 3), 1, 0, 1, 4)
     assert geo_g.direct and scheme_g == "direct64"  # 4 channels a group
     assert cv.conv_plan(x, torch.randn(5, 3, 3, 3), 1, 0, 1, 1, scheme="fp16x3p")[1] == "fp16x3p"  # given: kept

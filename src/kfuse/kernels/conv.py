@@ -25,8 +25,9 @@ work by 16 / CIN_G, and each tap is then one 16-deep K block: such convolutions 
 a group of fewer than DENSE_BELOW channels is packed as im2col rows instead (pack_im2col: per output pixel and group
 its taps * CIN_G values, zeros past them to a multiple of DENSE_K_ALIGN), so the tile is a plain GEMM over them:
 unmasked, contiguous K blocks and no per-tap bounds checks, for a write and a read of those rows. The direct tile
-(direct_k, on unless KFUSE_CONV_DIRECT=0; dense K where turned on comes first): a narrow group (CIN_G x COUT_G at most
-DIRECT_WORK) skips the pack and the tensor cores, a loop over its channels and taps on CUDA cores (conv_direct.py).
+(direct_k, on unless KFUSE_CONV_DIRECT=0; dense K where turned on comes first): a narrow group (fewer than
+DIRECT_BELOW input channels, CIN_G x COUT_G at most DIRECT_WORK) skips the pack and the tensor cores, a loop over its
+channels and taps on CUDA cores (kernels/conv_direct.py).
 
 Precision: the scheme comes from the same switch as the GEMM's (conv_scheme -> runtime.scheme_for):
   "fp16x3p" on a GPU: the fp16 hi/lo split of kernels/gemm_core.py. The weight is split once per version

@@ -1,7 +1,7 @@
 """The direct convolution tile: a loop over a group's input channels and the kernel's taps on CUDA cores, no tl.dot.
 
-For narrow groups (conv_geometry.direct_k: input x output channels a group at most 256; depthwise convolutions are
-the case of one input channel).
+For narrow groups (conv_geometry.direct_k: fewer than 8 input channels, input x output channels a group at most 512;
+depthwise convolutions are the case of one input channel).
 One program owns BLOCK_M output pixels and BLOCK_N output channels of group g. For each tap and input channel it
 loads the (BLOCK_M,) input values that tap reads (contiguous along the output pixels at stride 1, masked to zero
 outside the input: the zero padding) and the (BLOCK_N,) weights, and adds their outer product to the accumulator.

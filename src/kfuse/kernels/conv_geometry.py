@@ -31,12 +31,15 @@ def dense_k(cin_g: int) -> bool:
 # the interpreter). A 3-channel 3 x 3 x 3 convolution then does its 81 real products a pixel and channel, not the
 # padded tile's 27 x 16 x 3 fp16 products behind 27 per-tap blocks of address arithmetic. Its cost grows with the
 # multiply-adds a pixel and tap, CIN_G x COUT_G (COUT_G rounded up to a power of two, as its column tiles), the
-# padded tile's hardly at all at these sizes, so the rule is a bound on that product. On an H200, over a grid of
-# channel counts (benchmarks/conv/direct_grid.py; NOTES.md, "The direct tile") the direct tile won everywhere up to
-# 256 (1.3-12x faster), went either way at 384 and 512 (0.71-1.20x its time; 8 -> 64 lost, as on KernelBench's
-# 8 -> 64 problems) and lost from 768 on (1.09-3.1x). At KernelBench's full sizes: 3 -> 16/24/64 and 8 -> 16 won
-# 1.6-3.8x, 8 -> 32 went either way (0.90x and 1.06x its time).
-DIRECT_WORK = 256
+# padded tile's hardly at all at these sizes. On an H200, over a grid of channel counts (benchmarks/conv/
+# direct_grid.py; NOTES.md, "The direct tile") the direct tile won everywhere up to 256 (1.3-12x faster), went either
+# way at 384 and 512 (0.71-1.20x its time) and lost from 768 on (1.09-3.1x); at KernelBench's full sizes its
+# convolution alone won 1.6-3.8x on 3 -> 16/24/64 channels and 8 -> 16. But a whole problem of 8 channels a group
+# lost: level 2 problem 8 (8 -> 16, a pool after the conv) took 5.63 ms against the GEMM tile's 4.5, 7 (8 -> 32)
+# 5.75 against eager's 5.43. So the direct tile takes groups of fewer than DIRECT_BELOW channels whose product is at
+# most DIRECT_WORK (3 -> 128 and 6 -> 64 in, 6 -> 128 out).
+DIRECT_BELOW = 8
+DIRECT_WORK = 512
 # KFUSE_CONV_DIRECT (read once, when the module loads; here, not in runtime.Settings: only conv files carry it):
 # "0" turns the direct tile off, "64" sums in float64 on a GPU too (conv.conv_scheme). Dense K, where turned on,
 # comes first: it is the explicit choice.
@@ -46,8 +49,9 @@ DIRECT_FP64 = os.environ.get("KFUSE_CONV_DIRECT", "1") == "64"
 
 def direct_k(cin_g: int, cout_g: int) -> bool:
     """Does a convolution with `cin_g` input and `cout_g` output channels a group run on the direct tile
-    (DIRECT_WORK, DIRECT_ON)?"""
-    return DIRECT_ON and cin_g * (1 << max(cout_g - 1, 0).bit_length()) <= DIRECT_WORK and not dense_k(cin_g)
+    (DIRECT_BELOW, DIRECT_WORK, DIRECT_ON)?"""
+    work = cin_g * (1 << max(cout_g - 1, 0).bit_length())
+    return DIRECT_ON and cin_g < DIRECT_BELOW and work <= DIRECT_WORK and not dense_k(cin_g)
 
 
 @dataclasses.dataclass(frozen=True)
