@@ -41,16 +41,7 @@ profiled=(23_Conv3d_GroupNorm_Mean 83_Conv3d_GroupNorm_Min_Clamp_Dropout 24_Conv
                     KFUSE_CONV_DENSE=$d timeout 120 python3 -m kfuse bench "$f" --baselines eager --trials 1 \
                         --json "$out/bench-$d-$n.json" > /dev/null 2>&1
                 done
-                python3 - "$out" "$n" <<'PY'
-import json, sys
-def one(d):
-    try:
-        r = json.load(open(f"{sys.argv[1]}/bench-{d}-{sys.argv[2]}.json"))["results"][0]
-        return f"{r['kfuse_ms']:.3f} ms ({r['speedup_vs_eager']:.2f}x, correct {r['correct']})"
-    except (OSError, KeyError, IndexError, TypeError, ValueError) as err:
-        return f"failed ({type(err).__name__})"
-print(f"{sys.argv[2]:55} padded {one(0)}  dense {one(1)}")
-PY
+                python3 benchmarks/conv/ab_line.py "$out" "$n" padded=0 dense=1
             done;;
         *) echo "unknown step $step";;
         esac

@@ -56,16 +56,7 @@ level1=(54_conv_standard_3D__square_input__square_kernel 59_conv_standard_3D__as
                     KFUSE_CONV_DIRECT=$d timeout 120 python3 -m kfuse bench "$f" --baselines "${BASELINES:-eager,eager_strict}" \
                         --trials 1 --json "$out/bench-$d-$n.json" > /dev/null 2>&1
                 done
-                python3 - "$out" "$n" <<'PY'
-import json, sys
-def one(d):
-    try:
-        r = json.load(open(f"{sys.argv[1]}/bench-{d}-{sys.argv[2]}.json"))["results"][0]
-        return f"{r['kfuse_ms']:.3f} ms ({r['speedup_vs_eager']:.2f}x, correct {r['correct']})"
-    except (OSError, KeyError, IndexError, TypeError, ValueError) as err:
-        return f"failed ({type(err).__name__})"
-print(f"{sys.argv[2]:55} padded {one(0)}  direct {one(1)}  float64 direct {one(64)}")
-PY
+                python3 benchmarks/conv/ab_line.py "$out" "$n" padded=0 direct=1 "float64 direct=64"
             done;;
         *) echo "unknown step $step";;
         esac
