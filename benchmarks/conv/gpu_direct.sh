@@ -16,10 +16,7 @@
 set -uo pipefail
 out="${1:?output folder}"; shift || true
 steps=("$@"); [ ${#steps[@]} -gt 0 ] || steps=(tests micro profile)
-export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 KFUSE_CACHE_DIR="${KFUSE_CACHE_DIR:-$PWD/.kfuse-cache}" TRITON_INTERPRET=0
-kb="${KB:-../shared/kernelbench}"
-for d in ../shared/kernelbench kb; do [ -d "$kb/level2" ] || kb=$d; done
-mkdir -p "$out"
+source benchmarks/conv/gpu_env.sh
 three=(23_Conv3d_GroupNorm_Mean 83_Conv3d_GroupNorm_Min_Clamp_Dropout 24_Conv3d_Min_Softmax
        6_Conv3d_Softmax_MaxPool_MaxPool 79_Conv3d_Multiply_InstanceNorm_Clamp_Multiply_Max
        27_Conv3d_HardSwish_GroupNorm_Mean 48_Conv3d_Scaling_Tanh_Multiply_Sigmoid)
