@@ -73,21 +73,33 @@ def test_direct_configs_and_candidates():
 
 
 @pytest.mark.parametrize("mode", ["max", "avg", "mean"])
-def test_direct_tile_under_a_pool(mode):
-    """The pool kind's rows are pooled pixels (conv_tile_at at any pixel), the mean's partials per sample: the
-    direct tile under both, against float64 (several row tiles: cfg)."""
+def test_pools_after_a_narrow_conv(mode):
+    """A global mean's partials (per sample: conv_mean_forward, on conv_plan) run the direct tile; a windowed pool's
+    rows (conv_pool_plan: conv_tile_at at pooled pixels) keep the implicit GEMM. Both against float64 (several row
+    tiles: cfg)."""
     x, w, b = _inputs((2, 3, 11, 13), (6, 3, 3, 3), 4)
     assert cg.conv_geometry(tuple(x.shape), tuple(w.shape), 1, 1, 1, 1).direct
     cfg = cv.ConvConfig(16, 8, 16, 4, 1)
     if mode == "mean":
+        assert cv.conv_plan(x, w, 1, 1, 1, 1)[1] == "direct64"
         out = pl.conv_mean_forward(x, w, b, 1, 1, 1, 1, cfg=cfg, blocks=(2, 2))
     else:
+        assert pl.conv_pool_plan(x, w, 1, 1, 1, 1, 3, 2, 1, 1, False)[2] == "fp64"  # the GEMM tile's scheme here
         out = pl.conv_pool_forward(x, w, b, 1, 1, 1, 1, mode, 3, 2, 1, cfg=cfg)
     kw = {"kernel_size": None} if mode == "mean" else {"kernel_size": 3, "pool_stride": 2, "pool_padding": 1}
     ref = pl.conv_pool_ref(x.double(), w.double(), b.double(), 1, 1, 1, 1, mode, **kw)
     eager = pl.conv_pool_ref(x, w, b, 1, 1, 1, 1, mode, **kw)
     assert out.shape == ref.shape
     assert (out.double() - ref).abs().max().item() <= 2 * (eager.double() - ref).abs().max().item() + 1e-7
+
+
+def test_direct_tile_at_pooled_pixels():
+    """conv_tile_at's direct branch at arbitrary pixels (a pooling kind's rows), given the scheme explicitly."""
+    x, w, b = _inputs((2, 3, 11, 13), (6, 3, 3, 3), 6)
+    cfg = cv.ConvConfig(16, 8, 16, 4, 1)
+    out = pl.conv_pool_forward(x, w, b, 1, 1, 1, 1, "max", 2, 2, 0, scheme="direct64", cfg=cfg)
+    ref = pl.conv_pool_ref(x.double(), w.double(), b.double(), 1, 1, 1, 1, "max", 2, 2, 0)
+    assert (out.double() - ref).abs().max().item() < 1e-6
 
 
 @pytest.mark.gpu

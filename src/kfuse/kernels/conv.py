@@ -115,12 +115,13 @@ def conv_operands(x: torch.Tensor, weight: torch.Tensor, geo: ConvGeometry, sche
 
 
 def conv_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int,
-              scheme: str | None = None) -> tuple:
+              scheme: str | None = None, direct: bool = True) -> tuple:
     """(geo, scheme, cfg, ops, sizes) for one launch of a conv_tile kernel on contiguous x: its geometry, scheme
-    (conv_scheme unless given), tile config (conv_config), operand tensors and size arguments (conv_tile's order).
-    A parameter's packed weight is cached (cached_conv_weight); any other weight is packed on every call."""
+    (conv_scheme unless given; `direct=False`: never the direct tile), tile config (conv_config), operand tensors and
+    size arguments (conv_tile's order). A parameter's packed weight is cached (cached_conv_weight); any other weight
+    is packed on every call."""
     geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
-    scheme = scheme or conv_scheme(x, geo)
+    scheme = scheme or conv_scheme(x, geo if direct else None)
     cfg = conv_config(geo, scheme, SETTINGS.interpret)
     *ops, stride_wn = conv_operands(x, weight, geo, scheme, cached=isinstance(weight, torch.nn.Parameter))
     return geo, scheme, cfg, tuple(ops), (stride_wn, *geo.args())

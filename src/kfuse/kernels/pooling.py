@@ -94,8 +94,12 @@ def pool_config(geo: ConvGeometry, rows: int, scheme: str):
 def conv_pool_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int, kernel_size,
                    pool_stride, pool_padding, pool_dilation, ceil_mode: bool, scheme: str | None = None) -> tuple:
     """(geo, pool, scheme, cfg, ops, sizes) of a windowed conv-pool launch: conv_plan's, the pool's geometry, and
-    the tile config sized by the pooled pixels."""
-    geo, scheme, _, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups, scheme)
+    the tile config sized by the pooled pixels. Always the implicit GEMM, never the direct tile: nested in the
+    window's loop the direct loops spilled in every 4-warp sm_90 build tried (512 x 16: 776 bytes; 128 x 16: 44), and
+    on an H200 level 2 problem 8 (8 -> 16 channels, a max pool then a mean) ran 5.63 ms on it against 4.5 on the
+    GEMM tile (benchmarks/conv/NOTES.md, "Which groups take the direct tile"). A global mean's partials (conv_plan)
+    have no window loop and take it."""
+    geo, scheme, _, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups, scheme, direct=False)
     pool = pool_geometry(geo, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode)
     return geo, pool, scheme, pool_config(geo, pool.M, scheme), ops, sizes
 
