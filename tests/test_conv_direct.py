@@ -10,7 +10,7 @@ import torch  # noqa: E402
 from kfuse.kernels import conv as cv  # noqa: E402
 from kfuse.kernels import conv_geometry as cg  # noqa: E402
 from kfuse.kernels import pooling as pl  # noqa: E402
-from test_conv_kernel import CASES, _check, _inputs  # noqa: E402
+from test_conv_kernel import CASES, _check, _inputs, compile_sm90  # noqa: E402
 
 # every geometry of test_conv_kernel the direct tile takes, and a few of its own: 1 to 7 channels, a
 # column tile wider than the group's channels, rows straddling samples, stride, dilation, 'same', groups
@@ -100,6 +100,15 @@ def test_direct_tile_at_pooled_pixels():
     out = pl.conv_pool_forward(x, w, b, 1, 1, 1, 1, "max", 2, 2, 0, scheme="direct64", cfg=cfg)
     ref = pl.conv_pool_ref(x.double(), w.double(), b.double(), 1, 1, 1, 1, "max", 2, 2, 0)
     assert (out.double() - ref).abs().max().item() < 1e-6
+
+
+@pytest.mark.parametrize("scheme", cv.DIRECT_SCHEMES)
+def test_direct_compiles_for_sm90(scheme):
+    """The direct tile's default config at KernelBench level 2 problem 23's geometry (3 -> 24 channels, 3 x 3 x 3)
+    lowers for sm_90 and fits without a spill (Triton's bundled ptxas, no GPU)."""
+    geo = cg.conv_geometry((128, 3, 24, 32, 32), (24, 3, 3, 3, 3), 1, 0, 1, 1)
+    build = compile_sm90("kfuse.kernels.conv", "conv_bias_kernel", scheme, cv.conv_config(geo, scheme, False))
+    assert build["spill"] == 0, build
 
 
 @pytest.mark.gpu
