@@ -9,7 +9,17 @@ import time
 import torch
 from typer.testing import CliRunner
 
-from kfuse.autosize import Budget, Cost, _time_left, choose_sizes, describe, halve, meta_cost, size_constants
+from kfuse.autosize import (
+    Budget,
+    Cost,
+    _time_left,
+    choose_sizes,
+    conv_structure,
+    describe,
+    halve,
+    meta_cost,
+    size_constants,
+)
 from kfuse.cli import app
 from kfuse.load import load_problem
 
@@ -66,6 +76,33 @@ def get_inputs():
 
 def get_init_inputs():
     return [in_channels, out_channels, kernel_size, stride, groups]
+'''
+
+# A grouped transposed convolution (KernelBench level 1 problem 72's shape): 32 channels in 4 groups. Halved to 4
+# channels it would be depthwise, another problem for kfuse (conv_structure).
+GROUPED = HEADER + '''
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, groups):
+        super().__init__()
+        self.conv = nn.ConvTranspose3d(in_channels, out_channels, (3, 5, 7), stride=(2, 2, 2), groups=groups)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+batch_size = 8
+in_channels = 32
+out_channels = 32
+depth, height, width = 12, 24, 48
+groups = 4
+
+
+def get_inputs():
+    return [torch.rand(batch_size, in_channels, depth, height, width)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels, groups]
 '''
 
 # LayerNorm over 2 * length features: `features` and `length` only shrink together (halved at once).
@@ -201,6 +238,13 @@ def test_structural_constants_are_kept(tmp_path):
     chosen, consts = small(write(tmp_path, CONV))
     assert (consts["kernel_size"], consts["stride"], consts["groups"], consts["in_channels"]) == (3, 2, 3, 3)
     assert consts["height"] < 1024 and consts["width"] < 512 and "kernel_size" not in chosen
+
+
+def test_grouped_convolutions_stay_grouped(tmp_path):
+    """Halving stops short of one channel a group: 32 in 4 groups goes to 8, not to a depthwise 4 in 4."""
+    chosen, consts = small(write(tmp_path, GROUPED))
+    assert consts["in_channels"] // consts["groups"] >= 2 and consts["out_channels"] < 32, describe(chosen)
+    assert conv_structure(write(tmp_path, GROUPED, "full").build(device="meta")) == (False,)
 
 
 def test_coupled_sizes_shrink_together(tmp_path):

@@ -11,9 +11,10 @@ kernels run in Triton's interpreter, kfuse needs the same model at a size that r
   (kernel_size, stride, padding, groups, heads, ...).
 - search: the largest constants are halved (all those within 2x of the largest at once, several times at once
   while the cost is far over budget), each candidate measured on the meta device: no memory, no random init.
-  A candidate whose file, constructor, inputs or forward raises is rejected; then every constant is halved at
-  once (that keeps ratios such as `out_channels == 2 * width`), and after that one at a time, a constant that
-  breaks the model keeping its last size. It stops once every tensor the forward makes, its parameters and
+  A candidate whose file, constructor, inputs or forward raises is rejected, and so is one that makes a grouped
+  convolution depthwise (conv_structure); then every constant is halved at once (that keeps ratios such as
+  `out_channels == 2 * width`), and after that one at a time, a constant that breaks the model keeping its last
+  size. It stops once every tensor the forward makes, its parameters and
   inputs, and its flops fit `Budget`, or nothing is left to halve.
 - confirm: the chosen candidate runs once for real on the CPU; where that raises, the previous (larger) ones are
   tried; where it is still slow, it is halved further with real runs. A forward that cannot run on meta (it
@@ -227,11 +228,32 @@ def real_cost(problem: Problem, budget: Budget) -> Cost:
     return Cost(seconds=seconds)
 
 
-def _measure(problem: Problem, state: State, how: str, budget: Budget) -> Cost | None:
-    """The candidate's cost, or None where it is broken (the file, constructor, inputs or forward raise).
-    `how`: "meta" (a forward on meta), "static" (parameters and inputs on meta, no forward) or "real"."""
+def conv_structure(model: torch.nn.Module) -> tuple[bool, ...]:
+    """Which convolutions of `model` (in module order) have one input channel a group. Halving the channels of a
+    grouped convolution down to one a group makes it depthwise, which kfuse runs on another tile or, transposed,
+    leaves to torch (regions/conv_common.depthwise): the small instance would stand for another problem (KernelBench
+    level 1 problem 72, 32 channels in 4 groups, came out as 4 in 4, and its convolution was left unfused)."""
+    return tuple(m.groups > 1 and m.in_channels // m.groups == 1 for m in model.modules()
+                 if isinstance(m, torch.nn.modules.conv._ConvNd))
+
+
+def _structure(problem: Problem) -> tuple[bool, ...] | None:
+    """conv_structure of the file's own model on meta; None where it cannot be built there."""
+    try:
+        return conv_structure(problem.build(device="meta"))
+    except Exception:  # noqa: BLE001 - a constructor that cannot run on meta: no structure to keep
+        return None
+
+
+def _measure(problem: Problem, state: State, how: str, budget: Budget,
+             structure: tuple[bool, ...] | None = None) -> Cost | None:
+    """The candidate's cost, or None where it is broken (the file, constructor, inputs or forward raise) or, given
+    the file's `structure`, changes it (conv_structure). `how`: "meta" (a forward on meta), "static" (parameters and
+    inputs on meta, no forward) or "real"."""
     try:
         candidate = problem.with_overrides(state)
+        if structure is not None and conv_structure(candidate.build(device="meta")) != structure:
+            return None
         return real_cost(candidate, budget) if how == "real" else meta_cost(candidate, budget, how == "meta")
     except Exception:  # noqa: BLE001 - a broken candidate is rejected, whatever it raised
         return None
@@ -269,6 +291,7 @@ class _Memory:
     failed: list[State] = field(default_factory=list)
     frozen: set[str] = field(default_factory=set)
     mode: str = "group"  # the largest constants and those within 2x of them; then "all" at once; then "single"
+    structure: tuple[bool, ...] | None = None  # the file's conv_structure, which every candidate keeps
 
 
 def _search(problem: Problem, start: State, cost: Cost, how: str, budget: Budget, tries: int,
@@ -291,7 +314,7 @@ def _search(problem: Problem, start: State, cost: Cost, how: str, budget: Budget
         new = None
         if trial not in memory.failed:
             tries -= 1
-            new = _measure(problem, trial, how, budget)
+            new = _measure(problem, trial, how, budget, memory.structure)
             memory.failed += [trial] if new is None else []
         if new is not None:
             history.append((trial, new))
@@ -311,7 +334,7 @@ def _confirm(problem: Problem, history: list[tuple[State, Cost]], budget: Budget
     one raises, the smallest: the error shows fast."""
     deadline = time.perf_counter() + budget.search_seconds
     for state, _ in reversed((history[1:] or history)[-budget.real_tries:]):
-        cost = _measure(problem, state, "real", budget)
+        cost = _measure(problem, state, "real", budget, memory.structure)
         if cost is not None:
             return _search(problem, state, cost, "real", budget, budget.real_tries, memory)[-1][0]
         memory.failed.append(state)
@@ -370,7 +393,7 @@ def choose_sizes(problem: Problem, budget: Budget = Budget()) -> State:
     sizes = size_constants(problem)
     if not sizes:
         return {}
-    memory = _Memory()
+    memory = _Memory(structure=_structure(problem))
     for how in ("meta", "static"):  # a forward that cannot run on meta (reads values, or raises): sized by its tensors
         base = _measure(problem, sizes, how, budget)
         if base is not None:
