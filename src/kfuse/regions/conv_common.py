@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kfuse.ir import Arg, Graph, Node, Param, Scalar
+from kfuse.kernels.conv_geometry import direct_k
 from kfuse.ops import CONV_OPS, TRANSPOSED_GEOMETRY, conv_geometry_code
 from kfuse.regions.common import (
     Decl,
@@ -140,6 +141,17 @@ def joins_after_norm(walk: Walk, n: Node, norm_ops: tuple[str, ...], norm_input:
     return pointwise_with(n, lambda a: channel_operand(a, shape, readable))
 
 
+# conv_cost's (how the products are computed, x's reads, what is said of x) where the direct tile runs
+DIRECT_COST = ("fp32 products and sums on CUDA cores on a GPU: the direct tile", 1, "x read once, as it is")
+
+
+def runs_direct(anchor: Node) -> bool:
+    """Does the convolution run on the direct tile at the problem's shape (kernels/conv_geometry.direct_k; not
+    transposed)? The generated file decides at run time, from the shape it is called with."""
+    groups = anchor.attrs.get("groups", 1)
+    return anchor.op in CONV_OPS and direct_k(anchor.args[1].shape[1], anchor.shape[1] // groups)
+
+
 def conv_cost(anchor: Node, g: Graph, outs: int) -> str:
     """What the region's kernel moves and computes at the problem's shape (fp32 x and outputs, fp16 hi + lo W)."""
     x_numel = numel(g.shape_of(anchor.args[0]))
@@ -152,6 +164,8 @@ def conv_cost(anchor: Node, g: Graph, outs: int) -> str:
     plural = "s" if outs > 1 else ""
     if form_of(anchor) is DEPTHWISE:
         how, x_reads, x_text = "exact products summed in float64", 1, "x read once"
+    elif runs_direct(anchor):
+        how, x_reads, x_text = DIRECT_COST
     else:  # x packed first (kernels/conv.py pack_input): read twice, its packed copy written and read once
         how, x_reads = "three fp16 products of each on a GPU", 4
         x_text = "x read twice and packed, the copy written and read once: more where channels pad to 16"
