@@ -99,14 +99,20 @@ def conv_scheme(x: torch.Tensor, geo: ConvGeometry | None = None) -> str:
     return scheme_for(GEMM_SCHEME, compiled) if compiled else "fp64"
 
 
+def direct_operands(x: torch.Tensor, weight: torch.Tensor) -> tuple:
+    """(x, w, w, x, x, stride_wn) for the direct tile (kernels/conv_direct.py): x as it is and the weight as
+    (C_out, CIN_G * taps), its own layout (a view of a contiguous fp32 weight); unused pointers repeat x or w."""
+    w2 = weight.detach().reshape(weight.shape[0], -1).float().contiguous()
+    return x, w2, w2, x, x, w2.stride(0)
+
+
 def conv_operands(x: torch.Tensor, weight: torch.Tensor, geo: ConvGeometry, scheme: str,
                   cached: bool = True) -> tuple:
     """(x, w, w_lo, w_scale, x_scale, stride_wn): what conv_tile reads under `scheme`, packed (pack_input, or
     pack_im2col for dense K; weight_parts: the weight's parts cached for a parameter). Unused pointers repeat x.
-    The direct tile reads x as it is and the weight as (C_out, CIN_G * taps): its own layout, a view."""
+    The direct tile reads x and the weight as they are (direct_operands)."""
     if scheme in DIRECT_SCHEMES:
-        w2 = weight.detach().reshape(weight.shape[0], -1).float().contiguous()
-        return x, w2, w2, x, x, w2.stride(0)
+        return direct_operands(x, weight)
     split, dense = scheme == "fp16x3p", geo.dense
     xp, x_scale = pack_im2col(x, geo, split) if dense else pack_input(x, geo.groups, split)
     w, w_lo, w_scale, stride_wn = (cached_conv_weight(weight, scheme, dense) if cached

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.conv import ConvConfig, conv_grid, conv_ref, conv_tile_ids, store_with_bias
+from kfuse.kernels.conv import ConvConfig, conv_grid, conv_ref, conv_tile_ids, direct_operands, store_with_bias
 from kfuse.kernels.conv_direct import conv_direct_at
 from kfuse.kernels.conv_geometry import ConvGeometry, conv_geometry
 from kfuse.kernels.conv_pack import INTERPRETER_ELEMENTS
@@ -63,9 +63,9 @@ def depthwise_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilat
     geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
     if geo.CIN_G != 1:
         raise ValueError(f"depthwise conv: {geo.C_in} input channels in {groups} groups")
-    w2 = weight.detach().reshape(weight.shape[0], -1).float().contiguous()
+    *ops, stride_wn = direct_operands(x, weight)
     cfg = depthwise_config(geo, SETTINGS.interpret)
-    return geo, scheme or depthwise_scheme(x), cfg, (x, w2, w2, x, x), (w2.stride(0), *geo.args())
+    return geo, scheme or depthwise_scheme(x), cfg, tuple(ops), (stride_wn, *geo.args())
 
 
 @triton.jit
