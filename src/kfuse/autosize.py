@@ -192,10 +192,23 @@ def _numel(tensors: Any) -> int:
     return sum(t.numel() for t in tensors if isinstance(t, torch.Tensor))  # a forward may take numbers too
 
 
-def meta_cost(problem: Problem, budget: Budget, forward: bool = True) -> Cost:
+def conv_structure(model: torch.nn.Module) -> tuple[bool, ...]:
+    """Which convolutions of `model` (in module order) have one input channel a group. Halving the channels of a
+    grouped convolution down to one a group makes it depthwise, which kfuse runs on another tile or, transposed,
+    leaves to torch (regions/conv_common.depthwise): the small instance would stand for another problem (KernelBench
+    level 1 problem 72, 32 channels in 4 groups, came out as 4 in 4, and its convolution was left unfused)."""
+    return tuple(m.groups > 1 and m.in_channels // m.groups == 1 for m in model.modules()
+                 if isinstance(m, torch.nn.modules.conv._ConvNd))
+
+
+def meta_cost(problem: Problem, budget: Budget, forward: bool = True,
+              structure: tuple[bool, ...] | None = None) -> Cost:
     """Elements and flops of one forward on the meta device (without `forward`: of the parameters and inputs
-    alone); raises whatever the model raises."""
+    alone); raises whatever the model raises, and ValueError where the model's conv_structure is not `structure`
+    (given)."""
     model = problem.build(device="meta")
+    if structure is not None and conv_structure(model) != structure:
+        raise ValueError("autosize: the candidate turns a grouped convolution depthwise")
     inputs = problem.inputs(device="meta")
     fixed = _numel(model.parameters()) + _numel(model.buffers()) + _numel(inputs)
     if not forward:
@@ -228,15 +241,6 @@ def real_cost(problem: Problem, budget: Budget) -> Cost:
     return Cost(seconds=seconds)
 
 
-def conv_structure(model: torch.nn.Module) -> tuple[bool, ...]:
-    """Which convolutions of `model` (in module order) have one input channel a group. Halving the channels of a
-    grouped convolution down to one a group makes it depthwise, which kfuse runs on another tile or, transposed,
-    leaves to torch (regions/conv_common.depthwise): the small instance would stand for another problem (KernelBench
-    level 1 problem 72, 32 channels in 4 groups, came out as 4 in 4, and its convolution was left unfused)."""
-    return tuple(m.groups > 1 and m.in_channels // m.groups == 1 for m in model.modules()
-                 if isinstance(m, torch.nn.modules.conv._ConvNd))
-
-
 def _structure(problem: Problem) -> tuple[bool, ...] | None:
     """conv_structure of the file's own model on meta; None where it cannot be built there."""
     try:
@@ -252,9 +256,11 @@ def _measure(problem: Problem, state: State, how: str, budget: Budget,
     inputs on meta, no forward) or "real"."""
     try:
         candidate = problem.with_overrides(state)
+        if how != "real":  # the structure is checked on the meta model meta_cost builds anyway
+            return meta_cost(candidate, budget, how == "meta", structure)
         if structure is not None and conv_structure(candidate.build(device="meta")) != structure:
             return None
-        return real_cost(candidate, budget) if how == "real" else meta_cost(candidate, budget, how == "meta")
+        return real_cost(candidate, budget)
     except Exception:  # noqa: BLE001 - a broken candidate is rejected, whatever it raised
         return None
 
