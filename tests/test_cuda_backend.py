@@ -193,7 +193,7 @@ def check_emitted(source: str) -> None:
     globals_ = set(re.findall(r"__global__ void (?:__launch_bounds__\(\w+\) )?(\w+)\(", cu))
     for kernel in re.findall(r"(\w+)(?:<[^<>;]*>)?<<<", cu):  # every launched kernel is defined
         assert kernel in globals_ or re.search(rf"auto {kernel} = (\w+)<", cu), kernel
-    for struct in re.findall(r"\b(Epi_\w+) epi;", cu):
+    for struct in re.findall(r"\b((?:Epi|Conv)_\w+) epi;", cu):
         assert re.search(rf"^struct {struct} \{{", cu, flags=re.M), struct
     classes = [c for c in re.findall(r"^class (\w+Fn)\((?:CudaGemmFn|CudaProductFn|CudaRecomputeFn)\):", source,
                                      flags=re.M) if c != "CudaProductFn"]  # the regions' classes, not the runtime's
@@ -351,29 +351,33 @@ def test_every_kind_problem_has_one_region_of_each_kind(tmp_path):
                                                 "gemm_rowreduce", "gemm_rowsum"] and not v.unfused
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
-def test_cpp_glue_compiles_against_torch_headers(tmp_path):
-    """The C++ translation unit and the bindings load_inline adds, syntax-checked by g++ against this torch's
-    headers (the CUDA toolkit's runtime header where installed; a CPU-only torch lacks one generated c10 header,
-    stubbed here): one file with a region of every kind."""
-    compiled = compile_cuda(write_problem(tmp_path, *EVERY_KIND, name="every_kind"))
-    ns = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(compiled.source).body
-          if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id in
-          ("CPP_SRC", "CUDA_FUNCTIONS")}
-    binds = "\n".join(f'm.def("{f}", torch::wrap_pybind_function({f}), "{f}");' for f in ns["CUDA_FUNCTIONS"])
-    (tmp_path / "main.cpp").write_text(ns["CPP_SRC"] + "\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n" + binds
-                                       + "\n}\n")
-    stub = tmp_path / "stub" / "c10" / "cuda" / "impl"
-    stub.mkdir(parents=True)
+def cpp_syntax_errors(cpp: str, functions, folder: Path) -> str:
+    """g++'s errors (empty where none) on the C++ translation unit `cpp` and the bindings load_inline adds for
+    `functions`, syntax-checked against this torch's headers (the CUDA toolkit's runtime header where installed; a
+    CPU-only torch lacks one generated c10 header, stubbed here)."""
+    binds = "\n".join(f'm.def("{f}", torch::wrap_pybind_function({f}), "{f}");' for f in functions)
+    (folder / "main.cpp").write_text(cpp + "\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n" + binds + "\n}\n")
+    stub = folder / "stub" / "c10" / "cuda" / "impl"
+    stub.mkdir(parents=True, exist_ok=True)
     (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
     cuda_inc = [f"-isystem{p}" for p in ("/usr/local/cuda/include",) if os.path.isdir(p)]
     if not cuda_inc and not Path("/usr/include/cuda_runtime_api.h").exists():
         pytest.skip("no CUDA runtime header")
     incs = [f"-isystem{p}" for p in _torch_includes()] + cuda_inc + [f"-isystem{sysconfig.get_paths()['include']}"]
     r = subprocess.run(["g++", "-fsyntax-only", "-std=c++20", "-Wall", "-Wextra", "-Werror", "-I",
-                        str(tmp_path / "stub"), *incs, "-DTORCH_EXTENSION_NAME=kf_check", "main.cpp"], cwd=tmp_path,
+                        str(folder / "stub"), *incs, "-DTORCH_EXTENSION_NAME=kf_check", "main.cpp"], cwd=folder,
                        capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-4000:]
+    return "" if r.returncode == 0 else r.stderr[-4000:] or f"g++ exit {r.returncode}"
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_cpp_glue_compiles_against_torch_headers(tmp_path):
+    """The C++ translation unit of one file with a region of every kind, and its bindings."""
+    compiled = compile_cuda(write_problem(tmp_path, *EVERY_KIND, name="every_kind"))
+    ns = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(compiled.source).body
+          if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id in
+          ("CPP_SRC", "CUDA_FUNCTIONS")}
+    assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
 
 
 # ---- runtime -----------------------------------------------------------------------------------------------------

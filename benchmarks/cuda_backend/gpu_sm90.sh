@@ -25,6 +25,12 @@
 #           time, then tests/test_cuda_products.py's GPU tests, then kfuse bench of four of them with each backend
 #   variants  tile, cluster and promotion variants of the Hopper GEMM on seed 12 (sm90_variants.py)
 #   wmma    kfuse bench of seed 12 with KFUSE_CUDA_SM90=0 (the WMMA tile; the A/B against the Hopper kernel)
+#   conv    the convolution kind (kfuse/cuda/conv.py): kfuse optimize --backend cuda of the problems/conv files it
+#           takes whole (tests/test_cuda_conv.py's PLAIN), 8 at a time, then that file's GPU tests, then seed 12 with
+#           KFUSE_CUDA_SM90=0 (the WMMA GEMM, whose mainloop the conv tile shares)
+#   convkb  KernelBench level 2's convolutions the kind takes with everything after them (CONVKB, default 1 4 47 54
+#           87 90; KB2: a folder of its level-2 files, default kb/level2, carried), full size, 4 at a time, then
+#           kfuse bench of them with each backend
 # CUTLASS's headers: $CUTLASS_PATH/include, else ./.cutlass/include (a copy carried to a machine without the pip
 # package), else the nvidia-cutlass package's. Needs nvcc and ninja (torch's load_inline).
 set -uo pipefail
@@ -134,6 +140,25 @@ write_problem(Path(sys.argv[1]), *EVERY_KIND, name='every_kind')" "$out/kind_cas
         KFUSE_CUDA_SM90=0 timeout 200 python3 -m kfuse bench problems/seeds/12_gemm_multiply_leakyrelu.py \
             --baselines eager --trials 1 --backend cuda --json "$out/bench-wmma.json" > "$out/bench-wmma.log" 2>&1
         echo "bench wmma: exit $?"; tail -6 "$out/bench-wmma.log";;
+    conv)
+        mkdir -p "$out/conv"
+        python3 -c "import sys; sys.path[:0] = ['tests']; from test_cuda_conv import PLAIN; print(*PLAIN, sep='\n')" \
+            | sed 's|^|problems/conv/|; s|$|.py|' | xargs -P 8 -I{} bash -c 'optimize_one {} '"$out/conv"
+        TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_conv.py \
+            > "$out/pytest-conv.log" 2>&1
+        echo "pytest: exit $? $(tail -1 "$out/pytest-conv.log")"
+        grep -E "^FAILED|Error" "$out/pytest-conv.log" | head -20
+        KFUSE_CUDA_SM90=0 optimize_one problems/seeds/12_gemm_multiply_leakyrelu.py "$out/conv";;
+    convkb)
+        mkdir -p "$out/convkb"
+        kb2="$(realpath "${KB2:-kb/level2}")"
+        files=(); for n in ${CONVKB:-1 4 47 54 87 90}; do files+=("$kb2/${n}_"*.py); done
+        printf '%s\n' "${files[@]}" | xargs -P 4 -I{} bash -c 'optimize_one {} '"$out/convkb"
+        for b in cuda triton; do
+            timeout 230 python3 -m kfuse bench "${files[@]}" --baselines eager --trials 1 --backend $b \
+                --json "$out/convkb-bench-$b.json" > "$out/convkb-bench-$b.log" 2>&1
+            echo "bench $b: exit $?"; tail -${#files[@]} "$out/convkb-bench-$b.log"
+        done;;
     *) echo "unknown step $step";;
     esac
     echo "$step: $((SECONDS - start)) s"

@@ -45,6 +45,7 @@ MODULES: Modules = (
 # The CUDA backend's (no Triton): the autograd helpers both backends share, then its own runtime.
 CUDA_MODULES: Modules = (
     ("kernels/backward", "autograd helpers, BatchNorm's forward state"),
+    ("kernels/conv_geometry", "a convolution's sizes"),
     ("cuda/runtime", "the CUDA runtime: build once, operands, autograd"),
 )
 ALWAYS_IMPORTED = ("torch", "triton", "tl")  # the generated file's own imports

@@ -232,6 +232,52 @@ __device__ __forceinline__ void kf_load_stage(__half* st, const __half* __restri
   }
 }
 
+// One K block (KF_BK deep) of shared stage `st` into warp (wm, wn)'s accumulator: the block's three products
+// lo*hi, hi*lo, hi*hi (lo*lo is below fp32's last bit) go into a FRESH fragment that is then added into the fp32
+// register accumulator with a round-to-nearest FADD (the tensor core truncates when it accumulates, and a partial
+// that never grows keeps that tiny: the Triton tile's "promotion").
+using KfAcc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+
+// a: the stage's a hi part (its lo part a_part halves on), b: its b hi part (lo b_part on); rows KF_LDS apart
+__device__ __forceinline__ void kf_mma_stage(const __half* a, int a_part, const __half* b, int b_part, int wm, int wn,
+                                             KfAcc (&acc)[KF_FM][KF_FN]) {
+  using namespace nvcuda;
+  KfAcc part[KF_FM][KF_FN];
+#pragma unroll
+  for (int i = 0; i < KF_FM; ++i)
+#pragma unroll
+    for (int j = 0; j < KF_FN; ++j) wmma::fill_fragment(part[i][j], 0.0f);
+#pragma unroll
+  for (int kk = 0; kk < KF_BK; kk += 16) {
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> bh[KF_FN], bl[KF_FN];
+#pragma unroll
+    for (int j = 0; j < KF_FN; ++j) {  // b's rows are W's rows (N, K): W^T column-major
+      const __half* pb = b + (wn * KF_WN + j * 16) * KF_LDS + kk;
+      wmma::load_matrix_sync(bh[j], pb, KF_LDS);
+      wmma::load_matrix_sync(bl[j], pb + b_part, KF_LDS);
+    }
+#pragma unroll
+    for (int i = 0; i < KF_FM; ++i) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
+      const __half* pa = a + (wm * KF_WM + i * 16) * KF_LDS + kk;
+      wmma::load_matrix_sync(ah, pa, KF_LDS);
+      wmma::load_matrix_sync(al, pa + a_part, KF_LDS);
+#pragma unroll
+      for (int j = 0; j < KF_FN; ++j) {  // the small products first
+        wmma::mma_sync(part[i][j], al, bh[j], part[i][j]);
+        wmma::mma_sync(part[i][j], ah, bl[j], part[i][j]);
+        wmma::mma_sync(part[i][j], ah, bh[j], part[i][j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < KF_FM; ++i)
+#pragma unroll
+    for (int j = 0; j < KF_FN; ++j)
+#pragma unroll
+      for (int t = 0; t < acc[i][j].num_elements; ++t) acc[i][j].x[t] += part[i][j].x[t];  // promotion
+}
+
 template <int STAGES, class Epi>
 __global__ void __launch_bounds__(KF_THREADS) kf_gemm_fp16x3p_kernel(
     const __half* __restrict__ a_hi, const __half* __restrict__ a_lo, const float* __restrict__ a_scale,
@@ -253,7 +299,7 @@ __global__ void __launch_bounds__(KF_THREADS) kf_gemm_fp16x3p_kernel(
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp / KF_WARPS_N, wn = warp % KF_WARPS_N;
 
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[KF_FM][KF_FN];
+  KfAcc acc[KF_FM][KF_FN];
 #pragma unroll
   for (int i = 0; i < KF_FM; ++i)
 #pragma unroll
@@ -274,41 +320,8 @@ __global__ void __launch_bounds__(KF_THREADS) kf_gemm_fp16x3p_kernel(
                     next * KF_BK);
     kf_cp_async_commit();
 
-    const __half* st = smem + (kt % STAGES) * KF_STAGE;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> part[KF_FM][KF_FN];
-#pragma unroll
-    for (int i = 0; i < KF_FM; ++i)
-#pragma unroll
-      for (int j = 0; j < KF_FN; ++j) wmma::fill_fragment(part[i][j], 0.0f);
-#pragma unroll
-    for (int kk = 0; kk < KF_BK; kk += 16) {
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> bh[KF_FN], bl[KF_FN];
-#pragma unroll
-      for (int j = 0; j < KF_FN; ++j) {  // b's rows are W's rows (N, K): W^T column-major
-        const __half* pb = st + 2 * KF_PART + (wn * KF_WN + j * 16) * KF_LDS + kk;
-        wmma::load_matrix_sync(bh[j], pb, KF_LDS);
-        wmma::load_matrix_sync(bl[j], pb + KF_PART, KF_LDS);
-      }
-#pragma unroll
-      for (int i = 0; i < KF_FM; ++i) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
-        const __half* pa = st + (wm * KF_WM + i * 16) * KF_LDS + kk;
-        wmma::load_matrix_sync(ah, pa, KF_LDS);
-        wmma::load_matrix_sync(al, pa + KF_PART, KF_LDS);
-#pragma unroll
-        for (int j = 0; j < KF_FN; ++j) {  // the small products first
-          wmma::mma_sync(part[i][j], al, bh[j], part[i][j]);
-          wmma::mma_sync(part[i][j], ah, bl[j], part[i][j]);
-          wmma::mma_sync(part[i][j], ah, bh[j], part[i][j]);
-        }
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < KF_FM; ++i)
-#pragma unroll
-      for (int j = 0; j < KF_FN; ++j)
-#pragma unroll
-        for (int t = 0; t < acc[i][j].num_elements; ++t) acc[i][j].x[t] += part[i][j].x[t];  // promotion
+    const __half* st = smem + (kt % STAGES) * KF_STAGE;  // a hi, a lo, b hi, b lo
+    kf_mma_stage(st, KF_PART, st + 2 * KF_PART, KF_PART, wm, wn, acc);
   }
   kf_cp_async_wait<0>();
   __syncthreads();  // the ring is idle: its shared memory now stages each warp's 64 x 32 fp32 tile

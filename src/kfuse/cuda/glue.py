@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kfuse.cuda.conv_source import CONV, CONV_COMMON, CONV_CPP
 from kfuse.cuda.gemm_source import COMMON, GEMM, PAD_K, PRELUDE, SPLIT
 from kfuse.cuda.norm_source import BATCH_NORM, BATCH_NORM_DECLS, GROUP_NORM, ROW_CHUNKS
 from kfuse.cuda.rows_source import ROW_DOT, ROWS
@@ -105,7 +106,8 @@ static const float* kf_optional_vector(const torch::Tensor& p, int64_t n, const 
 
 # The fixed CUDA parts a region may need beyond the GEMM's (CudaRegion.parts), in the order they are written; the
 # row chunking goes before the first part that uses it.
-FIXED_PARTS = (("group_norm", GROUP_NORM), ("batch_norm", BATCH_NORM), ("row_dot", ROW_DOT), ("rows", ROWS))
+FIXED_PARTS = (("group_norm", GROUP_NORM), ("batch_norm", BATCH_NORM), ("row_dot", ROW_DOT), ("rows", ROWS),
+               ("conv", CONV))
 CHUNKED = ("batch_norm", "rows")
 
 
@@ -125,21 +127,27 @@ class Member:
                 "scalar": "float"}[self.kind]
 
 
+def _conv_common(parts: set[str]) -> list[str]:
+    """The convolution's argument struct and pack declaration, in both translation units where a region needs them."""
+    return [CONV_COMMON.strip()] if "conv" in parts else []
+
+
 def cuda_source(regions: list[str], parts: set[str]) -> str:
     """The whole CUDA translation unit: the GEMM's fixed kernels, the fixed `parts` the regions need (FIXED_PARTS'
     names), then each region's functor structs and launcher."""
     fixed = [src.strip() for name, src in FIXED_PARTS if name in parts]
     chunks = [ROW_CHUNKS.strip()] if parts & set(CHUNKED) else []
-    return "\n".join([COMMON.strip(), PRELUDE.strip(), SPLIT.strip(), GEMM.strip(), *chunks, *fixed,
-                      *[r.strip() for r in regions]]) + "\n"
+    return "\n".join([COMMON.strip(), *_conv_common(parts), PRELUDE.strip(), SPLIT.strip(), GEMM.strip(), *chunks,
+                      *fixed, *[r.strip() for r in regions]]) + "\n"
 
 
 def cpp_source(regions: list[str], parts: set[str]) -> str:
     """The C++ translation unit (load_inline appends the bindings); the norm helpers where a norm region needs them."""
     norm = [NORM_CPP.strip()] if parts & {"group_norm", "batch_norm"} else []
     decls = [BATCH_NORM_DECLS.strip()] if "batch_norm" in parts else []
-    return "\n".join([CPP_HEADERS.strip(), COMMON.strip(), *decls, CPP_HELPERS.strip(), *norm,
-                      *[r.strip() for r in regions]]) + "\n"
+    conv = [CONV_CPP.strip()] if "conv" in parts else []
+    return "\n".join([CPP_HEADERS.strip(), COMMON.strip(), *_conv_common(parts), *decls, CPP_HELPERS.strip(), *norm,
+                      *conv, *[r.strip() for r in regions]]) + "\n"
 
 
 def bound_name(stem: str) -> str:

@@ -15,8 +15,11 @@ can run it, and its `cuda_code` writes the region's code:
   BatchNorm1d          modules over the GEMM's rows (kfuse/cuda/norms.py)
   a row reduction      or row norm over the GEMM's features (kfuse/cuda/rowreduce.py)
   a pool               over the GEMM's features, its ops and a reduction of the pooled row (kfuse/cuda/pool.py)
-The convolution kinds have no CUDA twin. The kinds that launch nothing of kfuse's (host values and views, torch
-calls) are the registry's own. Kinds are found in the registry by what they are, never by name
+  the plain conv        nn.Conv1d/2d/3d / F.conv1d/2d/3d with groups = 1 and the pointwise chain after it (the
+  epilogue              registry's `conv_epilogue`; kfuse/cuda/conv.py): an implicit-GEMM tile on x's packed records
+The other convolution kinds (a norm, reduction or pool after it), grouped, depthwise and transposed convolutions
+have no CUDA twin: with --backend cuda they are torch calls. The kinds that launch nothing of kfuse's (host values
+and views, torch calls) are the registry's own. Kinds are found in the registry by what they are, never by name
 (tests/unit/test_region_kinds.py).
 """
 
@@ -25,19 +28,21 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from kfuse.cuda import epilogue, norms, pool, rowreduce, rowsum
+from kfuse.cuda import conv, epilogue, norms, pool, rowreduce, rowsum
 from kfuse.ir import Graph, Node, Param
 from kfuse.kernels.gemm_core import LONG_K
 from kfuse.modes import Variant
-from kfuse.ops import POOL_OPS, REDUCE_OPS, ROW_NORM_OPS
+from kfuse.ops import CONV_OPS, POOL_OPS, REDUCE_OPS, ROW_NORM_OPS
 from kfuse.partition import partition
 from kfuse.regions import KINDS as REGISTRY
+from kfuse.regions.conv_common import is_conv_anchor
 from kfuse.regions.kind import RegionKind, Walk
 
 BACKEND = "cuda"
 
 
 EPILOGUE = next(k for k in REGISTRY if k.upgradable and k.family == "gemm")  # where GEMM regions start
+CONV_EPILOGUE = next(k for k in REGISTRY if k.upgradable and k.family == "conv")  # where conv regions start
 PRODUCTS_SWITCH = "KFUSE_CUDA_PRODUCTS"  # "0": leave products of two values to torch (the A/B against them)
 
 
@@ -121,6 +126,20 @@ class Pool(OnWeightGemm):
     cuda_code = staticmethod(pool.region_code)
 
 
+def plain_conv(n: Node) -> bool:
+    """A convolution (not transposed) with a parameter weight, groups = 1: what kf_conv_fp16x3p_kernel runs."""
+    return n.op in CONV_OPS and is_conv_anchor(n) and n.attrs.get("groups", 1) == 1
+
+
+class Conv:
+    """The plain epilogue after a convolution with groups = 1 (kfuse/cuda/conv.py)."""
+
+    cuda_code = staticmethod(conv.region_code)
+
+    def starts(self, n: Node, g: Graph) -> bool:
+        return plain_conv(n) and super().starts(n, g)
+
+
 # a registry kind's twin, by the op it takes a region over at (the plain epilogue: by none)
 TWINS = {"linear_rowsum": RowSum, "group_norm": GroupNorm, "batch_norm": BatchNorm,
          **{op: RowReduce for op in REDUCE_OPS + ROW_NORM_OPS}, **{op: Pool for op in POOL_OPS}}
@@ -129,12 +148,12 @@ TWINS = {"linear_rowsum": RowSum, "group_norm": GroupNorm, "batch_norm": BatchNo
 def twin(kind: RegionKind) -> RegionKind:
     """The registry's GEMM kind with its CUDA mixin in front (same name: the report and the flags are the registry
     kind's)."""
-    mixin = TWINS[kind.at_ops[0]] if kind.at_ops else Epilogue
+    mixin = TWINS[kind.at_ops[0]] if kind.at_ops else Conv if kind is CONV_EPILOGUE else Epilogue
     return type(f"Cuda{type(kind).__name__}", (mixin, type(kind)), {"__doc__": mixin.__doc__})()
 
 
 # the twins in the registry's order, then the registry's kinds that launch no kernel of kfuse's (torch calls last)
-FUSED: tuple[RegionKind, ...] = tuple(twin(k) for k in REGISTRY if k.family == "gemm")
+FUSED: tuple[RegionKind, ...] = tuple(twin(k) for k in REGISTRY if k.family == "gemm" or k is CONV_EPILOGUE)
 KINDS: tuple[RegionKind, ...] = (*FUSED, *[k for k in REGISTRY if not k.fused])
 FUSED_KINDS = tuple(k.name for k in FUSED)
 
@@ -157,9 +176,15 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
             elif n.op == "matmul" and isinstance(n.args[1], str) and long_k(n, v.graph):
                 why = (f"a product of two values over K >= {LONG_K}: --backend cuda has no split-K, and one fp32 "
                        f"chain over K misses rule 3 (--backend triton: {kind})")
+            elif n.op in (*CONV_OPS, "conv_transpose"):
+                why = (f"--backend cuda fuses only convolutions with groups = 1, not transposed (--backend triton: "
+                       f"{kind})")
             elif n.op in ("linear", "matmul"):
                 why = (f"--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter{PRODUCTS_NOTE} "
                        f"(--backend triton: {kind})")
+            elif kind == CONV_EPILOGUE.name:  # the kind has a CUDA version, but not for this convolution
+                why = (f"--backend triton fuses it in a {kind} region, whose convolution --backend cuda does not take "
+                       "(grouped, depthwise or transposed)")
             elif kind in FUSED_KINDS:  # the kind has a CUDA version, but not for this region's GEMM
                 why = (f"--backend triton fuses it in a {kind} region, whose GEMM --backend cuda does not take (not a "
                        f"Linear or x @ W with a 2-d weight parameter)")

@@ -101,23 +101,25 @@ def body_lines(region: Region, args: EpilogueArgs, nodes=None, stores=None) -> l
     return lines + [f"out{i}[at] = {env[v]};" for i, v in enumerate(region.outputs if stores is None else stores)]
 
 
-def functor_struct(struct: str, doc: str, members: list[Member], args: EpilogueArgs, body: list[str]) -> str:
-    """The C++ functor: `members` (outputs, z, saved values), then the inputs in `args`, N, the per-column Col
-    and `operator()(c, m, n, acc)` running `body` at `at = m * N + n`."""
+def functor_struct(struct: str, doc: str, members: list[Member], args: EpilogueArgs, body: list[str],
+                   at: str = "m * N + n", sizes: tuple[str, ...] = ("N",)) -> str:
+    """The C++ functor: `members` (outputs, z, saved values), then the inputs in `args`, the `sizes` (long long),
+    the per-column Col and `operator()(c, m, n, acc)` running `body` at the element `at` (a GEMM's (M, N) output:
+    m * N + n)."""
     columns = [m for m in args.members if m.kind in ("vector", "single")]
     fields = " ".join(f"float {m.name};" for m in columns)
     loads = "".join(f" c.{m.name} = {m.name}[{'n' if m.kind == 'vector' else '0'}];" for m in columns)
     lines = [f"// {doc}",
              f"struct {struct} {{",
              *[f"  {m.c_type} {m.name};" for m in [*members, *args.members]],
-             "  long long N;",
+             *[f"  long long {size};" for size in sizes],
              f"  struct Col {{{(' ' + fields + ' ') if fields else ''}}};",
              "  __device__ __forceinline__ Col column(long long n) const {",
              f"    Col c;{loads}",
              "    return c;",
              "  }",
              "  __device__ __forceinline__ void operator()(const Col& c, long long m, long long n, float acc) const {",
-             "    const long long at = m * N + n;",
+             f"    const long long at = {at};",
              *[f"    {ln}" for ln in body],
              "  }",
              "};"]

@@ -1,0 +1,124 @@
+"""The CUDA code of the convolution kind: nn.Conv1d/2d/3d or F.conv1d/2d/3d with groups = 1 (any stride, padding,
+'same', dilation; bias or none) and the pointwise chain after it, the twin of the Triton backend's `conv_epilogue`.
+
+A region becomes: its functor `Conv_<stem>` (the bias, the chain, the stores at `base + n P` into NC(D)HW outputs),
+the CUDA launcher running conv_source.py's implicit-GEMM tile with it, the bound C++ function (x's records packed
+by kf_conv_pack on the same stream, then the tile), the Python launcher `fused_<stem>` (the geometry from
+kfuse/kernels/conv_geometry.py, the weight's split rows cached on the weight: runtime.conv_weight_parts) and its
+autograd Function, a CudaRecomputeFn: backward recomputes the region in float64 torch (the convolution by
+torch.nn.functional.conv{1,2,3}d) and differentiates it, as the Triton twin does. The convolution always runs the
+fp16x3p split, whatever GEMM_SCHEME says (the kind has no CUDA-core twin).
+"""
+
+from __future__ import annotations
+
+from kfuse.backward import class_name, param_exprs, reference_body, region_inputs
+from kfuse.cuda.conv_source import CONV_CHANNELS
+from kfuse.cuda.epilogue import CudaRegion, _method
+from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
+from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
+from kfuse.ir import Graph, Region
+from kfuse.regions.common import docstring, var
+from kfuse.regions.conv_common import geometry_code
+from kfuse.regions.kind import numel
+
+
+def cost_line(region: Region, g: Graph) -> str:
+    """What the region's kernels compute and move at the problem's shape (kf_conv_pack, then the tile)."""
+    anchor = region.anchor
+    x_numel, out_numel = numel(g.shape_of(anchor.args[0])), numel(anchor.shape)
+    c_out, c_in, *kernel = anchor.args[1].shape
+    taps = numel(tuple(kernel))
+    cp = -(-c_in // CONV_CHANNELS) * CONV_CHANNELS
+    flops = 2 * out_numel * c_in * taps
+    records = 4 * x_numel // c_in * cp  # bytes: hi and lo fp16 per padded channel
+    moved = 2 * 4 * x_numel + 2 * records + 4 * c_out * taps * cp + 4 * len(region.outputs) * out_numel
+    return (f"At the problem's shape: {flops / 1e9:.3g} GFLOP, three fp16 products of each on tensor cores "
+            f"({3 * flops * cp / c_in / 1e9:.3g} GFLOP with the channels padded to {cp}); {moved / 2 ** 20:.3g} MiB "
+            "moved at least (x read twice and packed, the records written and read once, W's parts once, each "
+            "output written once).")
+
+
+def conv_struct(region: Region, struct: str) -> tuple[str, list[Member]]:
+    """The functor: acc is the convolution's sum (unscaled); its bias, the chain, each output stored at the NC(D)HW
+    element `m + n * P` (the kernel passes m = b C_out P + p)."""
+    anchor = region.anchor
+    args = EpilogueArgs()
+    env: dict[str, str] = {}
+    bias = anchor.args[2]
+    first = "acc" if bias is None else f"acc + {args.operand(bias, env)}"
+    body = [f"const float {var(anchor.name)} = {first};  // {anchor.origin}"]
+    env[anchor.name] = var(anchor.name)
+    body += chain_lines(region.nodes[1:], env, args)
+    body += [f"out{i}[at] = {env[v]};" for i, v in enumerate(region.outputs)]
+    members = [Member(f"out{i}", "out") for i in range(len(region.outputs))]
+    doc = "The epilogue of " + " -> ".join(n.origin for n in region.nodes) + ", on one element of the convolution's " \
+        "fp32 accumulator."
+    return (functor_struct(struct, doc, members, args, body, at="m + n * P", sizes=("N", "P")),
+            [*members, *args.members])
+
+
+def sources(stem: str, struct: str, members: list[Member]) -> tuple[str, str]:
+    """The CUDA launcher and the bound C++ function `kf_<stem>(x, w, w_scale, geo, out_shape, cp, inputs...)`."""
+    function = bound_name(stem)
+    outs = [m for m in members if m.kind == "out"]
+    launch = ["const KfConvArgs& g", "long long KT", *[c_param(m) for m in members], "cudaStream_t stream"]
+    sets = "\n".join(f"  epi.{m.name} = {m.name};" for m in members)
+    cu = (f"{launcher_head(stem, launch)} {{\n  {struct} epi;\n{sets}\n  epi.N = g.N;\n"
+          "  epi.P = (long long)g.OD * g.OH * g.OW;\n  return kf_conv(g, KT, epi, stream);\n}\n")
+    tensors = "".join(", " + cpp_param(m) for m in inputs(members))
+    args = [f"{m.name}.data_ptr<float>()" for m in outs] + [cpp_arg(m) for m in inputs(members)]
+    lines = [f"{launcher_head(stem, launch)};", "",
+             f"std::vector<torch::Tensor> {function}(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, "
+             f"std::vector<int64_t> geo, std::vector<int64_t> out_shape, int64_t cp{tensors}) {{",
+             "  const c10::cuda::CUDAGuard guard(x.device());",
+             "  const torch::Tensor& a = x;  // the tensor every input is checked against",
+             "  const KfConvOperands ops = kf_conv_operands(x, w, w_scale, geo, cp);",
+             "  const KfConvArgs& g = ops.g;",
+             *[f"  torch::Tensor {m.name} = torch::empty(out_shape, x.options());" for m in outs],
+             f"  kf_check(kf_launch_{stem}(g, ops.KT, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
+             f'           "{function}");',
+             f"  return {{{', '.join(m.name for m in outs)}}};",
+             "}"]
+    return cu, "\n".join(lines) + "\n"
+
+
+def python_source(region: Region, g: Graph, stem: str, cls: str, members: list[Member]) -> str:
+    """`fused_<stem>(x, weight, inputs..., stride, padding, dilation, groups)` and the region's CudaRecomputeFn."""
+    anchor = region.anchor
+    x, weight = anchor.args[0], anchor.args[1]
+    fed = inputs(members)
+    n_out = len(region.outputs)
+    replaced = " -> ".join(n.origin for n in region.nodes)
+    body = ["ext = cuda_module()",
+            "geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)",
+            "w, w_scale, cp = conv_weight_parts(ext, weight)",
+            f"got = ext.{bound_name(stem)}(x.float().contiguous(), w, w_scale, list(geo.args()), "
+            f"list(geo.out_shape), cp{''.join(', ' + m.name for m in fed)})",
+            f"return {'got[0]' if n_out == 1 else 'tuple(got)'}"]
+    doc = (f"Fused: {replaced}: the CUDA function `{bound_name(stem)}` (kf_conv_pack, then kf_conv_fp16x3p_kernel "
+           f"with Conv_{stem}). {cost_line(region, g)}")
+    params = ", ".join(["x", "weight", *[m.name for m in fed], "stride", "padding", "dilation", "groups"])
+    launcher = "\n".join([f"def fused_{stem}({params}):", docstring(doc), *[f"    {ln}" for ln in body]]) + "\n"
+    values = [m.value for m in fed]
+    launch = (f"return fused_{stem}(x, {weight.expr()}, {''.join(v + ', ' for v in values)}"
+              f"{', '.join(geometry_code(anchor))})")
+    params_ = param_exprs(region)
+    lines = [f"class {cls}(CudaRecomputeFn):",
+             docstring(f"Autograd for fused_{stem} ({replaced}). Forward: the CUDA kernels. Backward: the region "
+                       "recomputed in float64 torch and differentiated.")]
+    lines += _method("launch", ["self", "x"], [launch])
+    lines += _method("params", ["self"], [f"return ({', '.join(params_)}{',' if len(params_) == 1 else ''})"])
+    lines += _method("reference", ["self", "fwd_state", "cast", x], reference_body(region))
+    return launcher + "\n\n" + "\n".join(lines) + "\n"
+
+
+def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaRegion:
+    (x,) = region_inputs(region)
+    struct = f"Conv_{stem}"
+    struct_src, members = conv_struct(region, struct)
+    cu, cpp = sources(stem, struct, members)
+    cls = class_name(stem, classes)
+    forward = (f"{', '.join(region.outputs)} = {cls}.run(self, {x})",)
+    return CudaRegion(bound_name(stem), struct_src + "\n" + cu, cpp, python_source(region, g, stem, cls, members),
+                      forward, ("conv",))

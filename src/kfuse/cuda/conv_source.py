@@ -1,0 +1,364 @@
+"""The fixed CUDA C++ of `--backend cuda`'s convolution kind (kfuse/cuda/conv.py): a convolution as an implicit GEMM
+on the fp16 tensor cores, fp32-accurate by the GEMM's hi/lo split (gemm_source.py), with the region's epilogue
+functor on every output element.
+
+  kf_conv_pack         x (B, C, S) fp32 (S = D H W pixels, NC(D)HW as torch stores it) -> records (B S, 2 CP) fp16:
+                       per input pixel its C channels times the sample's power of two s[b] (max |x[b]| in [2^14,
+                       2^15), as kf_pow2_scale: exact), hi = fp16(v), then lo = fp16(v - hi), each part zero-padded
+                       to CP = C rounded up to 8 (CONV_CHANNELS). Two kernels: the samples' max |x|
+                       (kf_sample_amax_kernel, an atomicMax on the bits of non-negative floats), then the pack
+                       (kf_conv_pack_kernel: 32 pixels x 32 channels a block through shared memory, reads coalesced
+                       along the pixels and writes along the channels). Bytes: x read twice, 4 bytes a padded channel
+                       written.
+  kf_conv_fp16x3p_kernel  the GEMM tile's warp tiles and mainloop (kf_mma_stage: warps of 64 x 32 outputs, K blocks
+                       of KF_BK = 32 through a cp.async ring, the three products into a fresh partial added in fp32),
+                       its rows the output pixels (b, od, oh, ow), its columns the output channels (tiles of 128 x 128
+                       at 8 warps, or 128 x 64 at 4 warps where C_out <= 64: no half-empty tiles), its K the taps x CP
+                       channels rounded up to KF_BK. Each 16-byte copy is 8 channels of one tap (a K block spans taps
+                       where CP < 32: an 8-channel input does no padded product, a 3-channel one 8/3 of them, not
+                       32/3), from one input pixel's record, zero-filled (cp.async's source size 0) where the tap falls
+                       in the padding, past the last tap or past M. The weight is (C_out, taps x CP) rows split by
+                       kf_split_rows ([hi | lo], per output channel scales), cached on the weight by the Python
+                       launcher. Each thread's rows are decoded once (sample, input corner); a K block costs it one
+                       tap decode and four bounds checks a row.
+                       Epilogue: each warp's 64 x 32 tile goes through shared memory column-major, so that a lane
+                       owns an output pixel and a warp's stores of one channel cover 32 consecutive pixels of NC(D)HW;
+                       the sample's and the channel's scales are undone (powers of two) and the functor runs at
+                       `base + n P` (base = b C_out P + p, P = OD OH OW).
+                       Flops: 3 x 2 M C_out taps CP on tensor cores (padding channels to CP costs CP / C of that).
+                       Bytes: the records read once per column tile (through L1/L2 across the taps), the output
+                       written once.
+Groups = 1 only (the kind's `starts`); any stride, padding, dilation, 1-, 2- or 3-d (as 3-d with unit leading dims).
+"""
+
+from __future__ import annotations
+
+from kfuse.cuda.gemm_source import BLOCK_K
+
+CONV_CHANNELS = 8  # CP is the input channels rounded up to this: one 16-byte copy of fp16 (runtime's copy)
+
+# Both translation units: the kernel's arguments and the pack's host function.
+CONV_COMMON = r"""
+// One convolution as the CUDA launcher reads it (kfuse/kernels/conv_geometry.py's sizes, as a 3-d convolution).
+struct KfConvArgs {
+  long long M;  // output pixels B OD OH OW
+  int N;        // output channels
+  int CP;       // input channels padded to a multiple of 8: one record's hi part, then its lo part
+  int D, H, W, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW;
+  const void* x;         // (B D H W, 2 CP) fp16 records (kf_conv_pack)
+  const float* x_scale;  // (B,) the samples' powers of two
+  const void* w;         // (N, 2 K2) fp16 rows [hi | lo] of the weight's (N, taps CP) rows (kf_split_rows)
+  const float* w_scale;  // (N,)
+  long long K2;          // the weight's hi part: taps CP padded to KF_PAD_K (at least the K blocks' K)
+};
+
+int kf_conv_pack(const float* x, long long B, long long C, long long S, long long CP, unsigned* amax, void* records,
+                 float* scale, cudaStream_t stream);
+"""
+
+CONV = r"""
+// max |x[b, ...]| over each sample b: blocks (chunk, b), float4 loads where the sample is 16-byte aligned
+template <bool VEC>
+__global__ void __launch_bounds__(256) kf_sample_amax_kernel(const float* __restrict__ x, long long per_sample,
+                                                             unsigned* __restrict__ amax) {
+  __shared__ float warp_max[8];
+  const float* xs = x + blockIdx.y * per_sample;
+  const long long step = 256LL * gridDim.x;
+  float m = 0.0f;
+  if (VEC) {
+    for (long long i = blockIdx.x * 256LL + threadIdx.x; 4 * i < per_sample; i += step) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(xs) + i);
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+  } else {
+    for (long long i = blockIdx.x * 256LL + threadIdx.x; i < per_sample; i += step) m = fmaxf(m, fabsf(xs[i]));
+  }
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < 8; ++w) m = fmaxf(m, warp_max[w]);
+    atomicMax(amax + blockIdx.y, __float_as_uint(m));  // non-negative floats order as their bits
+  }
+}
+
+// x (B, C, S) -> records (B S, 2 CP): blocks (32 pixels, 32 channels, b), 8 rows of 32 threads; channels C..CP zero
+__global__ void __launch_bounds__(256) kf_conv_pack_kernel(const float* __restrict__ x, int C, long long S, int CP,
+                                                           const unsigned* __restrict__ amax,
+                                                           __half* __restrict__ records, float* __restrict__ scale) {
+  __shared__ float t[32][33];  // [channel][pixel], + 1: the transposed reads hit distinct banks
+  const int b = blockIdx.z, c0 = blockIdx.y * 32, tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const long long s0 = (long long)blockIdx.x * 32;
+  const float sc = kf_pow2_scale(__uint_as_float(amax[b]));
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale[b] = sc;
+  for (int i = ty; i < 32; i += 8) {
+    const int c = c0 + i;
+    const long long s = s0 + tx;
+    t[i][tx] = (c < C && s < S) ? x[((long long)b * C + c) * S + s] * sc : 0.0f;  // exact: sc a power of two
+  }
+  __syncthreads();
+  for (int i = ty; i < 32; i += 8) {
+    const long long s = s0 + i;
+    if (s >= S) break;
+    if (c0 + tx >= CP) continue;
+    const float v = t[tx][i];
+    const __half h = __float2half_rn(v);
+    __half* rec = records + ((long long)b * S + s) * 2 * CP + c0 + tx;
+    rec[0] = h;
+    rec[CP] = __float2half_rn(v - __half2float(h));
+  }
+}
+
+int kf_conv_pack(const float* x, long long B, long long C, long long S, long long CP, unsigned* amax, void* records,
+                 float* scale, cudaStream_t stream) {
+  if (B == 0 || S == 0) return 0;
+  cudaError_t err = cudaMemsetAsync(amax, 0, B * sizeof(unsigned), stream);
+  if (err != cudaSuccess) return (int)err;
+  const long long per_sample = C * S;
+  const bool vec = per_sample % 4 == 0 && reinterpret_cast<size_t>(x) % 16 == 0;
+  const long long chunks = (per_sample / (vec ? 4 : 1) + 2047) / 2048;  // 8 elements a thread at least
+  const dim3 red((unsigned)(chunks < 1 ? 1 : chunks > 1024 ? 1024 : chunks), (unsigned)B);
+  if (vec)
+    kf_sample_amax_kernel<true><<<red, 256, 0, stream>>>(x, per_sample, amax);
+  else
+    kf_sample_amax_kernel<false><<<red, 256, 0, stream>>>(x, per_sample, amax);
+  const dim3 grid((unsigned)((S + 31) / 32), (unsigned)((CP + 31) / 32), (unsigned)B);
+  kf_conv_pack_kernel<<<grid, 256, 0, stream>>>(x, (int)C, S, (int)CP, amax, static_cast<__half*>(records), scale);
+  return (int)cudaGetLastError();
+}
+
+// a 16-byte copy, or 16 zero bytes where !ok (cp.async reads no byte of a source of size 0)
+__device__ __forceinline__ void kf_cp_async16_zfill(void* smem, const void* gmem, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0) : "memory");
+#else
+  *static_cast<int4*>(smem) = ok ? *static_cast<const int4*>(gmem) : make_int4(0, 0, 0, 0);
+#endif
+}
+
+// The tile: KF_BM = 128 output pixels x BN = 32 WARPS_N output channels, 2 x WARPS_N warps of 64 x 32 (the GEMM's
+// warp tile and kf_mma_stage). WARPS_N = 4 (128 channels, 256 threads) or 2 (64 channels, 128 threads: two blocks an
+// SM; no half-empty tiles where C_out <= 64).
+template <int WARPS_N>
+struct KfConvTile {
+  static constexpr int BN = KF_WN * WARPS_N, THREADS = 32 * KF_WARPS_M * WARPS_N;
+  static constexpr int A_PART = KF_BM * KF_LDS, B_PART = BN * KF_LDS;  // halves of one part in a stage
+  static constexpr int STAGE = 2 * A_PART + 2 * B_PART;                // a hi, a lo, b hi, b lo
+  static constexpr int A_CHUNKS = KF_BM * KF_BK / 8 / THREADS;         // 16-byte copies a thread, a part
+  static constexpr int B_CHUNKS = BN * KF_BK / 8 / THREADS;
+  static constexpr size_t EPI_BYTES = (size_t)KF_WARPS_M * WARPS_N * KF_WN * (KF_WM + 4) * sizeof(float);
+  static constexpr size_t smem(int stages) {
+    return (size_t)stages * STAGE * sizeof(__half) > EPI_BYTES ? (size_t)stages * STAGE * sizeof(__half) : EPI_BYTES;
+  }
+  static_assert(A_CHUNKS * THREADS * 8 == KF_BM * KF_BK && B_CHUNKS * THREADS * 8 == BN * KF_BK, "K block shape");
+  static_assert(THREADS % (KF_BK / 8) == 0, "a thread's copies keep their K offset in every chunk");
+};
+
+// One of a thread's tile rows (an output pixel), decoded once: its sample's first input pixel and its input corner
+struct KfConvRow {
+  long long base;  // b D H W
+  int id0, ih0, iw0;
+  bool ok;         // the row is an output pixel (< M)
+};
+
+__device__ __forceinline__ KfConvRow kf_conv_row(const KfConvArgs& a, long long m) {
+  KfConvRow r;
+  r.ok = m < a.M;
+  m = r.ok ? m : 0;
+  const long long P = (long long)a.OD * a.OH * a.OW;
+  const long long b = m / P;
+  const int p = (int)(m - b * P);
+  const int ow = p % a.OW, oh = (p / a.OW) % a.OH, od = p / (a.OW * a.OH);
+  r.base = b * a.D * a.H * a.W;
+  r.id0 = od * a.SD - a.PD;
+  r.ih0 = oh * a.SH - a.PH;
+  r.iw0 = ow * a.SW - a.PW;
+  return r;
+}
+
+// K block kt into shared stage `st`. K runs over the taps, CP (a multiple of 8) channels each, so a thread's 8-wide
+// piece k0 + kc is 8 channels of one tap (a block of 32 may span taps where CP < 32): the tap is decoded once a block
+// (the piece's offset kc is the same in all of a thread's copies). Pieces past the last tap, in the padding or past
+// M are zeros; the weight's rows are zero past taps CP (kf_split_rows pads them).
+template <class T>
+__device__ __forceinline__ void kf_conv_load_stage(__half* st, const KfConvArgs& a,
+                                                   const KfConvRow (&rows)[T::A_CHUNKS], int col0, int kt) {
+  const __half* x = static_cast<const __half*>(a.x);
+  const __half* w = static_cast<const __half*>(a.w);
+  const int kc = (threadIdx.x % (KF_BK / 8)) * 8;
+  const int k = kt * KF_BK + kc;
+  const int tap = k / a.CP, c = k - tap * a.CP;
+  const bool in_k = tap < a.KD * a.KH * a.KW;
+  const int kw = tap % a.KW, kh = (tap / a.KW) % a.KH, kd = tap / (a.KW * a.KH);
+#pragma unroll
+  for (int i = 0; i < T::A_CHUNKS; ++i) {
+    const int r = (threadIdx.x + i * T::THREADS) / (KF_BK / 8);
+    const KfConvRow& row = rows[i];
+    const int id = row.id0 + kd * a.DD, ih = row.ih0 + kh * a.DH, iw = row.iw0 + kw * a.DW;
+    const bool ok = in_k && row.ok && (unsigned)id < (unsigned)a.D && (unsigned)ih < (unsigned)a.H &&
+                    (unsigned)iw < (unsigned)a.W;
+    const long long pix = ok ? row.base + ((long long)id * a.H + ih) * a.W + iw : 0;
+    const __half* src = x + pix * 2 * a.CP + c;
+    const int s = r * KF_LDS + kc;
+    kf_cp_async16_zfill(st + s, src, ok);
+    kf_cp_async16_zfill(st + T::A_PART + s, src + a.CP, ok);
+  }
+#pragma unroll
+  for (int i = 0; i < T::B_CHUNKS; ++i) {
+    const int r = (threadIdx.x + i * T::THREADS) / (KF_BK / 8);
+    const long long gb = (long long)min(col0 + r, a.N - 1) * 2 * a.K2 + k;  // past N: never stored
+    const int s = 2 * T::A_PART + r * KF_LDS + kc;
+    kf_cp_async16(st + s, w + gb);
+    kf_cp_async16(st + T::B_PART + s, w + gb + a.K2);
+  }
+}
+
+template <int STAGES, int WARPS_N, class Epi>
+__global__ void __launch_bounds__(KfConvTile<WARPS_N>::THREADS) kf_conv_fp16x3p_kernel(KfConvArgs a, long long KT,
+                                                                                      Epi epi) {
+  using namespace nvcuda;
+  using T = KfConvTile<WARPS_N>;
+  constexpr int LD = KF_WM + 4;  // the epilogue's column-major warp tile: a multiple of 4 floats (wmma)
+  extern __shared__ __align__(128) unsigned char kf_smem[];
+  __half* smem = reinterpret_cast<__half*>(kf_smem);
+  // column tiles fastest: the blocks in flight share their rows' records in L2
+  const int tiles_n = (a.N + T::BN - 1) / T::BN;
+  const long long row0 = (long long)(blockIdx.x / tiles_n) * KF_BM;
+  const int col0 = (int)(blockIdx.x % tiles_n) * T::BN;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+
+  KfConvRow rows[T::A_CHUNKS];
+#pragma unroll
+  for (int i = 0; i < T::A_CHUNKS; ++i) rows[i] = kf_conv_row(a, row0 + (threadIdx.x + i * T::THREADS) / (KF_BK / 8));
+
+  KfAcc acc[KF_FM][KF_FN];
+#pragma unroll
+  for (int i = 0; i < KF_FM; ++i)
+#pragma unroll
+    for (int j = 0; j < KF_FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) kf_conv_load_stage<T>(smem + s * T::STAGE, a, rows, col0, s);
+    kf_cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    kf_cp_async_wait<STAGES - 2>();  // K block kt has landed (this thread's copies) ...
+    __syncthreads();                 // ... everyone's, and every warp is done with the stage refilled next
+    const int next = kt + STAGES - 1;
+    if (next < KT) kf_conv_load_stage<T>(smem + (next % STAGES) * T::STAGE, a, rows, col0, next);
+    kf_cp_async_commit();
+    const __half* st = smem + (kt % STAGES) * T::STAGE;
+    kf_mma_stage(st, T::A_PART, st + 2 * T::A_PART, T::B_PART, wm, wn, acc);
+  }
+  kf_cp_async_wait<0>();
+  __syncthreads();  // the ring is idle: its shared memory now stages each warp's tile
+
+  float* tile = reinterpret_cast<float*>(kf_smem) + warp * (KF_WN * LD);  // [column][row]
+#pragma unroll
+  for (int i = 0; i < KF_FM; ++i)
+#pragma unroll
+    for (int j = 0; j < KF_FN; ++j)
+      wmma::store_matrix_sync(tile + (j * 16) * LD + i * 16, acc[i][j], LD, wmma::mem_col_major);
+  __syncwarp();
+  const long long P = (long long)a.OD * a.OH * a.OW;
+  const int n0 = col0 + wn * KF_WN;
+#pragma unroll
+  for (int h = 0; h < KF_WM / 32; ++h) {  // this lane's rows: lane, lane + 32
+    const int r = lane + 32 * h;
+    const long long m = row0 + wm * KF_WM + r;
+    if (m >= a.M) break;
+    const long long b = m / P;
+    const long long base = b * a.N * P + (m - b * P);
+    const float inv_a = kf_pow2_inv(a.x_scale[b]);
+    for (int j = 0; j < KF_WN && n0 + j < a.N; ++j) {
+      const int n = n0 + j;
+      epi(epi.column(n), base, n, tile[j * LD + r] * inv_a * kf_pow2_inv(a.w_scale[n]));
+    }
+  }
+}
+
+template <int STAGES, int WARPS_N, class Epi>
+cudaError_t kf_launch_conv(const KfConvArgs& a, long long KT, const Epi& epi, cudaStream_t stream) {
+  using T = KfConvTile<WARPS_N>;
+  auto kernel = kf_conv_fp16x3p_kernel<STAGES, WARPS_N, Epi>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::smem(STAGES));
+  if (err != cudaSuccess) return err;
+  const long long tiles = ((a.M + KF_BM - 1) / KF_BM) * ((a.N + T::BN - 1) / T::BN);
+  kernel<<<(unsigned)tiles, T::THREADS, T::smem(STAGES), stream>>>(a, KT, epi);
+  return cudaGetLastError();
+}
+
+// The convolution of `a` with epilogue `epi` on `stream`: 64-channel tiles (3 stages: 92 KiB of shared memory)
+// where C_out <= 64, else 128-channel tiles with 3 pipeline stages where the GPU lets a block have their shared
+// memory (120 KiB: sm_80, sm_90), else 2 (80 KiB).
+template <class Epi>
+int kf_conv(const KfConvArgs& a, long long KT, const Epi& epi, cudaStream_t stream) {
+  if (a.M == 0 || a.N == 0) return 0;
+  int dev = 0, optin = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (err != cudaSuccess) return (int)err;
+  if (a.N <= 64 && (size_t)optin >= KfConvTile<2>::smem(3)) return (int)kf_launch_conv<3, 2>(a, KT, epi, stream);
+  if ((size_t)optin >= KfConvTile<4>::smem(3)) return (int)kf_launch_conv<3, 4>(a, KT, epi, stream);
+  return (int)kf_launch_conv<2, 4>(a, KT, epi, stream);
+}
+"""
+
+# The C++ translation unit's helper (after glue.CPP_HELPERS): the checked arguments of one convolution, x's records
+# packed on the current stream (kept alive with the arguments until the tile is launched on the same stream).
+CONV_CPP = r"""
+struct KfConvOperands {
+  KfConvArgs g;
+  long long KT;  // K blocks: taps CP rounded up to KF_BK, over KF_BK
+  torch::Tensor records, x_scale, amax;
+};
+
+// geo: kfuse/kernels/conv_geometry.py's ConvGeometry.args() (M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G,
+// KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW); w (C_out, 2 K2) and w_scale (C_out,): split_rows of the weight's
+// (C_out, taps cp) rows (runtime.conv_weight_rows)
+static KfConvOperands kf_conv_operands(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& w_scale,
+                                       const std::vector<int64_t>& geo, int64_t cp) {
+  TORCH_CHECK(geo.size() == 23, "kfuse: a convolution's geometry has 23 sizes, got ", geo.size());
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.dim() >= 3,
+              "kfuse: a convolution's input must be a contiguous float32 CUDA tensor (N, C, ...)");
+  const int64_t B = x.size(0), C = geo[1], S = geo[2] * geo[3] * geo[4], taps = geo[11] * geo[12] * geo[13];
+  TORCH_CHECK(x.numel() == B * C * S && geo[0] == B * geo[5] * geo[6] * geo[7],
+              "kfuse: the convolution's input ", x.sizes(), " does not match its geometry");
+  TORCH_CHECK(geo[9] == C && geo[10] == geo[8], "kfuse: the CUDA convolution takes groups = 1 only");
+  TORCH_CHECK(cp % KF_CONV_CHANNELS == 0 && cp >= C, "kfuse: padded channels ", cp, " for ", C, " channels");
+  const int64_t KT = (taps * cp + KF_CONV_BLOCK_K - 1) / KF_CONV_BLOCK_K;
+  kf_expect(w, "the convolution's weight parts", torch::kFloat16, 2, x);
+  kf_expect(w_scale, "the weight's row scales", torch::kFloat32, 1, x);
+  const int64_t K2 = w.size(1) / 2;
+  TORCH_CHECK(w.size(0) == geo[8] && w_scale.size(0) == geo[8] && w.size(1) % (2 * KF_PAD_K) == 0 &&
+              K2 >= KT * KF_CONV_BLOCK_K,
+              "kfuse: the convolution's weight parts ", w.sizes(), " do not match its geometry");
+  TORCH_CHECK(geo[0] <= (int64_t)1 << 40 && B <= 65535 && geo[8] <= KF_INT_MAX && cp <= 65536 &&
+              B * S * 2 * cp <= ((int64_t)1 << 40), "kfuse: convolution too large for the CUDA kernel");
+  KfConvOperands o;
+  o.records = torch::empty({B * S, 2 * cp}, x.options().dtype(torch::kFloat16));
+  o.x_scale = torch::empty({B}, x.options());
+  o.amax = torch::empty({B}, x.options().dtype(torch::kInt32));
+  kf_check(kf_conv_pack(x.data_ptr<float>(), B, C, S, cp, reinterpret_cast<unsigned*>(o.amax.data_ptr<int>()),
+                        o.records.data_ptr(), o.x_scale.data_ptr<float>(), c10::cuda::getCurrentCUDAStream()),
+           "kf_conv_pack");
+  KfConvArgs& g = o.g;
+  g.M = geo[0];
+  g.N = (int)geo[8];
+  g.CP = (int)cp;
+  int* dims[] = {&g.D, &g.H, &g.W, &g.OD, &g.OH, &g.OW};
+  for (int i = 0; i < 6; ++i) *dims[i] = (int)geo[2 + i];
+  int* window[] = {&g.KD, &g.KH, &g.KW, &g.SD, &g.SH, &g.SW, &g.PD, &g.PH, &g.PW, &g.DD, &g.DH, &g.DW};
+  for (int i = 0; i < 12; ++i) *window[i] = (int)geo[11 + i];
+  g.x = o.records.data_ptr();
+  g.x_scale = o.x_scale.data_ptr<float>();
+  g.w = w.data_ptr();
+  g.w_scale = w_scale.data_ptr<float>();
+  g.K2 = K2;
+  o.KT = KT;
+  return o;
+}
+""".replace("KF_CONV_CHANNELS", str(CONV_CHANNELS)).replace("KF_CONV_BLOCK_K", str(BLOCK_K))
