@@ -124,8 +124,8 @@ BATCHED = ("self.fc = nn.Linear(in_features, in_features)",
 
 def test_cuda_partition_fuses_what_triton_fuses_and_says_why_the_rest_is_torch(tmp_path):
     """A row reduction after the GEMM (logsumexp) is fused with the ops around it, as the Triton backend fuses it; a
-    batch of products stays a torch call with the ops after it, each with the reason; a convolution has no CUDA
-    kind at all."""
+    batch of products stays a torch call with the ops after it, each with the reason; a BatchNorm after a
+    convolution has no CUDA kind (tests/test_cuda_conv.py: the convolution's own)."""
     prob = load_problem(GEMM / "06_matmul_scale_residual_clamp_logsumexp_mish.py", {})
     (v,) = variants(capture_problem(prob, "cpu"), KINDS)
     assert [r.kind for r in v.regions if r.fused] == ["gemm_rowreduce"] and not v.unfused
@@ -134,9 +134,10 @@ def test_cuda_partition_fuses_what_triton_fuses_and_says_why_the_rest_is_torch(t
     reasons = unfused_reasons(v)
     assert set(reasons) == set(v.unfused) and v.unfused
     assert any("fuses only a Linear or x @ W with a 2-d weight parameter" in why for why in reasons.values()), reasons
-    conv = sorted((ROOT / "problems" / "conv").glob("*.py"))[0]
+    conv = ROOT / "problems" / "conv" / "18_conv2d_batchnorm_relu.py"
     (v,) = variants(capture_problem(load_problem(conv, {}), "cpu"), KINDS)
-    assert any("conv" in why and "no CUDA version" in why for why in unfused_reasons(v).values()), unfused_reasons(v)
+    assert any("conv_batchnorm" in why and "no CUDA version" in why for why in unfused_reasons(v).values()), \
+        unfused_reasons(v)
 
 
 def test_cuda_partition_fuses_the_seeds_norms():

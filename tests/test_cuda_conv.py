@@ -88,9 +88,9 @@ def test_conv_source_compiles_without_spills(tmp_path, arch):
     spills = re.findall(r"(\d+) bytes spill stores", r.stderr)
     assert spills and set(spills) == {"0"}, r.stderr[-4000:]
     entries = re.findall(r"Compiling entry function '(\w+)'", r.stderr)
-    for kernel in ("kf_conv_fp16x3p_kernelILi2ELi4E", "kf_conv_fp16x3p_kernelILi3ELi4E",
-                   "kf_conv_fp16x3p_kernelILi3ELi2E", "kf_conv_pack_kernel",
-                   "kf_sample_amax_kernelILb1E", "kf_sample_amax_kernelILb0E"):
+    for kernel in ("kf_conv_fp16x3p_kernelILi3ELi4ELi64E", "kf_conv_fp16x3p_kernelILi2ELi4ELi64E",
+                   "kf_conv_fp16x3p_kernelILi2ELi4ELi32E", "kf_conv_fp16x3p_kernelILi3ELi2ELi32E",
+                   "kf_conv_pack_kernel", "kf_sample_amax_kernelILb1E", "kf_sample_amax_kernelILb0E"):
         assert any(kernel in e for e in entries), (kernel, entries)
 
 

@@ -62,10 +62,10 @@ def sources(stem: str, struct: str, members: list[Member]) -> tuple[str, str]:
     """The CUDA launcher and the bound C++ function `kf_<stem>(x, w, w_scale, geo, out_shape, cp, inputs...)`."""
     function = bound_name(stem)
     outs = [m for m in members if m.kind == "out"]
-    launch = ["const KfConvArgs& g", "long long KT", *[c_param(m) for m in members], "cudaStream_t stream"]
+    launch = ["const KfConvArgs& g", *[c_param(m) for m in members], "cudaStream_t stream"]
     sets = "\n".join(f"  epi.{m.name} = {m.name};" for m in members)
     cu = (f"{launcher_head(stem, launch)} {{\n  {struct} epi;\n{sets}\n  epi.N = g.N;\n"
-          "  epi.P = (long long)g.OD * g.OH * g.OW;\n  return kf_conv(g, KT, epi, stream);\n}\n")
+          "  epi.P = (long long)g.OD * g.OH * g.OW;\n  return kf_conv(g, epi, stream);\n}\n")
     tensors = "".join(", " + cpp_param(m) for m in inputs(members))
     args = [f"{m.name}.data_ptr<float>()" for m in outs] + [cpp_arg(m) for m in inputs(members)]
     lines = [f"{launcher_head(stem, launch)};", "",
@@ -76,7 +76,7 @@ def sources(stem: str, struct: str, members: list[Member]) -> tuple[str, str]:
              "  const KfConvOperands ops = kf_conv_operands(x, w, w_scale, geo, cp);",
              "  const KfConvArgs& g = ops.g;",
              *[f"  torch::Tensor {m.name} = torch::empty(out_shape, x.options());" for m in outs],
-             f"  kf_check(kf_launch_{stem}(g, ops.KT, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
+             f"  kf_check(kf_launch_{stem}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
              f'           "{function}");',
              f"  return {{{', '.join(m.name for m in outs)}}};",
              "}"]

@@ -11,16 +11,17 @@ functor on every output element.
                        along the pixels and writes along the channels). Bytes: x read twice, 4 bytes a padded channel
                        written.
   kf_conv_fp16x3p_kernel  the GEMM tile's warp tiles and mainloop (kf_mma_stage: warps of 64 x 32 outputs, K blocks
-                       of KF_BK = 32 through a cp.async ring, the three products into a fresh partial added in fp32),
-                       its rows the output pixels (b, od, oh, ow), its columns the output channels (tiles of 128 x 128
-                       at 8 warps, or 128 x 64 at 4 warps where C_out <= 64: no half-empty tiles), its K the taps x CP
-                       channels rounded up to KF_BK. Each 16-byte copy is 8 channels of one tap (a K block spans taps
-                       where CP < 32: an 8-channel input does no padded product, a 3-channel one 8/3 of them, not
-                       32/3), from one input pixel's record, zero-filled (cp.async's source size 0) where the tap falls
-                       in the padding, past the last tap or past M. The weight is (C_out, taps x CP) rows split by
-                       kf_split_rows ([hi | lo], per output channel scales), cached on the weight by the Python
-                       launcher. Each thread's rows are decoded once (sample, input corner); a K block costs it one
-                       tap decode and four bounds checks a row.
+                       through a cp.async ring, the three products into a fresh partial added in fp32), its rows the
+                       output pixels (b, od, oh, ow), its columns the output channels: tiles of 128 x 128 at 8 warps
+                       and K blocks of 64 (3 stages, 221 KiB of shared memory on sm_90), or 128 x 64 at 4 warps, K
+                       blocks of 32 where C_out <= 64 (no half-empty tiles, two blocks an SM); its K the taps x CP
+                       channels rounded up to a K block. Each 16-byte copy is 8 channels of one tap (a K block
+                       spans taps where CP is smaller: an 8-channel input does no padded product, a 3-channel one
+                       8/3 of them, not 32/3), from one input pixel's record, zero-filled (cp.async's source size 0)
+                       where the tap falls in the padding, past the last tap or past M. The weight is (C_out, taps x
+                       CP) rows split by kf_split_rows ([hi | lo], per output channel scales), cached on the weight
+                       by the Python launcher. Each thread's rows are decoded once (sample, input corner); a K block
+                       costs it one tap decode and four bounds checks a row.
                        Epilogue: each warp's 64 x 32 tile goes through shared memory column-major, so that a lane
                        owns an output pixel and a warp's stores of one channel cover 32 consecutive pixels of NC(D)HW;
                        the sample's and the channel's scales are undone (powers of two) and the functor runs at
@@ -32,8 +33,6 @@ Groups = 1 only (the kind's `starts`); any stride, padding, dilation, 1-, 2- or 
 """
 
 from __future__ import annotations
-
-from kfuse.cuda.gemm_source import BLOCK_K
 
 CONV_CHANNELS = 8  # CP is the input channels rounded up to this: one 16-byte copy of fp16 (runtime's copy)
 
@@ -49,7 +48,8 @@ struct KfConvArgs {
   const float* x_scale;  // (B,) the samples' powers of two
   const void* w;         // (N, 2 K2) fp16 rows [hi | lo] of the weight's (N, taps CP) rows (kf_split_rows)
   const float* w_scale;  // (N,)
-  long long K2;          // the weight's hi part: taps CP padded to KF_PAD_K (at least the K blocks' K)
+  long long K;           // taps CP: the K the tile walks, in blocks (zeros past K)
+  long long K2;          // the weight's hi part: K padded to KF_PAD_K = 64, a multiple of every K block
 };
 
 int kf_conv_pack(const float* x, long long B, long long C, long long S, long long CP, unsigned* amax, void* records,
@@ -138,21 +138,23 @@ __device__ __forceinline__ void kf_cp_async16_zfill(void* smem, const void* gmem
 }
 
 // The tile: KF_BM = 128 output pixels x BN = 32 WARPS_N output channels, 2 x WARPS_N warps of 64 x 32 (the GEMM's
-// warp tile and kf_mma_stage). WARPS_N = 4 (128 channels, 256 threads) or 2 (64 channels, 128 threads: two blocks an
-// SM; no half-empty tiles where C_out <= 64).
-template <int WARPS_N>
+// warp tile and kf_mma_stage), K blocks BK deep. WARPS_N = 4 (128 channels, 256 threads) or 2 (64 channels, 128
+// threads: two blocks an SM; no half-empty tiles where C_out <= 64). BK = 64 halves the GEMM's block barriers and
+// pipeline waits a product (32 where the GPU's shared memory is too small for it).
+template <int WARPS_N, int BK_>
 struct KfConvTile {
+  static constexpr int BK = BK_, LDS = BK + 8;  // LDS: 16-byte aligned rows, 8 rows in 8 different bank quads
   static constexpr int BN = KF_WN * WARPS_N, THREADS = 32 * KF_WARPS_M * WARPS_N;
-  static constexpr int A_PART = KF_BM * KF_LDS, B_PART = BN * KF_LDS;  // halves of one part in a stage
-  static constexpr int STAGE = 2 * A_PART + 2 * B_PART;                // a hi, a lo, b hi, b lo
-  static constexpr int A_CHUNKS = KF_BM * KF_BK / 8 / THREADS;         // 16-byte copies a thread, a part
-  static constexpr int B_CHUNKS = BN * KF_BK / 8 / THREADS;
+  static constexpr int A_PART = KF_BM * LDS, B_PART = BN * LDS;  // halves of one part in a stage
+  static constexpr int STAGE = 2 * A_PART + 2 * B_PART;          // a hi, a lo, b hi, b lo
+  static constexpr int A_CHUNKS = KF_BM * BK / 8 / THREADS;      // 16-byte copies a thread, a part
+  static constexpr int B_CHUNKS = BN * BK / 8 / THREADS;
   static constexpr size_t EPI_BYTES = (size_t)KF_WARPS_M * WARPS_N * KF_WN * (KF_WM + 4) * sizeof(float);
   static constexpr size_t smem(int stages) {
     return (size_t)stages * STAGE * sizeof(__half) > EPI_BYTES ? (size_t)stages * STAGE * sizeof(__half) : EPI_BYTES;
   }
-  static_assert(A_CHUNKS * THREADS * 8 == KF_BM * KF_BK && B_CHUNKS * THREADS * 8 == BN * KF_BK, "K block shape");
-  static_assert(THREADS % (KF_BK / 8) == 0, "a thread's copies keep their K offset in every chunk");
+  static_assert(A_CHUNKS * THREADS * 8 == KF_BM * BK && B_CHUNKS * THREADS * 8 == BN * BK, "K block shape");
+  static_assert(THREADS % (BK / 8) == 0, "a thread's copies keep their K offset in every chunk");
 };
 
 // One of a thread's tile rows (an output pixel), decoded once: its sample's first input pixel and its input corner
@@ -186,39 +188,39 @@ __device__ __forceinline__ void kf_conv_load_stage(__half* st, const KfConvArgs&
                                                    const KfConvRow (&rows)[T::A_CHUNKS], int col0, int kt) {
   const __half* x = static_cast<const __half*>(a.x);
   const __half* w = static_cast<const __half*>(a.w);
-  const int kc = (threadIdx.x % (KF_BK / 8)) * 8;
-  const int k = kt * KF_BK + kc;
+  const int kc = (threadIdx.x % (T::BK / 8)) * 8;
+  const int k = kt * T::BK + kc;
   const int tap = k / a.CP, c = k - tap * a.CP;
   const bool in_k = tap < a.KD * a.KH * a.KW;
   const int kw = tap % a.KW, kh = (tap / a.KW) % a.KH, kd = tap / (a.KW * a.KH);
 #pragma unroll
   for (int i = 0; i < T::A_CHUNKS; ++i) {
-    const int r = (threadIdx.x + i * T::THREADS) / (KF_BK / 8);
+    const int r = (threadIdx.x + i * T::THREADS) / (T::BK / 8);
     const KfConvRow& row = rows[i];
     const int id = row.id0 + kd * a.DD, ih = row.ih0 + kh * a.DH, iw = row.iw0 + kw * a.DW;
     const bool ok = in_k && row.ok && (unsigned)id < (unsigned)a.D && (unsigned)ih < (unsigned)a.H &&
                     (unsigned)iw < (unsigned)a.W;
     const long long pix = ok ? row.base + ((long long)id * a.H + ih) * a.W + iw : 0;
     const __half* src = x + pix * 2 * a.CP + c;
-    const int s = r * KF_LDS + kc;
+    const int s = r * T::LDS + kc;
     kf_cp_async16_zfill(st + s, src, ok);
     kf_cp_async16_zfill(st + T::A_PART + s, src + a.CP, ok);
   }
 #pragma unroll
   for (int i = 0; i < T::B_CHUNKS; ++i) {
-    const int r = (threadIdx.x + i * T::THREADS) / (KF_BK / 8);
+    const int r = (threadIdx.x + i * T::THREADS) / (T::BK / 8);
     const long long gb = (long long)min(col0 + r, a.N - 1) * 2 * a.K2 + k;  // past N: never stored
-    const int s = 2 * T::A_PART + r * KF_LDS + kc;
+    const int s = 2 * T::A_PART + r * T::LDS + kc;
     kf_cp_async16(st + s, w + gb);
     kf_cp_async16(st + T::B_PART + s, w + gb + a.K2);
   }
 }
 
-template <int STAGES, int WARPS_N, class Epi>
-__global__ void __launch_bounds__(KfConvTile<WARPS_N>::THREADS) kf_conv_fp16x3p_kernel(KfConvArgs a, long long KT,
-                                                                                      Epi epi) {
+template <int STAGES, int WARPS_N, int BK, class Epi>
+__global__ void __launch_bounds__(KfConvTile<WARPS_N, BK>::THREADS) kf_conv_fp16x3p_kernel(KfConvArgs a, Epi epi) {
   using namespace nvcuda;
-  using T = KfConvTile<WARPS_N>;
+  using T = KfConvTile<WARPS_N, BK>;
+  const int KT = (int)((a.K + BK - 1) / BK);
   constexpr int LD = KF_WM + 4;  // the epilogue's column-major warp tile: a multiple of 4 floats (wmma)
   extern __shared__ __align__(128) unsigned char kf_smem[];
   __half* smem = reinterpret_cast<__half*>(kf_smem);
@@ -231,7 +233,7 @@ __global__ void __launch_bounds__(KfConvTile<WARPS_N>::THREADS) kf_conv_fp16x3p_
 
   KfConvRow rows[T::A_CHUNKS];
 #pragma unroll
-  for (int i = 0; i < T::A_CHUNKS; ++i) rows[i] = kf_conv_row(a, row0 + (threadIdx.x + i * T::THREADS) / (KF_BK / 8));
+  for (int i = 0; i < T::A_CHUNKS; ++i) rows[i] = kf_conv_row(a, row0 + (threadIdx.x + i * T::THREADS) / (BK / 8));
 
   KfAcc acc[KF_FM][KF_FN];
 #pragma unroll
@@ -251,7 +253,7 @@ __global__ void __launch_bounds__(KfConvTile<WARPS_N>::THREADS) kf_conv_fp16x3p_
     if (next < KT) kf_conv_load_stage<T>(smem + (next % STAGES) * T::STAGE, a, rows, col0, next);
     kf_cp_async_commit();
     const __half* st = smem + (kt % STAGES) * T::STAGE;
-    kf_mma_stage(st, T::A_PART, st + 2 * T::A_PART, T::B_PART, wm, wn, acc);
+    kf_mma_stage<BK, T::LDS>(st, T::A_PART, st + 2 * T::A_PART, T::B_PART, wm, wn, acc);
   }
   kf_cp_async_wait<0>();
   __syncthreads();  // the ring is idle: its shared memory now stages each warp's tile
@@ -280,30 +282,33 @@ __global__ void __launch_bounds__(KfConvTile<WARPS_N>::THREADS) kf_conv_fp16x3p_
   }
 }
 
-template <int STAGES, int WARPS_N, class Epi>
-cudaError_t kf_launch_conv(const KfConvArgs& a, long long KT, const Epi& epi, cudaStream_t stream) {
-  using T = KfConvTile<WARPS_N>;
-  auto kernel = kf_conv_fp16x3p_kernel<STAGES, WARPS_N, Epi>;
+template <int STAGES, int WARPS_N, int BK, class Epi>
+cudaError_t kf_launch_conv(const KfConvArgs& a, const Epi& epi, cudaStream_t stream) {
+  using T = KfConvTile<WARPS_N, BK>;
+  auto kernel = kf_conv_fp16x3p_kernel<STAGES, WARPS_N, BK, Epi>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::smem(STAGES));
   if (err != cudaSuccess) return err;
   const long long tiles = ((a.M + KF_BM - 1) / KF_BM) * ((a.N + T::BN - 1) / T::BN);
-  kernel<<<(unsigned)tiles, T::THREADS, T::smem(STAGES), stream>>>(a, KT, epi);
+  kernel<<<(unsigned)tiles, T::THREADS, T::smem(STAGES), stream>>>(a, epi);
   return cudaGetLastError();
 }
 
-// The convolution of `a` with epilogue `epi` on `stream`: 64-channel tiles (3 stages: 92 KiB of shared memory)
-// where C_out <= 64, else 128-channel tiles with 3 pipeline stages where the GPU lets a block have their shared
-// memory (120 KiB: sm_80, sm_90), else 2 (80 KiB).
+// The convolution of `a` with epilogue `epi` on `stream`, by the shared memory a block may have (sm_90: 227 KiB,
+// sm_80: 163): 64-channel tiles where C_out <= 64, two blocks an SM (K blocks of 32, 3 stages: 92 KiB; at 64 deep
+// its rows' registers spill); else 128-channel tiles with K blocks of 64 and 3 stages (221 KiB) or 2 (147 KiB);
+// else K blocks of 32, 2 stages (80 KiB).
 template <class Epi>
-int kf_conv(const KfConvArgs& a, long long KT, const Epi& epi, cudaStream_t stream) {
+int kf_conv(const KfConvArgs& a, const Epi& epi, cudaStream_t stream) {
   if (a.M == 0 || a.N == 0) return 0;
   int dev = 0, optin = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (err != cudaSuccess) return (int)err;
-  if (a.N <= 64 && (size_t)optin >= KfConvTile<2>::smem(3)) return (int)kf_launch_conv<3, 2>(a, KT, epi, stream);
-  if ((size_t)optin >= KfConvTile<4>::smem(3)) return (int)kf_launch_conv<3, 4>(a, KT, epi, stream);
-  return (int)kf_launch_conv<2, 4>(a, KT, epi, stream);
+  const size_t have = (size_t)optin;
+  if (a.N <= 64 && have >= KfConvTile<2, 32>::smem(3)) return (int)kf_launch_conv<3, 2, 32>(a, epi, stream);
+  if (have >= KfConvTile<4, 64>::smem(3)) return (int)kf_launch_conv<3, 4, 64>(a, epi, stream);
+  if (have >= KfConvTile<4, 64>::smem(2)) return (int)kf_launch_conv<2, 4, 64>(a, epi, stream);
+  return (int)kf_launch_conv<2, 4, 32>(a, epi, stream);
 }
 """
 
@@ -312,7 +317,6 @@ int kf_conv(const KfConvArgs& a, long long KT, const Epi& epi, cudaStream_t stre
 CONV_CPP = r"""
 struct KfConvOperands {
   KfConvArgs g;
-  long long KT;  // K blocks: taps CP rounded up to KF_BK, over KF_BK
   torch::Tensor records, x_scale, amax;
 };
 
@@ -329,12 +333,11 @@ static KfConvOperands kf_conv_operands(const torch::Tensor& x, const torch::Tens
               "kfuse: the convolution's input ", x.sizes(), " does not match its geometry");
   TORCH_CHECK(geo[9] == C && geo[10] == geo[8], "kfuse: the CUDA convolution takes groups = 1 only");
   TORCH_CHECK(cp % KF_CONV_CHANNELS == 0 && cp >= C, "kfuse: padded channels ", cp, " for ", C, " channels");
-  const int64_t KT = (taps * cp + KF_CONV_BLOCK_K - 1) / KF_CONV_BLOCK_K;
   kf_expect(w, "the convolution's weight parts", torch::kFloat16, 2, x);
   kf_expect(w_scale, "the weight's row scales", torch::kFloat32, 1, x);
   const int64_t K2 = w.size(1) / 2;
   TORCH_CHECK(w.size(0) == geo[8] && w_scale.size(0) == geo[8] && w.size(1) % (2 * KF_PAD_K) == 0 &&
-              K2 >= KT * KF_CONV_BLOCK_K,
+              K2 >= taps * cp,
               "kfuse: the convolution's weight parts ", w.sizes(), " do not match its geometry");
   TORCH_CHECK(geo[0] <= (int64_t)1 << 40 && B <= 65535 && geo[8] <= KF_INT_MAX && cp <= 65536 &&
               B * S * 2 * cp <= ((int64_t)1 << 40), "kfuse: convolution too large for the CUDA kernel");
@@ -358,7 +361,7 @@ static KfConvOperands kf_conv_operands(const torch::Tensor& x, const torch::Tens
   g.w = w.data_ptr();
   g.w_scale = w_scale.data_ptr<float>();
   g.K2 = K2;
-  o.KT = KT;
+  g.K = taps * cp;
   return o;
 }
-""".replace("KF_CONV_CHANNELS", str(CONV_CHANNELS)).replace("KF_CONV_BLOCK_K", str(BLOCK_K))
+""".replace("KF_CONV_CHANNELS", str(CONV_CHANNELS))

@@ -238,7 +238,9 @@ __device__ __forceinline__ void kf_load_stage(__half* st, const __half* __restri
 // that never grows keeps that tiny: the Triton tile's "promotion").
 using KfAcc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
 
-// a: the stage's a hi part (its lo part a_part halves on), b: its b hi part (lo b_part on); rows KF_LDS apart
+// a: the stage's a hi part (its lo part a_part halves on), b: its b hi part (lo b_part on); a block BK deep, rows
+// LDS halves apart
+template <int BK, int LDS>
 __device__ __forceinline__ void kf_mma_stage(const __half* a, int a_part, const __half* b, int b_part, int wm, int wn,
                                              KfAcc (&acc)[KF_FM][KF_FN]) {
   using namespace nvcuda;
@@ -248,20 +250,20 @@ __device__ __forceinline__ void kf_mma_stage(const __half* a, int a_part, const 
 #pragma unroll
     for (int j = 0; j < KF_FN; ++j) wmma::fill_fragment(part[i][j], 0.0f);
 #pragma unroll
-  for (int kk = 0; kk < KF_BK; kk += 16) {
+  for (int kk = 0; kk < BK; kk += 16) {
     wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> bh[KF_FN], bl[KF_FN];
 #pragma unroll
     for (int j = 0; j < KF_FN; ++j) {  // b's rows are W's rows (N, K): W^T column-major
-      const __half* pb = b + (wn * KF_WN + j * 16) * KF_LDS + kk;
-      wmma::load_matrix_sync(bh[j], pb, KF_LDS);
-      wmma::load_matrix_sync(bl[j], pb + b_part, KF_LDS);
+      const __half* pb = b + (wn * KF_WN + j * 16) * LDS + kk;
+      wmma::load_matrix_sync(bh[j], pb, LDS);
+      wmma::load_matrix_sync(bl[j], pb + b_part, LDS);
     }
 #pragma unroll
     for (int i = 0; i < KF_FM; ++i) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
-      const __half* pa = a + (wm * KF_WM + i * 16) * KF_LDS + kk;
-      wmma::load_matrix_sync(ah, pa, KF_LDS);
-      wmma::load_matrix_sync(al, pa + a_part, KF_LDS);
+      const __half* pa = a + (wm * KF_WM + i * 16) * LDS + kk;
+      wmma::load_matrix_sync(ah, pa, LDS);
+      wmma::load_matrix_sync(al, pa + a_part, LDS);
 #pragma unroll
       for (int j = 0; j < KF_FN; ++j) {  // the small products first
         wmma::mma_sync(part[i][j], al, bh[j], part[i][j]);
@@ -321,7 +323,7 @@ __global__ void __launch_bounds__(KF_THREADS) kf_gemm_fp16x3p_kernel(
     kf_cp_async_commit();
 
     const __half* st = smem + (kt % STAGES) * KF_STAGE;  // a hi, a lo, b hi, b lo
-    kf_mma_stage(st, KF_PART, st + 2 * KF_PART, KF_PART, wm, wn, acc);
+    kf_mma_stage<KF_BK, KF_LDS>(st, KF_PART, st + 2 * KF_PART, KF_PART, wm, wn, acc);
   }
   kf_cp_async_wait<0>();
   __syncthreads();  // the ring is idle: its shared memory now stages each warp's 64 x 32 fp32 tile
