@@ -1,5 +1,5 @@
-"""`--backend cuda`'s convolution kind (kfuse/cuda/conv.py, conv_source.py): a convolution with groups = 1 and the
-pointwise chain after it as one implicit-GEMM CUDA tile on x's packed records.
+"""`--backend cuda`'s convolution kind (kfuse/cuda/conv.py, conv_source.py): a convolution (any groups but depthwise,
+not transposed) and the pointwise chain after it as one implicit-GEMM CUDA tile on x's packed records.
 
 Without a GPU: which convolutions the kind takes and why the others stay torch calls, the emitted files are complete,
 the CUDA source compiles with nvcc for sm_80 and sm_90 without spills and the C++ glue with g++ against torch's
@@ -27,16 +27,18 @@ from kfuse_testing import ROOT, requires_cuda
 from test_cuda_backend import NVCC_FLAGS, _both_contracts, _contract, _detached, check_emitted, compile_cuda, region_fns
 
 CONV = ROOT / "problems" / "conv"
-# problems/conv files whose convolution has groups = 1 and only pointwise ops after it: 1-d, 2-d, 3-d, strides,
-# dilation, 'same', batch 1, no bias, two outputs, a 1 x 1 kernel, functional forms
+# problems/conv files whose convolution is not depthwise or transposed and has only pointwise ops after it: 1-d, 2-d,
+# 3-d, strides, dilation, 'same', groups, batch 1, no bias, two outputs, a 1 x 1 kernel, functional forms
 PLAIN = ["01_conv2d_relu", "02_conv2d_bias_scale", "03_conv1d_strided_gelu", "04_conv3d_swish_scale",
          "07_conv2d_batch1_leakyrelu", "08_conv2d_odd_nobias_clamp", "09_functional_conv2d_same_mish",
          "10_conv2d_subtract_subtract_mish", "12_conv2d_pointwise_1x1_hardtanh", "13_conv1d_dilated_strided_softplus",
          "14_conv3d_batch1_gelu_bias", "16_conv2d_stride3_sigmoid_gate", "17_conv2d_two_outputs_relu_tanh",
-         "27_conv2d_gelu_tanh_hardsigmoid", "29_conv1d_batch1_scalar_param_clamp_exp"]
-# grouped, depthwise, transposed: torch calls with --backend cuda
-NOT_TAKEN = ["05_depthwise_conv2d_hardswish", "06_grouped_strided_dilated_conv2d_tanh",
-             "19_conv_transpose2d_output_padding_relu", "28_conv3d_grouped_strided_hardswish_div"]
+         "27_conv2d_gelu_tanh_hardsigmoid", "29_conv1d_batch1_scalar_param_clamp_exp",
+         "06_grouped_strided_dilated_conv2d_tanh", "15_grouped_conv2d_silu_sub",
+         "28_conv3d_grouped_strided_hardswish_div"]
+# depthwise, transposed: torch calls with --backend cuda
+NOT_TAKEN = ["05_depthwise_conv2d_hardswish", "11_conv1d_depthwise_same_silu_residual",
+             "19_conv_transpose2d_output_padding_relu", "21_conv_transpose2d_grouped_dilated_scale_tanh"]
 
 
 def _fused(name: str) -> list[str]:
@@ -54,12 +56,12 @@ def test_plain_convolutions_are_one_region_and_the_file_complete(name):
 
 
 @pytest.mark.parametrize("name", NOT_TAKEN)
-def test_grouped_depthwise_and_transposed_convolutions_stay_torch_calls_with_the_reason(name):
+def test_depthwise_and_transposed_convolutions_stay_torch_calls_with_the_reason(name):
     (v,) = compile_cuda(CONV / f"{name}.py").variants
     assert not any(r.fused for r in v.regions)
     reasons = unfused_reasons(v)
     conv = next(why for op, why in reasons.items() if "Conv" in op or "conv" in op)
-    assert "groups = 1, not transposed" in conv
+    assert "no depthwise or transposed convolution" in conv
 
 
 def test_a_norm_after_the_convolution_stays_a_torch_call_and_the_conv_is_fused():
@@ -117,20 +119,21 @@ def split(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 BLOCK_K = 32  # the tile's K block (gemm_source.BLOCK_K)
 
 
-def conv_model(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation) -> torch.Tensor:
+def conv_model(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int = 1,
+               block_k: int = BLOCK_K) -> torch.Tensor:
     """What kf_conv_pack and kf_conv_fp16x3p_kernel compute, with the kernel's layouts and index arithmetic: x's
-    records (B S, 2 CP) scaled per sample, the weight's rows (runtime.conv_weight_rows) split per output channel,
-    then per K block of 32 each 8-wide piece's tap and channels, each output pixel's input pixel (zero in the padding
-    and past the last tap), the block's three products summed exactly and added to an fp32 accumulator, the scales
-    undone."""
-    geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, 1)
-    cp = -(-geo.C_in // runtime.CONV_CHANNELS) * runtime.CONV_CHANNELS
+    records (B S, 2 G CP) scaled per sample, each group's channels padded to CP, the weight's rows
+    (runtime.conv_weight_rows) split per output channel, then per group and K block each 8-wide piece's tap and
+    channels, each output pixel's input pixel (zero in the padding and past the last tap), the block's three products
+    summed exactly and added to an fp32 accumulator, the scales undone."""
+    geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
+    cp = -(-geo.CIN_G // runtime.CONV_CHANNELS) * runtime.CONV_CHANNELS
     taps = geo.KD * geo.KH * geo.KW
     B, S = x.shape[0], geo.D * geo.H * geo.W
     sx = pow2_scales(x.reshape(B, -1).abs().amax(1))
-    v = torch.zeros(B, S, cp)
-    v[:, :, :geo.C_in] = (x.reshape(B, geo.C_in, S) * sx[:, None, None]).transpose(1, 2)
-    x_hi, x_lo = split(v.reshape(B * S, cp))
+    v = torch.zeros(B, S, groups, cp)
+    v[..., :geo.CIN_G] = (x.reshape(B, groups, geo.CIN_G, S) * sx[:, None, None, None]).permute(0, 3, 1, 2)
+    x_hi, x_lo = split(v.reshape(B * S, groups * cp))
     rows = runtime.conv_weight_rows(weight, cp)
     sw = pow2_scales(rows.abs().amax(1))
     w_hi, w_lo = split(rows * sw[:, None])
@@ -139,10 +142,11 @@ def conv_model(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation)
     b, p = m // P, m % P
     od, oh, ow = p // (geo.OW * geo.OH), (p // geo.OW) % geo.OH, p % geo.OW
     acc = torch.zeros(geo.M, geo.C_out)
-    for k0 in range(0, taps * cp, BLOCK_K):
-        a_hi, a_lo = torch.zeros(geo.M, BLOCK_K), torch.zeros(geo.M, BLOCK_K)
-        b_hi, b_lo = torch.zeros(geo.C_out, BLOCK_K), torch.zeros(geo.C_out, BLOCK_K)
-        for kc in range(0, BLOCK_K, 8):
+    for k0, g in ((k0, g) for g in range(groups) for k0 in range(0, taps * cp, block_k)):
+        cols = slice(g * geo.COUT_G, (g + 1) * geo.COUT_G)
+        a_hi, a_lo = torch.zeros(geo.M, block_k), torch.zeros(geo.M, block_k)
+        b_hi, b_lo = torch.zeros(geo.COUT_G, block_k), torch.zeros(geo.COUT_G, block_k)
+        for kc in range(0, block_k, 8):
             tap, c = divmod(k0 + kc, cp)
             if tap >= taps:
                 continue
@@ -151,30 +155,39 @@ def conv_model(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation)
                              ow * geo.SW - geo.PW + kw * geo.DW)
             ok = (i_d >= 0) & (i_d < geo.D) & (i_h >= 0) & (i_h < geo.H) & (i_w >= 0) & (i_w < geo.W)
             pix = torch.where(ok, b * S + (i_d * geo.H + i_h) * geo.W + i_w, 0)
-            a_hi[:, kc:kc + 8] = x_hi[pix, c:c + 8].float() * ok[:, None]
-            a_lo[:, kc:kc + 8] = x_lo[pix, c:c + 8].float() * ok[:, None]
-            b_hi[:, kc:kc + 8] = w_hi[:, k0 + kc:k0 + kc + 8].float()
-            b_lo[:, kc:kc + 8] = w_lo[:, k0 + kc:k0 + kc + 8].float()
+            rec = slice(g * cp + c, g * cp + c + 8)
+            a_hi[:, kc:kc + 8] = x_hi[pix, rec].float() * ok[:, None]
+            a_lo[:, kc:kc + 8] = x_lo[pix, rec].float() * ok[:, None]
+            b_hi[:, kc:kc + 8] = w_hi[cols, k0 + kc:k0 + kc + 8].float()
+            b_lo[:, kc:kc + 8] = w_lo[cols, k0 + kc:k0 + kc + 8].float()
         ah, al, bh, bl = (t.double() for t in (a_hi, a_lo, b_hi, b_lo))
-        acc += (al @ bh.T + ah @ bl.T + ah @ bh.T).float()  # a fresh partial, added in fp32
+        acc[:, cols] += (al @ bh.T + ah @ bl.T + ah @ bh.T).float()  # a fresh partial, added in fp32
     out = acc / sx[b][:, None] / sw[None, :]
     return out.reshape(B, P, geo.C_out).transpose(1, 2).reshape(geo.out_shape)
 
 
-@pytest.mark.parametrize("x_shape,w_shape,stride,padding,dilation", [
-    ((2, 5, 7, 9), (6, 5, 3, 2), (2, 1), (1, 0), (1, 2)),
-    ((1, 37, 11, 13), (70, 37, 3, 3), 1, "same", 1),
-    ((3, 3, 19), (5, 3, 4), 3, 2, 2),
-    ((2, 4, 5, 6, 7), (3, 4, 3, 3, 2), (1, 2, 1), (1, 1, 0), 1),
-    ((2, 64, 6, 6), (9, 64, 1, 1), 1, 0, 1),
-])
-def test_kernel_model_matches_float64(x_shape, w_shape, stride, padding, dilation):
-    """The model (the kernel's layouts and K walk) against torch's float64 convolution: within fp32's rounding."""
+# odd geometries: (x, weight, stride, padding, dilation, groups)
+GEOMETRIES = [
+    ((2, 5, 7, 9), (6, 5, 3, 2), (2, 1), (1, 0), (1, 2), 1),
+    ((1, 37, 11, 13), (70, 37, 3, 3), 1, "same", 1, 1),
+    ((3, 3, 19), (5, 3, 4), 3, 2, 2, 1),
+    ((2, 4, 5, 6, 7), (3, 4, 3, 3, 2), (1, 2, 1), (1, 1, 0), 1, 1),
+    ((2, 64, 6, 6), (9, 64, 1, 1), 1, 0, 1, 1),
+    ((2, 15, 9, 10), (12, 5, 3, 3), (2, 1), 1, (1, 2), 3),
+    ((1, 6, 4, 5, 6), (4, 3, 2, 3, 3), 1, "same", 1, 2),
+]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,stride,padding,dilation,groups", GEOMETRIES)
+@pytest.mark.parametrize("block_k", [32, 64])
+def test_kernel_model_matches_float64(x_shape, w_shape, stride, padding, dilation, groups, block_k):
+    """The model (the kernel's layouts and K walk, both K block depths) against torch's float64 convolution: within
+    fp32's rounding."""
     torch.manual_seed(0)
     x, w = torch.randn(x_shape), torch.randn(w_shape)
-    got = conv_model(x, w, stride, padding, dilation)
+    got = conv_model(x, w, stride, padding, dilation, groups, block_k)
     conv = getattr(torch.nn.functional, f"conv{len(x_shape) - 2}d")
-    want = conv(x.double(), w.double(), None, stride, padding, dilation)
+    want = conv(x.double(), w.double(), None, stride, padding, dilation, groups)
     assert got.shape == want.shape
     scale = want.abs().max().item()
     assert (got.double() - want).abs().max().item() <= 2e-6 * scale
@@ -225,25 +238,20 @@ def test_gpu_gradient_contract(name):
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("x_shape,w_shape,stride,padding,dilation", [
-    ((2, 5, 7, 9), (6, 5, 3, 2), (2, 1), (1, 0), (1, 2)),
-    ((1, 37, 11, 13), (70, 37, 3, 3), 1, "same", 1),
-    ((3, 3, 19), (5, 3, 4), 3, 2, 2),
-    ((2, 4, 5, 6, 7), (3, 4, 3, 3, 2), (1, 2, 1), (1, 1, 0), 1),
-    ((5, 64, 33, 31), (129, 64, 3, 3), 1, 1, 1),
-])
-def test_gpu_kernel_matches_its_model(tmp_path, x_shape, w_shape, stride, padding, dilation):
+@pytest.mark.parametrize("x_shape,w_shape,stride,padding,dilation,groups",
+                         [*GEOMETRIES, ((5, 64, 33, 31), (129, 64, 3, 3), 1, 1, 1, 1)])
+def test_gpu_kernel_matches_its_model(tmp_path, x_shape, w_shape, stride, padding, dilation, groups):
     """The CUDA kernels against conv_model at odd geometries: the layouts and the K walk the model checks against
     float64 on the CPU (the tensor core's own truncation within a block: a few fp32 ulps)."""
     torch.manual_seed(0)
     dims = len(x_shape) - 2
     conv = getattr(torch.nn, f"Conv{dims}d")(x_shape[1], w_shape[0], w_shape[2:], stride=stride, padding=padding,
-                                             dilation=dilation, bias=False)
+                                             dilation=dilation, groups=groups, bias=False)
     path = tmp_path / "one_conv.py"
     path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
                     "    def __init__(self):\n        super().__init__()\n"
                     f"        self.conv = nn.Conv{dims}d({x_shape[1]}, {w_shape[0]}, {tuple(w_shape[2:])}, "
-                    f"stride={stride!r}, padding={padding!r}, dilation={dilation!r}, bias=False)\n\n"
+                    f"stride={stride!r}, padding={padding!r}, dilation={dilation!r}, groups={groups}, bias=False)\n\n"
                     "    def forward(self, x):\n        return self.conv(x)\n\n\n"
                     f"def get_inputs():\n    return [torch.randn{tuple(x_shape)}]\n\n\n"
                     "def get_init_inputs():\n    return []\n")
@@ -255,8 +263,9 @@ def test_gpu_kernel_matches_its_model(tmp_path, x_shape, w_shape, stride, paddin
     x = torch.randn(x_shape)
     with torch.no_grad():
         got = model(x.cuda()).cpu()
-    want = conv_model(x, conv.weight.detach(), stride, padding, dilation)
+    block_k = 32 if w_shape[0] // groups <= 64 else 64  # kf_conv's tile on an sm_90 GPU
+    want = conv_model(x, conv.weight.detach(), stride, padding, dilation, groups, block_k)
     exact = torch.nn.functional.__dict__[f"conv{dims}d"](x.double(), conv.weight.detach().double(), None, stride,
-                                                          padding, dilation)
+                                                          padding, dilation, groups)
     assert got.shape == want.shape
     assert (got.double() - want.double()).abs().max().item() <= 4e-6 * exact.abs().max().item()

@@ -28,6 +28,8 @@
 #   conv    the convolution kind (kfuse/cuda/conv.py): kfuse optimize --backend cuda of the problems/conv files it
 #           takes whole (tests/test_cuda_conv.py's PLAIN), 8 at a time, then that file's GPU tests, then seed 12 with
 #           KFUSE_CUDA_SM90=0 (the WMMA GEMM, whose mainloop the conv tile shares)
+#   convgroups  the grouped problems/conv files (06, 15, 28) and 01 through kfuse optimize --backend cuda, 4 at a time,
+#           beside tests/test_cuda_conv.py's GPU test of the kernel against its model (grouped geometries too)
 #   convkb  KernelBench level 2's convolutions the kind takes with everything after them (CONVKB, default 1 4 47 54
 #           87 90; KB2: a folder of its level-2 files, default kb/level2, carried), full size, 4 at a time, then
 #           kfuse bench of them with each backend
@@ -149,6 +151,12 @@ write_problem(Path(sys.argv[1]), *EVERY_KIND, name='every_kind')" "$out/kind_cas
         echo "pytest: exit $? $(tail -1 "$out/pytest-conv.log")"
         grep -E "^FAILED|Error" "$out/pytest-conv.log" | head -20
         KFUSE_CUDA_SM90=0 optimize_one problems/seeds/12_gemm_multiply_leakyrelu.py "$out/conv";;
+    convgroups)
+        mkdir -p "$out/convgroups"
+        (TRITON_INTERPRET=0 timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_conv.py -k model \
+            > "$out/pytest-convgroups.log" 2>&1; echo "pytest: exit $? $(tail -1 "$out/pytest-convgroups.log")") &
+        ls problems/conv/{06,15,28,01}_*.py | xargs -P 4 -I{} bash -c 'optimize_one {} '"$out/convgroups"
+        wait;;
     convkb)
         mkdir -p "$out/convkb"
         kb2="$(realpath "${KB2:-kb/level2}")"

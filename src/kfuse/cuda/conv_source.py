@@ -29,7 +29,9 @@ functor on every output element.
                        Flops: 3 x 2 M C_out taps CP on tensor cores (padding channels to CP costs CP / C of that).
                        Bytes: the records read once per column tile (through L1/L2 across the taps), the output
                        written once.
-Groups = 1 only (the kind's `starts`); any stride, padding, dilation, 1-, 2- or 3-d (as 3-d with unit leading dims).
+Groups: each group's channels padded to CP in the records ([group 0 | group 1 | ...] per part), a block's column tile
+within one group, its K that group's; any stride, padding, dilation, 1-, 2- or 3-d (as 3-d with unit leading dims).
+Not depthwise (the kind's `starts`: one channel a group would pad to 8 and fill one column of a 64-wide tile).
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ CONV_COMMON = r"""
 struct KfConvArgs {
   long long M;  // output pixels B OD OH OW
   int N;        // output channels
-  int CP;       // input channels padded to a multiple of 8: one record's hi part, then its lo part
+  int G, COUT_G;  // groups, output channels a group
+  int CP;       // a group's input channels padded to a multiple of 8; a record's part holds G of them (RW = G CP)
   int D, H, W, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW;
-  const void* x;         // (B D H W, 2 CP) fp16 records (kf_conv_pack)
+  const void* x;         // (B D H W, 2 G CP) fp16 records (kf_conv_pack)
   const float* x_scale;  // (B,) the samples' powers of two
   const void* w;         // (N, 2 K2) fp16 rows [hi | lo] of the weight's (N, taps CP) rows (kf_split_rows)
   const float* w_scale;  // (N,)
@@ -52,8 +55,8 @@ struct KfConvArgs {
   long long K2;          // the weight's hi part: K padded to KF_PAD_K = 64, a multiple of every K block
 };
 
-int kf_conv_pack(const float* x, long long B, long long C, long long S, long long CP, unsigned* amax, void* records,
-                 float* scale, cudaStream_t stream);
+int kf_conv_pack(const float* x, long long B, long long C, long long S, long long CIN_G, long long CP,
+                 unsigned* amax, void* records, float* scale, cudaStream_t stream);
 """
 
 CONV = r"""
@@ -82,35 +85,38 @@ __global__ void __launch_bounds__(256) kf_sample_amax_kernel(const float* __rest
   }
 }
 
-// x (B, C, S) -> records (B S, 2 CP): blocks (32 pixels, 32 channels, b), 8 rows of 32 threads; channels C..CP zero
-__global__ void __launch_bounds__(256) kf_conv_pack_kernel(const float* __restrict__ x, int C, long long S, int CP,
-                                                           const unsigned* __restrict__ amax,
+// x (B, C, S) -> records (B S, 2 RW), RW = groups x CP: blocks (32 pixels, 32 record columns, b), 8 rows of 32
+// threads; record column d holds group d / CP's channel d % CP (zero from CIN_G on)
+__global__ void __launch_bounds__(256) kf_conv_pack_kernel(const float* __restrict__ x, int C, long long S, int CIN_G,
+                                                           int CP, int RW, const unsigned* __restrict__ amax,
                                                            __half* __restrict__ records, float* __restrict__ scale) {
-  __shared__ float t[32][33];  // [channel][pixel], + 1: the transposed reads hit distinct banks
+  __shared__ float t[32][33];  // [column][pixel], + 1: the transposed reads hit distinct banks
   const int b = blockIdx.z, c0 = blockIdx.y * 32, tx = threadIdx.x % 32, ty = threadIdx.x / 32;
   const long long s0 = (long long)blockIdx.x * 32;
   const float sc = kf_pow2_scale(__uint_as_float(amax[b]));
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale[b] = sc;
   for (int i = ty; i < 32; i += 8) {
-    const int c = c0 + i;
+    const int d = c0 + i, g = d / CP, cg = d - g * CP;
+    const int c = g * CIN_G + cg;  // the source channel
     const long long s = s0 + tx;
-    t[i][tx] = (c < C && s < S) ? x[((long long)b * C + c) * S + s] * sc : 0.0f;  // exact: sc a power of two
+    const bool ok = d < RW && cg < CIN_G && c < C && s < S;
+    t[i][tx] = ok ? x[((long long)b * C + c) * S + s] * sc : 0.0f;  // exact: sc a power of two
   }
   __syncthreads();
   for (int i = ty; i < 32; i += 8) {
     const long long s = s0 + i;
     if (s >= S) break;
-    if (c0 + tx >= CP) continue;
+    if (c0 + tx >= RW) continue;
     const float v = t[tx][i];
     const __half h = __float2half_rn(v);
-    __half* rec = records + ((long long)b * S + s) * 2 * CP + c0 + tx;
+    __half* rec = records + ((long long)b * S + s) * 2 * RW + c0 + tx;
     rec[0] = h;
-    rec[CP] = __float2half_rn(v - __half2float(h));
+    rec[RW] = __float2half_rn(v - __half2float(h));
   }
 }
 
-int kf_conv_pack(const float* x, long long B, long long C, long long S, long long CP, unsigned* amax, void* records,
-                 float* scale, cudaStream_t stream) {
+int kf_conv_pack(const float* x, long long B, long long C, long long S, long long CIN_G, long long CP,
+                 unsigned* amax, void* records, float* scale, cudaStream_t stream) {
   if (B == 0 || S == 0) return 0;
   cudaError_t err = cudaMemsetAsync(amax, 0, B * sizeof(unsigned), stream);
   if (err != cudaSuccess) return (int)err;
@@ -122,8 +128,10 @@ int kf_conv_pack(const float* x, long long B, long long C, long long S, long lon
     kf_sample_amax_kernel<true><<<red, 256, 0, stream>>>(x, per_sample, amax);
   else
     kf_sample_amax_kernel<false><<<red, 256, 0, stream>>>(x, per_sample, amax);
-  const dim3 grid((unsigned)((S + 31) / 32), (unsigned)((CP + 31) / 32), (unsigned)B);
-  kf_conv_pack_kernel<<<grid, 256, 0, stream>>>(x, (int)C, S, (int)CP, amax, static_cast<__half*>(records), scale);
+  const long long RW = C / CIN_G * CP;
+  const dim3 grid((unsigned)((S + 31) / 32), (unsigned)((RW + 31) / 32), (unsigned)B);
+  kf_conv_pack_kernel<<<grid, 256, 0, stream>>>(x, (int)C, S, (int)CIN_G, (int)CP, (int)RW, amax,
+                                                static_cast<__half*>(records), scale);
   return (int)cudaGetLastError();
 }
 
@@ -185,7 +193,8 @@ __device__ __forceinline__ KfConvRow kf_conv_row(const KfConvArgs& a, long long 
 // M are zeros; the weight's rows are zero past taps CP (kf_split_rows pads them).
 template <class T>
 __device__ __forceinline__ void kf_conv_load_stage(__half* st, const KfConvArgs& a,
-                                                   const KfConvRow (&rows)[T::A_CHUNKS], int col0, int kt) {
+                                                   const KfConvRow (&rows)[T::A_CHUNKS], int group, int col0,
+                                                   int kt) {
   const __half* x = static_cast<const __half*>(a.x);
   const __half* w = static_cast<const __half*>(a.w);
   const int kc = (threadIdx.x % (T::BK / 8)) * 8;
@@ -201,15 +210,17 @@ __device__ __forceinline__ void kf_conv_load_stage(__half* st, const KfConvArgs&
     const bool ok = in_k && row.ok && (unsigned)id < (unsigned)a.D && (unsigned)ih < (unsigned)a.H &&
                     (unsigned)iw < (unsigned)a.W;
     const long long pix = ok ? row.base + ((long long)id * a.H + ih) * a.W + iw : 0;
-    const __half* src = x + pix * 2 * a.CP + c;
+    const int rw = a.G * a.CP;
+    const __half* src = x + pix * 2 * rw + group * a.CP + c;
     const int s = r * T::LDS + kc;
     kf_cp_async16_zfill(st + s, src, ok);
-    kf_cp_async16_zfill(st + T::A_PART + s, src + a.CP, ok);
+    kf_cp_async16_zfill(st + T::A_PART + s, src + rw, ok);
   }
 #pragma unroll
   for (int i = 0; i < T::B_CHUNKS; ++i) {
     const int r = (threadIdx.x + i * T::THREADS) / (T::BK / 8);
-    const long long gb = (long long)min(col0 + r, a.N - 1) * 2 * a.K2 + k;  // past N: never stored
+    const int last = (group + 1) * a.COUT_G - 1;  // the group's last channel: past it, never stored
+    const long long gb = (long long)min(col0 + r, last) * 2 * a.K2 + k;
     const int s = 2 * T::A_PART + r * T::LDS + kc;
     kf_cp_async16(st + s, w + gb);
     kf_cp_async16(st + T::B_PART + s, w + gb + a.K2);
@@ -224,10 +235,12 @@ __global__ void __launch_bounds__(KfConvTile<WARPS_N, BK>::THREADS) kf_conv_fp16
   constexpr int LD = KF_WM + 4;  // the epilogue's column-major warp tile: a multiple of 4 floats (wmma)
   extern __shared__ __align__(128) unsigned char kf_smem[];
   __half* smem = reinterpret_cast<__half*>(kf_smem);
-  // column tiles fastest: the blocks in flight share their rows' records in L2
-  const int tiles_n = (a.N + T::BN - 1) / T::BN;
+  // column tiles fastest (a group's, then the next group's): the blocks in flight share their rows' records in L2
+  const int tiles_g = (a.COUT_G + T::BN - 1) / T::BN, tiles_n = a.G * tiles_g;
   const long long row0 = (long long)(blockIdx.x / tiles_n) * KF_BM;
-  const int col0 = (int)(blockIdx.x % tiles_n) * T::BN;
+  const int group = (int)(blockIdx.x % tiles_n) / tiles_g;
+  const int col0 = group * a.COUT_G + (int)(blockIdx.x % tiles_n % tiles_g) * T::BN;
+  const int col_end = (group + 1) * a.COUT_G;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
 
@@ -243,14 +256,14 @@ __global__ void __launch_bounds__(KfConvTile<WARPS_N, BK>::THREADS) kf_conv_fp16
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < KT) kf_conv_load_stage<T>(smem + s * T::STAGE, a, rows, col0, s);
+    if (s < KT) kf_conv_load_stage<T>(smem + s * T::STAGE, a, rows, group, col0, s);
     kf_cp_async_commit();
   }
   for (int kt = 0; kt < KT; ++kt) {
     kf_cp_async_wait<STAGES - 2>();  // K block kt has landed (this thread's copies) ...
     __syncthreads();                 // ... everyone's, and every warp is done with the stage refilled next
     const int next = kt + STAGES - 1;
-    if (next < KT) kf_conv_load_stage<T>(smem + (next % STAGES) * T::STAGE, a, rows, col0, next);
+    if (next < KT) kf_conv_load_stage<T>(smem + (next % STAGES) * T::STAGE, a, rows, group, col0, next);
     kf_cp_async_commit();
     const __half* st = smem + (kt % STAGES) * T::STAGE;
     kf_mma_stage<BK, T::LDS>(st, T::A_PART, st + 2 * T::A_PART, T::B_PART, wm, wn, acc);
@@ -275,7 +288,7 @@ __global__ void __launch_bounds__(KfConvTile<WARPS_N, BK>::THREADS) kf_conv_fp16
     const long long b = m / P;
     const long long base = b * a.N * P + (m - b * P);
     const float inv_a = kf_pow2_inv(a.x_scale[b]);
-    for (int j = 0; j < KF_WN && n0 + j < a.N; ++j) {
+    for (int j = 0; j < KF_WN && n0 + j < col_end; ++j) {
       const int n = n0 + j;
       epi(epi.column(n), base, n, tile[j * LD + r] * inv_a * kf_pow2_inv(a.w_scale[n]));
     }
@@ -288,7 +301,7 @@ cudaError_t kf_launch_conv(const KfConvArgs& a, const Epi& epi, cudaStream_t str
   auto kernel = kf_conv_fp16x3p_kernel<STAGES, WARPS_N, BK, Epi>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::smem(STAGES));
   if (err != cudaSuccess) return err;
-  const long long tiles = ((a.M + KF_BM - 1) / KF_BM) * ((a.N + T::BN - 1) / T::BN);
+  const long long tiles = ((a.M + KF_BM - 1) / KF_BM) * a.G * ((a.COUT_G + T::BN - 1) / T::BN);
   kernel<<<(unsigned)tiles, T::THREADS, T::smem(STAGES), stream>>>(a, epi);
   return cudaGetLastError();
 }
@@ -305,7 +318,7 @@ int kf_conv(const KfConvArgs& a, const Epi& epi, cudaStream_t stream) {
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (err != cudaSuccess) return (int)err;
   const size_t have = (size_t)optin;
-  if (a.N <= 64 && have >= KfConvTile<2, 32>::smem(3)) return (int)kf_launch_conv<3, 2, 32>(a, epi, stream);
+  if (a.COUT_G <= 64 && have >= KfConvTile<2, 32>::smem(3)) return (int)kf_launch_conv<3, 2, 32>(a, epi, stream);
   if (have >= KfConvTile<4, 64>::smem(3)) return (int)kf_launch_conv<3, 4, 64>(a, epi, stream);
   if (have >= KfConvTile<4, 64>::smem(2)) return (int)kf_launch_conv<2, 4, 64>(a, epi, stream);
   return (int)kf_launch_conv<2, 4, 32>(a, epi, stream);
@@ -322,7 +335,7 @@ struct KfConvOperands {
 
 // geo: kfuse/kernels/conv_geometry.py's ConvGeometry.args() (M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G,
 // KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW); w (C_out, 2 K2) and w_scale (C_out,): split_rows of the weight's
-// (C_out, taps cp) rows (runtime.conv_weight_rows)
+// (C_out, taps cp) rows (runtime.conv_weight_rows), cp = CIN_G padded to KF_CONV_CHANNELS
 static KfConvOperands kf_conv_operands(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& w_scale,
                                        const std::vector<int64_t>& geo, int64_t cp) {
   TORCH_CHECK(geo.size() == 23, "kfuse: a convolution's geometry has 23 sizes, got ", geo.size());
@@ -331,26 +344,30 @@ static KfConvOperands kf_conv_operands(const torch::Tensor& x, const torch::Tens
   const int64_t B = x.size(0), C = geo[1], S = geo[2] * geo[3] * geo[4], taps = geo[11] * geo[12] * geo[13];
   TORCH_CHECK(x.numel() == B * C * S && geo[0] == B * geo[5] * geo[6] * geo[7],
               "kfuse: the convolution's input ", x.sizes(), " does not match its geometry");
-  TORCH_CHECK(geo[9] == C && geo[10] == geo[8], "kfuse: the CUDA convolution takes groups = 1 only");
-  TORCH_CHECK(cp % KF_CONV_CHANNELS == 0 && cp >= C, "kfuse: padded channels ", cp, " for ", C, " channels");
+  const int64_t G = C / geo[9];
+  TORCH_CHECK(geo[9] * G == C && geo[10] * G == geo[8], "kfuse: ", C, " input and ", geo[8],
+              " output channels are not ", G, " groups of ", geo[9], " and ", geo[10]);
+  TORCH_CHECK(cp % KF_CONV_CHANNELS == 0 && cp >= geo[9], "kfuse: padded channels ", cp, " for ", geo[9], " a group");
   kf_expect(w, "the convolution's weight parts", torch::kFloat16, 2, x);
   kf_expect(w_scale, "the weight's row scales", torch::kFloat32, 1, x);
   const int64_t K2 = w.size(1) / 2;
   TORCH_CHECK(w.size(0) == geo[8] && w_scale.size(0) == geo[8] && w.size(1) % (2 * KF_PAD_K) == 0 &&
               K2 >= taps * cp,
               "kfuse: the convolution's weight parts ", w.sizes(), " do not match its geometry");
-  TORCH_CHECK(geo[0] <= (int64_t)1 << 40 && B <= 65535 && geo[8] <= KF_INT_MAX && cp <= 65536 &&
-              B * S * 2 * cp <= ((int64_t)1 << 40), "kfuse: convolution too large for the CUDA kernel");
+  TORCH_CHECK(geo[0] <= (int64_t)1 << 40 && B <= 65535 && geo[8] <= KF_INT_MAX && G * cp <= 65536 &&
+              B * S * 2 * G * cp <= ((int64_t)1 << 40), "kfuse: convolution too large for the CUDA kernel");
   KfConvOperands o;
-  o.records = torch::empty({B * S, 2 * cp}, x.options().dtype(torch::kFloat16));
+  o.records = torch::empty({B * S, 2 * G * cp}, x.options().dtype(torch::kFloat16));
   o.x_scale = torch::empty({B}, x.options());
   o.amax = torch::empty({B}, x.options().dtype(torch::kInt32));
-  kf_check(kf_conv_pack(x.data_ptr<float>(), B, C, S, cp, reinterpret_cast<unsigned*>(o.amax.data_ptr<int>()),
+  kf_check(kf_conv_pack(x.data_ptr<float>(), B, C, S, geo[9], cp, reinterpret_cast<unsigned*>(o.amax.data_ptr<int>()),
                         o.records.data_ptr(), o.x_scale.data_ptr<float>(), c10::cuda::getCurrentCUDAStream()),
            "kf_conv_pack");
   KfConvArgs& g = o.g;
   g.M = geo[0];
   g.N = (int)geo[8];
+  g.G = (int)G;
+  g.COUT_G = (int)geo[10];
   g.CP = (int)cp;
   int* dims[] = {&g.D, &g.H, &g.W, &g.OD, &g.OH, &g.OW};
   for (int i = 0; i < 6; ++i) *dims[i] = (int)geo[2 + i];
