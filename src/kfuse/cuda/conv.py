@@ -13,9 +13,9 @@ fp16x3p split, whatever GEMM_SCHEME says (the kind has no CUDA-core twin).
 
 from __future__ import annotations
 
-from kfuse.backward import class_name, param_exprs, reference_body, region_inputs
+from kfuse.backward import class_name, region_inputs
 from kfuse.cuda.conv_source import CONV_CHANNELS
-from kfuse.cuda.epilogue import CudaRegion, _method
+from kfuse.cuda.epilogue import CudaRegion, recompute_function_source
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
 from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
 from kfuse.ir import Graph, Region
@@ -87,7 +87,7 @@ def sources(stem: str, struct: str, members: list[Member]) -> tuple[str, str]:
 def python_source(region: Region, g: Graph, stem: str, cls: str, members: list[Member]) -> str:
     """`fused_<stem>(x, weight, inputs..., stride, padding, dilation, groups)` and the region's CudaRecomputeFn."""
     anchor = region.anchor
-    x, weight = anchor.args[0], anchor.args[1]
+    weight = anchor.args[1]
     fed = inputs(members)
     n_out = len(region.outputs)
     replaced = " -> ".join(n.origin for n in region.nodes)
@@ -104,14 +104,7 @@ def python_source(region: Region, g: Graph, stem: str, cls: str, members: list[M
     values = [m.value for m in fed]
     launch = (f"return fused_{stem}(x, {weight.expr()}, {''.join(v + ', ' for v in values)}"
               f"{', '.join(geometry_code(anchor))})")
-    params_ = param_exprs(region)
-    lines = [f"class {cls}(CudaRecomputeFn):",
-             docstring(f"Autograd for fused_{stem} ({replaced}). Forward: the CUDA kernels. Backward: the region "
-                       "recomputed in float64 torch and differentiated.")]
-    lines += _method("launch", ["self", "x"], [launch])
-    lines += _method("params", ["self"], [f"return ({', '.join(params_)}{',' if len(params_) == 1 else ''})"])
-    lines += _method("reference", ["self", "fwd_state", "cast", x], reference_body(region))
-    return launcher + "\n\n" + "\n".join(lines) + "\n"
+    return launcher + "\n\n" + recompute_function_source(region, stem, cls, launch, "kernels")
 
 
 def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaRegion:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kfuse.backward import class_name, param_exprs, region_inputs, spell
+from kfuse.backward import class_name, param_exprs, reference_body, region_inputs, spell
 from kfuse.cuda.glue import (
     Member,
     bound_name,
@@ -76,6 +76,21 @@ def launcher_source(region: Region, g: Graph, stem: str, members: list) -> str:
 
 def _method(name: str, params: list[str], body: list[str]) -> list[str]:
     return ["", "    @staticmethod", f"    def {name}({', '.join(params)}):", *[f"        {ln}" for ln in body]]
+
+
+def recompute_function_source(region: Region, stem: str, cls: str, launch: str, kernels: str = "kernel") -> str:
+    """The region's CudaRecomputeFn: launch(self, x) returns `launch` (a call of fused_<stem>), backward recomputes
+    the region in float64 torch (its `reference`) and differentiates it."""
+    (x,) = region_inputs(region)
+    params = param_exprs(region)
+    replaced = " -> ".join(n.origin for n in region.nodes)
+    lines = [f"class {cls}(CudaRecomputeFn):",
+             docstring(f"Autograd for fused_{stem} ({replaced}). Forward: the CUDA {kernels}. Backward: the region "
+                       "recomputed in float64 torch and differentiated.")]
+    lines += _method("launch", ["self", "x"], [launch])
+    lines += _method("params", ["self"], [f"return ({', '.join(params)}{',' if len(params) == 1 else ''})"])
+    lines += _method("reference", ["self", "fwd_state", "cast", x], reference_body(region))
+    return "\n".join(lines) + "\n"
 
 
 def function_source(region: Region, stem: str, cls: str, values: list[str]) -> str:

@@ -12,8 +12,8 @@ recomputed in float64 torch.
 
 from __future__ import annotations
 
-from kfuse.backward import class_name, param_exprs, reference_body, region_inputs
-from kfuse.cuda.epilogue import CudaRegion, _method
+from kfuse.backward import class_name, region_inputs
+from kfuse.cuda.epilogue import CudaRegion, recompute_function_source
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_param, inputs, launcher_head
 from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
 from kfuse.ir import Graph, Param, Region
@@ -89,14 +89,7 @@ def python_source(region: Region, stem: str, cls: str, members: list[Member]) ->
     values = [m.value for m in fed]
     bias_expr = bias.expr() if isinstance(bias, Param) else "None"
     launch = f"return fused_{stem}(x, {weight.expr()}, {bias_expr}{''.join(', ' + v for v in values)})"
-    params_ = param_exprs(region)
-    lines = [f"class {cls}(CudaRecomputeFn):",
-             docstring(f"Autograd for fused_{stem} ({replaced}). Forward: the CUDA kernel. Backward: the region "
-                       "recomputed in float64 torch and differentiated.")]
-    lines += _method("launch", ["self", "x"], [launch])
-    lines += _method("params", ["self"], [f"return ({', '.join(params_)}{',' if len(params_) == 1 else ''})"])
-    lines += _method("reference", ["self", "fwd_state", "cast", x], reference_body(region))
-    return launcher + "\n\n" + "\n".join(lines) + "\n"
+    return launcher + "\n\n" + recompute_function_source(region, stem, cls, launch)
 
 
 def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaRegion:
