@@ -1,6 +1,6 @@
 """The CUDA code of the convolution kind: nn.Conv1d/2d/3d or F.conv1d/2d/3d (any stride, padding, 'same', dilation,
-groups but depthwise; bias or none) and the pointwise chain after it, the twin of the Triton backend's
-`conv_epilogue`.
+groups but depthwise; bias or none) and the pointwise chain after it, the twin of the registry's plain
+convolution kind (the one a norm or reduction after the chain takes over on the Triton backend).
 
 A region becomes: its functor `Conv_<stem>` (the bias, the chain, the stores at `base + n P` into NC(D)HW outputs),
 the CUDA launcher running conv_source.py's implicit-GEMM tile with it, the bound C++ function (x's records packed

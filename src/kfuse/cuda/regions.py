@@ -16,7 +16,7 @@ can run it, and its `cuda_code` writes the region's code:
   a row reduction      or row norm over the GEMM's features (kfuse/cuda/rowreduce.py)
   a pool               over the GEMM's features, its ops and a reduction of the pooled row (kfuse/cuda/pool.py)
   the plain conv        nn.Conv1d/2d/3d / F.conv1d/2d/3d (any groups but depthwise) and the pointwise chain after
-  epilogue              it (the registry's `conv_epilogue`; kfuse/cuda/conv.py): an implicit-GEMM tile on x's
+  epilogue              it (the registry's upgradable conv kind; kfuse/cuda/conv.py): an implicit-GEMM tile on x's
                         packed records
 The other convolution kinds (a norm, reduction or pool after it), depthwise and transposed convolutions have no CUDA
 twin: with --backend cuda they are torch calls. The kinds that launch nothing of kfuse's (host values
