@@ -53,6 +53,12 @@ def test_plain_convolutions_are_one_region_and_the_file_complete(name):
     assert [r.kind for r in v.regions if r.fused] == ["conv_epilogue"] and not v.unfused
     check_emitted(compiled.source)
     assert "conv_geometry(" in compiled.source and "kf_conv_fp16x3p_kernel" in compiled.source
+    assert "# Convolutions: x packed" in compiled.source  # the header says how the convolution runs
+
+
+def test_a_file_without_a_convolution_says_nothing_of_them():
+    source = compile_cuda(ROOT / "problems" / "gemm" / "04_gemm_divide_sum_scaling.py").source
+    assert "# Convolutions:" not in source and "kf_conv" not in source
 
 
 @pytest.mark.parametrize("name", NOT_TAKEN)

@@ -27,6 +27,7 @@ from kfuse.cuda.regions import cuda_kind, unfused_reasons
 from kfuse.emit import STRICT_FP32, _split_future, call_imports, claim_stem, emit, forward_method, generated_line
 from kfuse.library import CUDA_MODULES, Library, free_names, library
 from kfuse.modes import Variant, guards
+from kfuse.ops import CONV_OPS
 from kfuse.regions import generate
 from kfuse.regions.common import kernel_name
 
@@ -36,6 +37,9 @@ SCHEME_NOTES = {
                "CUTLASS's headers (pip install nvidia-cutlass), else a WMMA tile",
     "ieee": "fp32 operands on the CUDA cores, float64 products and sums rounded to fp32 once",
 }
+CONV_NOTE = ("x packed on every call into per-pixel fp16 hi/lo records (a per-sample power-of-two scale, each group's "
+             "channels padded to 8), then an implicit-GEMM WMMA tile over the taps with fp16x3p's three products and "
+             "promotion, whatever the GEMM scheme; the weight's split is cached by its version counter.")
 CUDA_MODULE = '''def cuda_module():
     """The compiled extension of CUDA_SRC and CPP_SRC: built on the first call on this machine, then loaded from
     the cache folder (runtime.load_extension)."""
@@ -105,6 +109,8 @@ def header(problem_name: str, variants: Sequence[Variant], scheme: str, verified
             lines.append(f"#   Exact rewrites applied: {', '.join(v.rewrites)}.")
     lines.append(f"# GEMM scheme: {scheme} ({SCHEME_NOTES.get(scheme, scheme)}); GEMMs of at most 16 rows: a GEMV "
                  "kernel (W read once, float64 sums on the CUDA cores).")
+    if any(r.fused and r.anchor.op in CONV_OPS for v in variants for r in v.regions):
+        lines.append(f"# Convolutions: {CONV_NOTE}")
     lines.append("# Training: each fused region is a torch.autograd.Function (used only when a gradient is needed).")
     lines += [f"# {ln}" for ln in verified]
     return [w for ln in lines for w in textwrap.wrap(ln, 118, subsequent_indent="#     ")]
