@@ -133,7 +133,7 @@ def conv_model(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation,
     channels, each output pixel's input pixel (zero in the padding and past the last tap), the block's three products
     summed exactly and added to an fp32 accumulator, the scales undone."""
     geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
-    cp = -(-geo.CIN_G // runtime.CONV_CHANNELS) * runtime.CONV_CHANNELS
+    cp = runtime.conv_channels(geo.CIN_G)
     taps = geo.KD * geo.KH * geo.KW
     B, S = x.shape[0], geo.D * geo.H * geo.W
     sx = pow2_scales(x.reshape(B, -1).abs().amax(1))

@@ -14,9 +14,9 @@ fp16x3p split, whatever GEMM_SCHEME says (the kind has no CUDA-core twin).
 from __future__ import annotations
 
 from kfuse.backward import class_name, region_inputs
-from kfuse.cuda.conv_source import CONV_CHANNELS
 from kfuse.cuda.epilogue import CudaRegion, recompute_function_source
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
+from kfuse.cuda.runtime import conv_channels
 from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
 from kfuse.ir import Graph, Region
 from kfuse.regions.common import docstring, var
@@ -30,7 +30,7 @@ def cost_line(region: Region, g: Graph) -> str:
     x_numel, out_numel = numel(g.shape_of(anchor.args[0])), numel(anchor.shape)
     c_out, c_in, *kernel = anchor.args[1].shape
     taps = numel(tuple(kernel))
-    cp = -(-c_in // CONV_CHANNELS) * CONV_CHANNELS
+    cp = conv_channels(c_in)
     flops = 2 * out_numel * c_in * taps
     records = 4 * x_numel // c_in * cp  # bytes: hi and lo fp16 per padded channel
     moved = 2 * 4 * x_numel + 2 * records + 4 * c_out * taps * cp + 4 * len(region.outputs) * out_numel

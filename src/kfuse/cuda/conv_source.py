@@ -36,7 +36,7 @@ Not depthwise (the kind's `starts`: one channel a group would pad to 8 and fill 
 
 from __future__ import annotations
 
-CONV_CHANNELS = 8  # CP is the input channels rounded up to this: one 16-byte copy of fp16 (runtime's copy)
+from kfuse.cuda.runtime import CONV_CHANNELS  # CP: a group's input channels rounded up to it (runtime.conv_channels)
 
 # Both translation units: the kernel's arguments and the pack's host function.
 CONV_COMMON = r"""
