@@ -55,7 +55,7 @@ def conv_struct(region: Region, struct: str) -> tuple[str, list[Member]]:
     members = [Member(f"out{i}", "out") for i in range(len(region.outputs))]
     doc = "The epilogue of " + " -> ".join(n.origin for n in region.nodes) + ", on one element of the convolution's " \
         "fp32 accumulator."
-    return (functor_struct(struct, doc, members, args, body, at="m + n * P", sizes=("N", "P")),
+    return (functor_struct(struct, doc, members, args, body, at="m + n * P", sizes=("P",)),
             [*members, *args.members])
 
 
@@ -65,7 +65,7 @@ def sources(stem: str, struct: str, members: list[Member]) -> tuple[str, str]:
     outs = [m for m in members if m.kind == "out"]
     launch = ["const KfConvArgs& g", *[c_param(m) for m in members], "cudaStream_t stream"]
     sets = "\n".join(f"  epi.{m.name} = {m.name};" for m in members)
-    cu = (f"{launcher_head(stem, launch)} {{\n  {struct} epi;\n{sets}\n  epi.N = g.N;\n"
+    cu = (f"{launcher_head(stem, launch)} {{\n  {struct} epi;\n{sets}\n"
           "  epi.P = (long long)g.OD * g.OH * g.OW;\n  return kf_conv(g, epi, stream);\n}\n")
     tensors = "".join(", " + cpp_param(m) for m in inputs(members))
     args = [f"{m.name}.data_ptr<float>()" for m in outs] + [cpp_arg(m) for m in inputs(members)]
