@@ -36,7 +36,7 @@ from kfuse.modes import Variant
 from kfuse.ops import CONV_OPS, POOL_OPS, REDUCE_OPS, ROW_NORM_OPS
 from kfuse.partition import partition
 from kfuse.regions import KINDS as REGISTRY
-from kfuse.regions.conv_common import is_conv_anchor
+from kfuse.regions.conv_common import TRANSPOSED, is_conv_anchor
 from kfuse.regions.kind import RegionKind, Walk
 
 BACKEND = "cuda"
@@ -177,7 +177,7 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
             elif n.op == "matmul" and isinstance(n.args[1], str) and long_k(n, v.graph):
                 why = (f"a product of two values over K >= {LONG_K}: --backend cuda has no split-K, and one fp32 "
                        f"chain over K misses rule 3 (--backend triton: {kind})")
-            elif n.op in (*CONV_OPS, "conv_transpose"):
+            elif n.op in (*CONV_OPS, TRANSPOSED):
                 why = f"--backend cuda fuses no depthwise or transposed convolution (--backend triton: {kind})"
             elif n.op in ("linear", "matmul"):
                 why = (f"--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter{PRODUCTS_NOTE} "

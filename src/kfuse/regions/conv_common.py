@@ -141,8 +141,11 @@ def joins_after_norm(walk: Walk, n: Node, norm_ops: tuple[str, ...], norm_input:
     return pointwise_with(n, lambda a: channel_operand(a, shape, readable))
 
 
-# conv_cost's (how the products are computed, x's reads, what is said of x) where the direct tile runs
+# conv_cost's (how the products are computed, x's reads, what is said of x) where the direct tile runs, and where
+# the packed tile does (x packed first, kernels/conv.py pack_input: read twice, its packed copy written and read once)
 DIRECT_COST = ("fp32 products and sums on CUDA cores on a GPU: the direct tile", 1, "x read once, as it is")
+PACKED_COST = ("three fp16 products of each on a GPU", 4,
+               "x read twice and packed, the copy written and read once: more where channels pad to 16")
 
 
 def runs_direct(anchor: Node) -> bool:
@@ -166,9 +169,8 @@ def conv_cost(anchor: Node, g: Graph, outs: int) -> str:
         how, x_reads, x_text = "exact products summed in float64", 1, "x read once"
     elif runs_direct(anchor):
         how, x_reads, x_text = DIRECT_COST
-    else:  # x packed first (kernels/conv.py pack_input): read twice, its packed copy written and read once
-        how, x_reads = "three fp16 products of each on a GPU", 4
-        x_text = "x read twice and packed, the copy written and read once: more where channels pad to 16"
+    else:
+        how, x_reads, x_text = PACKED_COST
     moved = 4 * (x_reads * x_numel + w_numel + outs * out_numel)
     return (f"At the problem's shape: {flops / 1e9:.3g} GFLOP ({how}), "
             f"{moved / 2 ** 20:.3g} MiB moved ({x_text}, W once, {outs} output{plural} written once).")

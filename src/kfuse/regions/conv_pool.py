@@ -36,6 +36,7 @@ from kfuse.regions.conv_common import (
     CONV,
     CONV_CONSTEXPRS,
     DIRECT_COST,
+    PACKED_COST,
     TILE_LAUNCH,
     channel_operand,
     conv_bias,
@@ -245,8 +246,7 @@ def cost(region: Region, g: Graph, pool: Node) -> str:
     x_numel, w_numel = numel(g.shape_of(anchor.args[0])), numel(anchor.args[1].shape)
     flops = 2 * numel(anchor.shape) * w_numel // anchor.shape[1]
     direct = pool.op not in WINDOWED and runs_direct(anchor)  # a windowed pool keeps the GEMM tile (conv_pool_plan)
-    x_reads, x_text = (DIRECT_COST[1:] if direct else
-                       (4, "x read twice and packed, the copy written and read once: more where channels pad to 16"))
+    x_reads, x_text = (DIRECT_COST if direct else PACKED_COST)[1:]
     moved = 4 * (x_reads * x_numel + w_numel + len(region.outputs) * numel(pool.shape))
     return (f"At the problem's shape: {flops / 1e9:.3g} GFLOP for the conv (times window volume x pooled pixels / "
             f"conv pixels for a windowed pool), {moved / 2 ** 20:.3g} MiB moved ({x_text}; W once, only the pooled "
