@@ -105,8 +105,8 @@ def test_phases_partition_the_taps(case):
             assert taps == [kk for kk in range(k) if (r + p - kk * d) % s == 0]
         assert sum(ph.nt) == k
     w = torch.randn(ws)
-    pw = ct.phase_weight(w, g)  # each tap's channels padded to CP: zeros past CIN_G, the elements once each
     cp = cv.packed_channels(g.CIN_G)
+    pw = ct.phase_weight(w, g, cp)  # each tap's channels padded to CP: zeros past CIN_G, the elements once each
     assert pw.shape == (g.C_out, cp * g.kernel[0] * g.kernel[1] * g.kernel[2])
     blocks = pw.view(g.C_out, -1, cp)
     assert (blocks[..., g.CIN_G:] == 0).all()

@@ -1,26 +1,31 @@
-"""`--backend cuda`'s convolution kind (kfuse/cuda/conv.py, conv_source.py): a convolution (any groups but depthwise,
-not transposed) and the pointwise chain after it as one implicit-GEMM CUDA tile on x's packed records.
+"""`--backend cuda`'s convolution kind (kfuse/cuda/conv.py, conv_source.py, conv_runtime.py): a convolution or a
+transposed one (any groups but depthwise) and the pointwise chain after it as one implicit-GEMM CUDA tile on x's
+packed records, a launch of it per stride phase of a transposed one.
 
 Without a GPU: which convolutions the kind takes and why the others stay torch calls, the emitted files are complete,
 the CUDA source compiles with nvcc for sm_80 and sm_90 without spills and the C++ glue with g++ against torch's
-headers, a model of the kernel's arithmetic (the records, the weight's rows, the tap-by-tap K walk, the scales) in
-torch against float64 at odd geometries, and autograd through the generated Function with torch in place of the
-kernels. With a GPU: every problems/conv file the kind takes meets the accuracy contract, and the gradient contract.
+headers, a model of the kernel's arithmetic (the records, the weight's rows, the launches, the tap-by-tap K walk, the
+scales, where each pixel lands) in torch against float64 at odd geometries of both forms, and autograd through the
+generated Function with torch in place of the kernels. With a GPU: every problems/conv file the kind takes meets the
+accuracy contract, and the gradient contract.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 import re
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from kfuse.cuda import runtime
+from kfuse.cuda import conv_runtime
 from kfuse.cuda.regions import unfused_reasons
 from kfuse.kernels.conv_geometry import conv_geometry
+from kfuse.kernels.conv_phases import conv_transpose_geometry
 from kfuse.load import load_problem
 from kfuse.optimize import load_module
 from kfuse_testing import ROOT, requires_cuda
@@ -36,9 +41,15 @@ PLAIN = ["01_conv2d_relu", "02_conv2d_bias_scale", "03_conv1d_strided_gelu", "04
          "27_conv2d_gelu_tanh_hardsigmoid", "29_conv1d_batch1_scalar_param_clamp_exp",
          "06_grouped_strided_dilated_conv2d_tanh", "15_grouped_conv2d_silu_sub",
          "28_conv3d_grouped_strided_hardswish_div"]
-# depthwise, transposed: torch calls with --backend cuda
-NOT_TAKEN = ["05_depthwise_conv2d_hardswish", "11_conv1d_depthwise_same_silu_residual",
-             "19_conv_transpose2d_output_padding_relu", "21_conv_transpose2d_grouped_dilated_scale_tanh"]
+# transposed convolutions with only pointwise ops after them: 1-, 2- and 3-d, output_padding, strides 2 and 3, dilated,
+# grouped, batch 1, no bias, a stride longer than the kernel, two outputs, the functional form, padding
+TRANSPOSED = ["19_conv_transpose2d_output_padding_relu", "20_conv_transpose1d_stride3_dilated_gelu",
+              "21_conv_transpose2d_grouped_dilated_scale_tanh",
+              "22_conv_transpose3d_batch1_asymmetric_nobias_leakyrelu",
+              "23_functional_conv_transpose2d_stride3_clamp_bias", "24_conv_transpose2d_stride_over_kernel_sigmoid",
+              "26_conv_transpose1d_batch1_two_outputs_hardsigmoid", "31_conv_transpose2d_dilated_padded_abs_exp"]
+# depthwise: torch calls with --backend cuda
+NOT_TAKEN = ["05_depthwise_conv2d_hardswish", "11_conv1d_depthwise_same_silu_residual"]
 
 
 def _fused(name: str) -> list[str]:
@@ -46,13 +57,14 @@ def _fused(name: str) -> list[str]:
     return [r.kind for r in v.regions if r.fused]
 
 
-@pytest.mark.parametrize("name", PLAIN)
+@pytest.mark.parametrize("name", PLAIN + TRANSPOSED)
 def test_plain_convolutions_are_one_region_and_the_file_complete(name):
     compiled = compile_cuda(CONV / f"{name}.py")
     (v,) = compiled.variants
     assert [r.kind for r in v.regions if r.fused] == ["conv_epilogue"] and not v.unfused
     check_emitted(compiled.source)
-    assert "conv_geometry(" in compiled.source and "kf_conv_fp16x3p_kernel" in compiled.source
+    geometry = "conv_transpose_geometry(" if name in TRANSPOSED else "conv_geometry("
+    assert geometry in compiled.source and "kf_conv_fp16x3p_kernel" in compiled.source
     assert "# Convolutions: x packed" in compiled.source  # the header says how the convolution runs
 
 
@@ -62,12 +74,20 @@ def test_a_file_without_a_convolution_says_nothing_of_them():
 
 
 @pytest.mark.parametrize("name", NOT_TAKEN)
-def test_depthwise_and_transposed_convolutions_stay_torch_calls_with_the_reason(name):
+def test_depthwise_convolutions_stay_torch_calls_with_the_reason(name):
     (v,) = compile_cuda(CONV / f"{name}.py").variants
     assert not any(r.fused for r in v.regions)
     reasons = unfused_reasons(v)
     conv = next(why for op, why in reasons.items() if "Conv" in op or "conv" in op)
-    assert "no depthwise or transposed convolution" in conv
+    assert "no depthwise convolution" in conv
+
+
+def test_a_convolution_and_a_transposed_one_are_two_regions():
+    """problems/conv/30: a strided Conv2d down, then a ConvTranspose2d back up."""
+    compiled = compile_cuda(CONV / "30_conv2d_down_conv_transpose2d_up.py")
+    (v,) = compiled.variants
+    assert [r.kind for r in v.regions if r.fused] == ["conv_epilogue", "conv_epilogue"] and not v.unfused
+    assert "conv_transpose_parts(ext, weight, geo)" in compiled.source and "conv_parts(ext" in compiled.source
 
 
 def test_a_norm_after_the_convolution_stays_a_torch_call_and_the_conv_is_fused():
@@ -125,51 +145,79 @@ def split(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 BLOCK_K = 32  # the tile's K block (gemm_source.BLOCK_K)
 
 
-def conv_model(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int = 1,
-               block_k: int = BLOCK_K) -> torch.Tensor:
-    """What kf_conv_pack and kf_conv_fp16x3p_kernel compute, with the kernel's layouts and index arithmetic: x's
-    records (B S, 2 G CP) scaled per sample, each group's channels padded to CP, the weight's rows
-    (runtime.conv_weight_rows) split per output channel, then per group and K block each 8-wide piece's tap and
-    channels, each output pixel's input pixel (zero in the padding and past the last tap), the block's three products
-    summed exactly and added to an fp32 accumulator, the scales undone."""
-    geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
-    cp = runtime.conv_channels(geo.CIN_G)
-    taps = geo.KD * geo.KH * geo.KW
-    B, S = x.shape[0], geo.D * geo.H * geo.W
+def launches_model(x: torch.Tensor, rows: torch.Tensor, cp: int, launches: list[int], out_shape, groups: int,
+                   block_k: int = BLOCK_K) -> torch.Tensor:
+    """What kf_conv_pack and kf_conv_fp16x3p_kernel compute for a list of launches (kfuse/cuda/conv_runtime.py), with
+    the kernel's layouts and index arithmetic: x's records (B S, 2 G CP) scaled per sample, each group's channels
+    padded to CP, the weight's rows split per output channel, then per launch, group and K block each 8-wide piece's
+    tap and channels (the weight's from the launch's column on), each output pixel's input pixel (zero in the padding
+    and past the last tap, the weight's piece too), the block's three products summed exactly and added to an fp32
+    accumulator, the scales undone and each pixel stored where the launch lands it."""
+    F = conv_runtime.LAUNCH_FIELDS
+    B = x.shape[0]
+    C, D, H, W, c_out, cin_g, cout_g = (launches[i] for i in (1, 2, 3, 4, 8, 9, 10))
+    S = D * H * W
     sx = pow2_scales(x.reshape(B, -1).abs().amax(1))
     v = torch.zeros(B, S, groups, cp)
-    v[..., :geo.CIN_G] = (x.reshape(B, groups, geo.CIN_G, S) * sx[:, None, None, None]).permute(0, 3, 1, 2)
+    v[..., :cin_g] = (x.reshape(B, groups, cin_g, S) * sx[:, None, None, None]).permute(0, 3, 1, 2)
     x_hi, x_lo = split(v.reshape(B * S, groups * cp))
-    rows = runtime.conv_weight_rows(weight, cp)
     sw = pow2_scales(rows.abs().amax(1))
     w_hi, w_lo = split(rows * sw[:, None])
-    m = torch.arange(geo.M)
-    P = geo.OD * geo.OH * geo.OW
-    b, p = m // P, m % P
-    od, oh, ow = p // (geo.OW * geo.OH), (p // geo.OW) % geo.OH, p % geo.OW
-    acc = torch.zeros(geo.M, geo.C_out)
-    for k0, g in ((k0, g) for g in range(groups) for k0 in range(0, taps * cp, block_k)):
-        cols = slice(g * geo.COUT_G, (g + 1) * geo.COUT_G)
-        a_hi, a_lo = torch.zeros(geo.M, block_k), torch.zeros(geo.M, block_k)
-        b_hi, b_lo = torch.zeros(geo.COUT_G, block_k), torch.zeros(geo.COUT_G, block_k)
-        for kc in range(0, block_k, 8):
-            tap, c = divmod(k0 + kc, cp)
-            if tap >= taps:
-                continue
-            kd, kh, kw = tap // (geo.KW * geo.KH), (tap // geo.KW) % geo.KH, tap % geo.KW
-            i_d, i_h, i_w = (od * geo.SD - geo.PD + kd * geo.DD, oh * geo.SH - geo.PH + kh * geo.DH,
-                             ow * geo.SW - geo.PW + kw * geo.DW)
-            ok = (i_d >= 0) & (i_d < geo.D) & (i_h >= 0) & (i_h < geo.H) & (i_w >= 0) & (i_w < geo.W)
-            pix = torch.where(ok, b * S + (i_d * geo.H + i_h) * geo.W + i_w, 0)
-            rec = slice(g * cp + c, g * cp + c + 8)
-            a_hi[:, kc:kc + 8] = x_hi[pix, rec].float() * ok[:, None]
-            a_lo[:, kc:kc + 8] = x_lo[pix, rec].float() * ok[:, None]
-            b_hi[:, kc:kc + 8] = w_hi[cols, k0 + kc:k0 + kc + 8].float()
-            b_lo[:, kc:kc + 8] = w_lo[cols, k0 + kc:k0 + kc + 8].float()
-        ah, al, bh, bl = (t.double() for t in (a_hi, a_lo, b_hi, b_lo))
-        acc[:, cols] += (al @ bh.T + ah @ bl.T + ah @ bh.T).float()  # a fresh partial, added in fp32
-    out = acc / sx[b][:, None] / sw[None, :]
-    return out.reshape(B, P, geo.C_out).transpose(1, 2).reshape(geo.out_shape)
+    out = torch.full((B, c_out, math.prod(out_shape[2:])), float("nan"))
+    for at in range(0, len(launches), F):
+        (M, _, _, _, _, OD, OH, OW, _, _, _, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
+         FD, FH, FW, RD, RH, RW, UD, UH, UW, col) = launches[at:at + F]
+        taps = KD * KH * KW
+        m = torch.arange(M)
+        P = OD * OH * OW
+        b, p = m // P, m % P
+        od, oh, ow = p // (OW * OH), (p // OW) % OH, p % OW
+        acc = torch.zeros(M, c_out)
+        for k0, g in ((k0, g) for g in range(groups) for k0 in range(0, taps * cp, block_k)):
+            cols = slice(g * cout_g, (g + 1) * cout_g)
+            a_hi, a_lo = torch.zeros(M, block_k), torch.zeros(M, block_k)
+            b_hi, b_lo = torch.zeros(cout_g, block_k), torch.zeros(cout_g, block_k)
+            for kc in range(0, block_k, 8):
+                tap, c = divmod(k0 + kc, cp)
+                if tap >= taps:
+                    continue
+                kd, kh, kw = tap // (KW * KH), (tap // KW) % KH, tap % KW
+                i_d, i_h, i_w = od * SD - PD + kd * DD, oh * SH - PH + kh * DH, ow * SW - PW + kw * DW
+                ok = (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H) & (i_w >= 0) & (i_w < W)
+                pix = torch.where(ok, b * S + (i_d * H + i_h) * W + i_w, 0)
+                rec = slice(g * cp + c, g * cp + c + 8)
+                a_hi[:, kc:kc + 8] = x_hi[pix, rec].float() * ok[:, None]
+                a_lo[:, kc:kc + 8] = x_lo[pix, rec].float() * ok[:, None]
+                wk = slice(col + k0 + kc, col + k0 + kc + 8)
+                b_hi[:, kc:kc + 8] = w_hi[cols, wk].float()
+                b_lo[:, kc:kc + 8] = w_lo[cols, wk].float()
+            ah, al, bh, bl = (t.double() for t in (a_hi, a_lo, b_hi, b_lo))
+            acc[:, cols] += (al @ bh.T + ah @ bl.T + ah @ bh.T).float()  # a fresh partial, added in fp32
+        land = ((RD + UD * od) * FH + RH + UH * oh) * FW + RW + UW * ow
+        out[b, :, land] = acc / sx[b][:, None] / sw[None, :]
+    return out.reshape(out_shape)
+
+
+def conv_model(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int = 1,
+               block_k: int = BLOCK_K) -> torch.Tensor:
+    """launches_model of a convolution: its rows (conv_weight_rows), its one launch (conv_runtime.conv_parts')."""
+    geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
+    cp = conv_runtime.conv_channels(geo.CIN_G)
+    ext = SimpleNamespace(split_rows=lambda rows: (rows, None))  # the rows themselves: the model splits them
+    rows, _, _, launches = conv_runtime.conv_parts(ext, weight.clone(), geo)
+    return launches_model(x, rows, cp, launches, geo.out_shape, groups, block_k)
+
+
+def conv_transpose_model(x: torch.Tensor, weight: torch.Tensor, stride, padding, output_padding, groups: int,
+                         dilation, block_k: int = BLOCK_K) -> torch.Tensor:
+    """launches_model of a transposed convolution: the phase-ordered rows, a launch per phase with pixels
+    (conv_runtime.conv_transpose_parts')."""
+    geo = conv_transpose_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, output_padding, groups,
+                                  dilation)
+    cp = conv_runtime.conv_channels(geo.CIN_G)
+    ext = SimpleNamespace(split_rows=lambda rows: (rows, None))
+    rows, _, _, launches = conv_runtime.conv_transpose_parts(ext, weight.clone(), geo)
+    return launches_model(x, rows, cp, launches, geo.out_shape, groups, block_k)
 
 
 # odd geometries: (x, weight, stride, padding, dilation, groups)
@@ -199,9 +247,40 @@ def test_kernel_model_matches_float64(x_shape, w_shape, stride, padding, dilatio
     assert (got.double() - want).abs().max().item() <= 2e-6 * scale
 
 
+# odd transposed geometries: (x, weight (C_in, C_out / groups, k...), stride, padding, output_padding, groups,
+# dilation): strides 2 and 3 with output_padding, dilation coprime with the stride and not, groups, batch 1, a stride
+# longer than the kernel (phases with no tap), padding wider than the kernel, 1-, 2- and 3-d, 37 -> 70 channels
+TRANSPOSED_GEOMETRIES = [
+    ((2, 5, 9), (5, 3, 4), 3, 2, 2, 1, 2),
+    ((1, 4, 7), (4, 3, 2), 3, 0, 1, 1, 1),
+    ((2, 6, 5, 7), (6, 2, 3, 3), 2, 1, 1, 3, 1),
+    ((3, 4, 5, 4), (4, 3, 3, 2), (2, 3), (1, 2), (1, 0), 1, (2, 1)),
+    ((2, 3, 4, 5), (3, 4, 3, 3), 2, 1, 1, 1, 2),
+    ((1, 3, 7, 6), (3, 5, 2, 3), 1, (2, 3), 0, 1, 1),
+    ((1, 4, 3, 4, 3), (4, 3, 2, 3, 2), (2, 1, 2), (0, 1, 1), (1, 0, 1), 2, 1),
+    ((1, 37, 5, 6), (37, 70, 4, 4), 2, 1, 0, 1, 1),
+]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,stride,padding,output_padding,groups,dilation", TRANSPOSED_GEOMETRIES)
+@pytest.mark.parametrize("block_k", [32, 64])
+def test_transposed_kernel_model_matches_float64(x_shape, w_shape, stride, padding, output_padding, groups, dilation,
+                                                 block_k):
+    """The model of a transposed convolution's launches (the phases' rows of pixels and weight blocks, the K walk
+    with the weight zero past a phase's taps, where each pixel lands) against torch's float64 one: every output
+    written once, within fp32's rounding."""
+    torch.manual_seed(0)
+    x, w = torch.randn(x_shape), torch.randn(w_shape)
+    got = conv_transpose_model(x, w, stride, padding, output_padding, groups, dilation, block_k)
+    fn = getattr(torch.nn.functional, f"conv_transpose{len(x_shape) - 2}d")
+    want = fn(x.double(), w.double(), None, stride, padding, output_padding, groups, dilation)
+    assert got.shape == want.shape and not got.isnan().any()
+    assert (got.double() - want).abs().max().item() <= 2e-6 * want.abs().max().item()
+
+
 def test_weight_rows_are_tap_major_with_padded_channels():
     w = torch.arange(2 * 3 * 2 * 2, dtype=torch.float32).reshape(2, 3, 2, 2)
-    rows = runtime.conv_weight_rows(w, 8)
+    rows = conv_runtime.conv_weight_rows(w, 8)
     assert rows.shape == (2, 4 * 8)
     for tap, (kh, kw) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
         assert torch.equal(rows[:, tap * 8:tap * 8 + 3], w[:, :, kh, kw])
@@ -209,7 +288,9 @@ def test_weight_rows_are_tap_major_with_padded_channels():
 
 
 @pytest.mark.parametrize("name", ["04_conv3d_swish_scale", "17_conv2d_two_outputs_relu_tanh",
-                                  "29_conv1d_batch1_scalar_param_clamp_exp"])
+                                  "29_conv1d_batch1_scalar_param_clamp_exp",
+                                  "21_conv_transpose2d_grouped_dilated_scale_tanh",
+                                  "26_conv_transpose1d_batch1_two_outputs_hardsigmoid"])
 def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels(tmp_path, monkeypatch, name):
     from kfuse.gradients import gradient_contract
 
@@ -229,7 +310,7 @@ def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels
 # ---- on a GPU ------------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("name", PLAIN)
+@pytest.mark.parametrize("name", PLAIN + TRANSPOSED + ["30_conv2d_down_conv_transpose2d_up"])
 def test_gpu_plain_convolutions_meet_the_contract(name):
     _, _, contract = _contract(CONV / f"{name}.py", {})
     assert contract.correct, contract.failures
@@ -237,7 +318,8 @@ def test_gpu_plain_convolutions_meet_the_contract(name):
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("name", ["04_conv3d_swish_scale", "17_conv2d_two_outputs_relu_tanh"])
+@pytest.mark.parametrize("name", ["04_conv3d_swish_scale", "17_conv2d_two_outputs_relu_tanh",
+                                  "21_conv_transpose2d_grouped_dilated_scale_tanh"])
 def test_gpu_gradient_contract(name):
     _both_contracts(CONV / f"{name}.py")
 
@@ -273,5 +355,41 @@ def test_gpu_kernel_matches_its_model(tmp_path, x_shape, w_shape, stride, paddin
     want = conv_model(x, conv.weight.detach(), stride, padding, dilation, groups, block_k)
     exact = torch.nn.functional.__dict__[f"conv{dims}d"](x.double(), conv.weight.detach().double(), None, stride,
                                                           padding, dilation, groups)
+    assert got.shape == want.shape
+    assert (got.double() - want.double()).abs().max().item() <= 4e-6 * exact.abs().max().item()
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("x_shape,w_shape,stride,padding,output_padding,groups,dilation",
+                         [*TRANSPOSED_GEOMETRIES, ((3, 64, 17, 15), (64, 129, 3, 3), 2, 1, 1, 1, 1)])
+def test_gpu_transposed_kernel_matches_its_model(tmp_path, x_shape, w_shape, stride, padding, output_padding, groups,
+                                                 dilation):
+    """The CUDA kernels' launches for a transposed convolution against conv_transpose_model at odd geometries."""
+    torch.manual_seed(0)
+    dims = len(x_shape) - 2
+    c_out = w_shape[1] * groups
+    path = tmp_path / "one_conv_transpose.py"
+    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+                    "    def __init__(self):\n        super().__init__()\n"
+                    f"        self.conv = nn.ConvTranspose{dims}d({x_shape[1]}, {c_out}, {tuple(w_shape[2:])}, "
+                    f"stride={stride!r}, padding={padding!r}, output_padding={output_padding!r}, groups={groups}, "
+                    f"dilation={dilation!r}, bias=False)\n\n"
+                    "    def forward(self, x):\n        return self.conv(x)\n\n\n"
+                    f"def get_inputs():\n    return [torch.randn{tuple(x_shape)}]\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    out = tmp_path / "new.py"
+    out.write_text(compile_cuda(path, device="cuda").source)
+    module = load_module(out)
+    model = module.ModelNew().cuda()
+    weight = torch.randn(w_shape)
+    model.conv.weight.data.copy_(weight)
+    x = torch.randn(x_shape)
+    with torch.no_grad():
+        got = model(x.cuda()).cpu()
+    block_k = 32 if w_shape[1] <= 64 else 64  # kf_conv's tile on an sm_90 GPU
+    want = conv_transpose_model(x, weight, stride, padding, output_padding, groups, dilation, block_k)
+    exact = getattr(torch.nn.functional, f"conv_transpose{dims}d")(x.double(), weight.double(), None, stride, padding,
+                                                                   output_padding, groups, dilation)
     assert got.shape == want.shape
     assert (got.double() - want.double()).abs().max().item() <= 4e-6 * exact.abs().max().item()

@@ -29,7 +29,8 @@ CALLS = 20
 def short(name: str) -> str:
     """A kernel's name without its template arguments' detail (CUTLASS's run to thousands of characters)."""
     for key in ("SplitMainloop", "kf_split_rows_kernel", "kf_group_norm_kernel", "kf_col_stats_kernel",
-                "kf_bn_finalize_kernel", "kf_bn_apply_kernel", "kf_bn_running_kernel", "kf_gemm_fp16x3p_kernel"):
+                "kf_bn_finalize_kernel", "kf_bn_apply_kernel", "kf_bn_running_kernel", "kf_gemm_fp16x3p_kernel",
+                "kf_conv_fp16x3p_kernel", "kf_conv_pack_kernel", "kf_sample_amax_kernel"):
         if key in name:
             return key if key != "SplitMainloop" else "sm90 GEMM (SplitMainloop)"
     return name[:80]

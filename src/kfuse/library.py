@@ -32,6 +32,7 @@ MODULES: Modules = (
     ("kernels/conv_pack", "convolutions: the packed operands"),
     ("kernels/conv_direct", "convolutions of few channels a group: the direct loop"),
     ("kernels/conv", "convolutions: the implicit-GEMM tile"),
+    ("kernels/conv_phases", "transposed convolutions: the stride phases"),
     ("kernels/conv_transpose", "transposed convolutions: the stride-phase tile"),
     ("kernels/conv_depthwise", "depthwise convolutions: the direct tile"),
     ("kernels/batchnorm", "BatchNorm's statistics and eval fold"),
@@ -46,7 +47,9 @@ MODULES: Modules = (
 CUDA_MODULES: Modules = (
     ("kernels/backward", "autograd helpers, BatchNorm's forward state"),
     ("kernels/conv_geometry", "a convolution's sizes"),
+    ("kernels/conv_phases", "a transposed convolution's stride phases"),
     ("cuda/runtime", "the CUDA runtime: build once, operands, autograd"),
+    ("cuda/conv_runtime", "convolutions: the weight's rows, the tile's launches"),
 )
 ALWAYS_IMPORTED = ("torch", "triton", "tl")  # the generated file's own imports
 

@@ -1,26 +1,27 @@
-"""The CUDA code of the convolution kind: nn.Conv1d/2d/3d or F.conv1d/2d/3d (any stride, padding, 'same', dilation,
-groups but depthwise; bias or none) and the pointwise chain after it, the twin of the registry's plain
-convolution kind (the one a norm or reduction after the chain takes over on the Triton backend).
+"""The CUDA code of the convolution kind: nn.Conv1d/2d/3d, nn.ConvTranspose1d/2d/3d or their functional forms (any
+stride, padding, 'same', output_padding, dilation, groups but depthwise; bias or none) and the pointwise chain after
+it, the twin of the registry's plain convolution kind (the one a norm or reduction after the chain takes over on the
+Triton backend).
 
 A region becomes: its functor `Conv_<stem>` (the bias, the chain, the stores at `base + n P` into NC(D)HW outputs),
 the CUDA launcher running conv_source.py's implicit-GEMM tile with it, the bound C++ function (x's records packed
-by kf_conv_pack on the same stream, then the tile), the Python launcher `fused_<stem>` (the geometry from
-kfuse/kernels/conv_geometry.py, the weight's split rows cached on the weight: runtime.conv_weight_parts) and its
-autograd Function, a CudaRecomputeFn: backward recomputes the region in float64 torch (the convolution by
-torch.nn.functional.conv{1,2,3}d) and differentiates it, as the Triton twin does. The convolution always runs the
-fp16x3p split, whatever GEMM_SCHEME says (the kind has no CUDA-core twin).
+by kf_conv_pack on the same stream, then the tile once per launch), the Python launcher `fused_<stem>` (the geometry
+from kfuse/kernels/conv_geometry.py or conv_phases.py, the weight's split rows cached on the weight and the launches:
+kfuse/cuda/conv_runtime.py; a transposed convolution runs a launch per stride phase) and its autograd Function, a
+CudaRecomputeFn: backward recomputes the region in float64 torch and differentiates it, as the Triton twin does.
+The convolution always runs the fp16x3p split, whatever GEMM_SCHEME says (the kind has no CUDA-core twin).
 """
 
 from __future__ import annotations
 
 from kfuse.backward import class_name, region_inputs
+from kfuse.cuda.conv_runtime import conv_channels
 from kfuse.cuda.epilogue import CudaRegion, recompute_function_source
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
-from kfuse.cuda.runtime import conv_channels
 from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
 from kfuse.ir import Graph, Region
 from kfuse.regions.common import docstring, var
-from kfuse.regions.conv_common import geometry_code
+from kfuse.regions.conv_common import TRANSPOSED, form_of, geometry_code
 from kfuse.regions.kind import numel
 
 
@@ -28,14 +29,19 @@ def cost_line(region: Region, g: Graph) -> str:
     """What the region's kernels compute and move at the problem's shape (kf_conv_pack, then the tile)."""
     anchor = region.anchor
     x_numel, out_numel = numel(g.shape_of(anchor.args[0])), numel(anchor.shape)
-    c_out, c_in, *kernel = anchor.args[1].shape
-    taps = numel(tuple(kernel))
-    cp = conv_channels(c_in)
-    flops = 2 * out_numel * c_in * taps
-    records = 4 * x_numel // c_in * cp  # bytes: hi and lo fp16 per padded channel
+    groups = anchor.attrs.get("groups", 1)
+    c_out, c_in = anchor.shape[1], g.shape_of(anchor.args[0])[1]
+    taps = numel(tuple(anchor.args[1].shape[2:]))
+    cp = conv_channels(c_in // groups)
+    if anchor.op == TRANSPOSED:  # each input value: C_out/groups x taps products (fewer at the borders)
+        flops = 2 * x_numel * c_out // groups * taps
+    else:  # each output value: C_in/groups x taps products
+        flops = 2 * out_numel * c_in // groups * taps
+    records = 4 * x_numel // c_in * groups * cp  # bytes: hi and lo fp16 per padded channel
     moved = 2 * 4 * x_numel + 2 * records + 4 * c_out * taps * cp + 4 * len(region.outputs) * out_numel
     return (f"At the problem's shape: {flops / 1e9:.3g} GFLOP, three fp16 products of each on tensor cores "
-            f"({3 * flops * cp / c_in / 1e9:.3g} GFLOP with the channels padded to {cp}); {moved / 2 ** 20:.3g} MiB "
+            f"({3 * flops * cp * groups / c_in / 1e9:.3g} GFLOP with the channels padded to {cp}); "
+            f"{moved / 2 ** 20:.3g} MiB "
             "moved at least (x read twice and packed, the records written and read once, W's parts once, each "
             "output written once).")
 
@@ -60,46 +66,49 @@ def conv_struct(region: Region, struct: str) -> tuple[str, list[Member]]:
 
 
 def sources(stem: str, struct: str, members: list[Member]) -> tuple[str, str]:
-    """The CUDA launcher and the bound C++ function `kf_<stem>(x, w, w_scale, geo, out_shape, cp, inputs...)`."""
+    """The CUDA launcher (one launch of the tile) and the bound C++ function `kf_<stem>(x, w, w_scale, launches,
+    out_shape, cp, inputs...)`: x packed once, then each launch (kfuse/cuda/conv_runtime.py) in turn."""
     function = bound_name(stem)
     outs = [m for m in members if m.kind == "out"]
     launch = ["const KfConvArgs& g", *[c_param(m) for m in members], "cudaStream_t stream"]
     sets = "\n".join(f"  epi.{m.name} = {m.name};" for m in members)
     cu = (f"{launcher_head(stem, launch)} {{\n  {struct} epi;\n{sets}\n"
-          "  epi.P = (long long)g.OD * g.OH * g.OW;\n  return kf_conv(g, epi, stream);\n}\n")
+          "  epi.P = (long long)g.FD * g.FH * g.FW;\n  return kf_conv(g, epi, stream);\n}\n")
     tensors = "".join(", " + cpp_param(m) for m in inputs(members))
     args = [f"{m.name}.data_ptr<float>()" for m in outs] + [cpp_arg(m) for m in inputs(members)]
     lines = [f"{launcher_head(stem, launch)};", "",
              f"std::vector<torch::Tensor> {function}(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, "
-             f"std::vector<int64_t> geo, std::vector<int64_t> out_shape, int64_t cp{tensors}) {{",
+             f"std::vector<int64_t> launches, std::vector<int64_t> out_shape, int64_t cp{tensors}) {{",
              "  const c10::cuda::CUDAGuard guard(x.device());",
              "  const torch::Tensor& a = x;  // the tensor every input is checked against",
-             "  const KfConvOperands ops = kf_conv_operands(x, w, w_scale, geo, cp);",
-             "  const KfConvArgs& g = ops.g;",
+             "  const KfConvOperands ops = kf_conv_operands(x, w, w_scale, launches, cp, out_shape);",
              *[f"  torch::Tensor {m.name} = torch::empty(out_shape, x.options());" for m in outs],
-             f"  kf_check(kf_launch_{stem}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
-             f'           "{function}");',
+             "  for (const KfConvArgs& g : ops.launches)",
+             f"    kf_check(kf_launch_{stem}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
+             f'             "{function}");',
              f"  return {{{', '.join(m.name for m in outs)}}};",
              "}"]
     return cu, "\n".join(lines) + "\n"
 
 
 def python_source(region: Region, g: Graph, stem: str, cls: str, members: list[Member]) -> str:
-    """`fused_<stem>(x, weight, inputs..., stride, padding, dilation, groups)` and the region's CudaRecomputeFn."""
+    """`fused_<stem>(x, weight, inputs..., <torch's geometry arguments>)` and the region's CudaRecomputeFn."""
     anchor = region.anchor
     weight = anchor.args[1]
     fed = inputs(members)
     n_out = len(region.outputs)
     replaced = " -> ".join(n.origin for n in region.nodes)
+    geometry = form_of(anchor).geometry  # torch's argument order: (stride, padding, dilation, groups) or transposed's
+    parts = "conv_transpose_parts" if anchor.op == TRANSPOSED else "conv_parts"
     body = ["ext = cuda_module()",
-            "geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)",
-            "w, w_scale, cp = conv_weight_parts(ext, weight)",
-            f"got = ext.{bound_name(stem)}(x.float().contiguous(), w, w_scale, list(geo.args()), "
-            f"list(geo.out_shape), cp{''.join(', ' + m.name for m in fed)})",
+            f"geo = {parts.replace('parts', 'geometry')}(tuple(x.shape), tuple(weight.shape), {', '.join(geometry)})",
+            f"w, w_scale, cp, launches = {parts}(ext, weight, geo)",
+            f"got = ext.{bound_name(stem)}(x.float().contiguous(), w, w_scale, launches, list(geo.out_shape), "
+            f"cp{''.join(', ' + m.name for m in fed)})",
             f"return {'got[0]' if n_out == 1 else 'tuple(got)'}"]
     doc = (f"Fused: {replaced}: the CUDA function `{bound_name(stem)}` (kf_conv_pack, then kf_conv_fp16x3p_kernel "
            f"with Conv_{stem}). {cost_line(region, g)}")
-    params = ", ".join(["x", "weight", *[m.name for m in fed], "stride", "padding", "dilation", "groups"])
+    params = ", ".join(["x", "weight", *[m.name for m in fed], *geometry])
     launcher = "\n".join([f"def fused_{stem}({params}):", docstring(doc), *[f"    {ln}" for ln in body]]) + "\n"
     values = [m.value for m in fed]
     launch = (f"return fused_{stem}(x, {weight.expr()}, {''.join(v + ', ' for v in values)}"

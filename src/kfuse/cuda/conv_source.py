@@ -36,23 +36,26 @@ Not depthwise (the kind's `starts`: one channel a group would pad to 8 and fill 
 
 from __future__ import annotations
 
-from kfuse.cuda.runtime import CONV_CHANNELS  # CP: a group's input channels rounded up to it (runtime.conv_channels)
+from kfuse.cuda.conv_runtime import CONV_CHANNELS, LAUNCH_FIELDS  # CP's multiple (conv_channels), a launch's ints
 
 # Both translation units: the kernel's arguments and the pack's host function.
 CONV_COMMON = r"""
-// One convolution as the CUDA launcher reads it (kfuse/kernels/conv_geometry.py's sizes, as a 3-d convolution).
+// One launch of the tile (kfuse/cuda/conv_runtime.py): an ordinary convolution (kfuse/kernels/conv_geometry.py's
+// sizes, as a 3-d one) whose output pixel (od, oh, ow) lands at (RD + UD od, RH + UH oh, RW + UW ow) of an FD x FH x
+// FW output (a transposed convolution's stride phase), its weight rows from column col on.
 struct KfConvArgs {
-  long long M;  // output pixels B OD OH OW
+  long long M;  // the launch's output pixels B OD OH OW
   int N;        // output channels
   int G, COUT_G;  // groups, output channels a group
   int CP;       // a group's input channels padded to a multiple of 8; a record's part holds G of them (RW = G CP)
   int D, H, W, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW;
+  int FD, FH, FW, RD, RH, RW, UD, UH, UW;  // where the pixels land: the output's dims, the first's place, the steps
   const void* x;         // (B D H W, 2 G CP) fp16 records (kf_conv_pack)
   const float* x_scale;  // (B,) the samples' powers of two
-  const void* w;         // (N, 2 K2) fp16 rows [hi | lo] of the weight's (N, taps CP) rows (kf_split_rows)
+  const void* w;         // (N, 2 K2) fp16 rows [hi | lo] of the weight's rows (kf_split_rows), from column col on
   const float* w_scale;  // (N,)
   long long K;           // taps CP: the K the tile walks, in blocks (zeros past K)
-  long long K2;          // the weight's hi part: K padded to KF_PAD_K = 64, a multiple of every K block
+  long long K2;          // the weight's hi part: its rows' length padded to KF_PAD_K = 64
 };
 
 int kf_conv_pack(const float* x, long long B, long long C, long long S, long long CIN_G, long long CP,
@@ -187,10 +190,18 @@ __device__ __forceinline__ KfConvRow kf_conv_row(const KfConvArgs& a, long long 
   return r;
 }
 
+// Where a launch's output pixel p (of its OD OH OW) lands in the FD FH FW output plane (32-bit: kf_conv_operands
+// checks that a sample's output plane has fewer than 2^31 pixels)
+__device__ __forceinline__ int kf_conv_out_pixel(const KfConvArgs& a, int p) {
+  const int ow = p % a.OW, oh = p / a.OW % a.OH, od = p / (a.OW * a.OH);
+  return ((a.RD + a.UD * od) * a.FH + a.RH + a.UH * oh) * a.FW + a.RW + a.UW * ow;
+}
+
 // K block kt into shared stage `st`. K runs over the taps, CP (a multiple of 8) channels each, so a thread's 8-wide
 // piece k0 + kc is 8 channels of one tap (a block of 32 may span taps where CP < 32): the tap is decoded once a block
 // (the piece's offset kc is the same in all of a thread's copies). Pieces past the last tap, in the padding or past
-// M are zeros; the weight's rows are zero past taps CP (kf_split_rows pads them).
+// M are zeros, and so are the weight's pieces past the last tap (past them lie the next phase's taps, or the row's
+// end).
 template <class T>
 __device__ __forceinline__ void kf_conv_load_stage(__half* st, const KfConvArgs& a,
                                                    const KfConvRow (&rows)[T::A_CHUNKS], int group, int col0,
@@ -220,10 +231,10 @@ __device__ __forceinline__ void kf_conv_load_stage(__half* st, const KfConvArgs&
   for (int i = 0; i < T::B_CHUNKS; ++i) {
     const int r = (threadIdx.x + i * T::THREADS) / (T::BK / 8);
     const int last = (group + 1) * a.COUT_G - 1;  // the group's last channel: past it, never stored
-    const long long gb = (long long)min(col0 + r, last) * 2 * a.K2 + k;
+    const long long gb = in_k ? (long long)min(col0 + r, last) * 2 * a.K2 + k : 0;
     const int s = 2 * T::A_PART + r * T::LDS + kc;
-    kf_cp_async16(st + s, w + gb);
-    kf_cp_async16(st + T::B_PART + s, w + gb + a.K2);
+    kf_cp_async16_zfill(st + s, w + gb, in_k);
+    kf_cp_async16_zfill(st + T::B_PART + s, w + gb + a.K2, in_k);
   }
 }
 
@@ -278,7 +289,7 @@ __global__ void __launch_bounds__(KfConvTile<WARPS_N, BK>::THREADS) kf_conv_fp16
     for (int j = 0; j < KF_FN; ++j)
       wmma::store_matrix_sync(tile + (j * 16) * LD + i * 16, acc[i][j], LD, wmma::mem_col_major);
   __syncwarp();
-  const long long P = (long long)a.OD * a.OH * a.OW;
+  const long long P = (long long)a.OD * a.OH * a.OW, PF = (long long)a.FD * a.FH * a.FW;
   const int n0 = col0 + wn * KF_WN;
 #pragma unroll
   for (int h = 0; h < KF_WM / 32; ++h) {  // this lane's rows: lane, lane + 32
@@ -286,7 +297,7 @@ __global__ void __launch_bounds__(KfConvTile<WARPS_N, BK>::THREADS) kf_conv_fp16
     const long long m = row0 + wm * KF_WM + r;
     if (m >= a.M) break;
     const long long b = m / P;
-    const long long base = b * a.N * P + (m - b * P);
+    const long long base = b * a.N * PF + kf_conv_out_pixel(a, (int)(m - b * P));
     const float inv_a = kf_pow2_inv(a.x_scale[b]);
     for (int j = 0; j < KF_WN && n0 + j < col_end; ++j) {
       const int n = n0 + j;
@@ -329,56 +340,78 @@ int kf_conv(const KfConvArgs& a, const Epi& epi, cudaStream_t stream) {
 # packed on the current stream (kept alive with the arguments until the tile is launched on the same stream).
 CONV_CPP = r"""
 struct KfConvOperands {
-  KfConvArgs g;
+  std::vector<KfConvArgs> launches;
   torch::Tensor records, x_scale, amax;
 };
 
-// geo: kfuse/kernels/conv_geometry.py's ConvGeometry.args() (M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G,
-// KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW); w (C_out, 2 K2) and w_scale (C_out,): split_rows of the weight's
-// (C_out, taps cp) rows (runtime.conv_weight_rows), cp = CIN_G padded to KF_CONV_CHANNELS
+// launches: kfuse/cuda/conv_runtime.py's, LAUNCH_FIELDS ints each: ConvGeometry.args() (M, C_in, D, H, W, OD, OH, OW,
+// C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW), then FD, FH, FW, RD, RH, RW, UD, UH, UW,
+// col; w (C_out, 2 K2) and w_scale (C_out,): split_rows of the weight's rows, cp = CIN_G padded to KF_CONV_CHANNELS;
+// out_shape: the region's outputs' shape (B, C_out, FD FH FW as 1, 2 or 3 dims)
 static KfConvOperands kf_conv_operands(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& w_scale,
-                                       const std::vector<int64_t>& geo, int64_t cp) {
-  TORCH_CHECK(geo.size() == 23, "kfuse: a convolution's geometry has 23 sizes, got ", geo.size());
+                                       const std::vector<int64_t>& launches, int64_t cp,
+                                       const std::vector<int64_t>& out_shape) {
+  constexpr size_t F = KF_LAUNCH_FIELDS;
+  TORCH_CHECK(!launches.empty() && launches.size() % F == 0, "kfuse: a convolution's launches are ", F,
+              " sizes each, got ", launches.size());
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.dim() >= 3,
               "kfuse: a convolution's input must be a contiguous float32 CUDA tensor (N, C, ...)");
-  const int64_t B = x.size(0), C = geo[1], S = geo[2] * geo[3] * geo[4], taps = geo[11] * geo[12] * geo[13];
-  TORCH_CHECK(x.numel() == B * C * S && geo[0] == B * geo[5] * geo[6] * geo[7],
-              "kfuse: the convolution's input ", x.sizes(), " does not match its geometry");
-  const int64_t G = C / geo[9];
-  TORCH_CHECK(geo[9] * G == C && geo[10] * G == geo[8], "kfuse: ", C, " input and ", geo[8],
+  const int64_t* geo = launches.data();
+  const int64_t B = x.size(0), C = geo[1], S = geo[2] * geo[3] * geo[4], G = C / std::max<int64_t>(geo[9], 1);
+  TORCH_CHECK(x.numel() == B * C * S, "kfuse: the convolution's input ", x.sizes(), " does not match its geometry");
+  TORCH_CHECK(geo[9] > 0 && geo[9] * G == C && geo[10] * G == geo[8], "kfuse: ", C, " input and ", geo[8],
               " output channels are not ", G, " groups of ", geo[9], " and ", geo[10]);
   TORCH_CHECK(cp % KF_CONV_CHANNELS == 0 && cp >= geo[9], "kfuse: padded channels ", cp, " for ", geo[9], " a group");
   kf_expect(w, "the convolution's weight parts", torch::kFloat16, 2, x);
   kf_expect(w_scale, "the weight's row scales", torch::kFloat32, 1, x);
   const int64_t K2 = w.size(1) / 2;
-  TORCH_CHECK(w.size(0) == geo[8] && w_scale.size(0) == geo[8] && w.size(1) % (2 * KF_PAD_K) == 0 &&
-              K2 >= taps * cp,
+  TORCH_CHECK(w.size(0) == geo[8] && w_scale.size(0) == geo[8] && w.size(1) % (2 * KF_PAD_K) == 0,
               "kfuse: the convolution's weight parts ", w.sizes(), " do not match its geometry");
-  TORCH_CHECK(geo[0] <= (int64_t)1 << 40 && B <= 65535 && geo[8] <= KF_INT_MAX && G * cp <= 65536 &&
-              B * S * 2 * G * cp <= ((int64_t)1 << 40), "kfuse: convolution too large for the CUDA kernel");
+  const int64_t PF = geo[23] * geo[24] * geo[25];  // a sample's output plane: int pixel indices in the kernel
+  int64_t out_numel = 1;
+  for (int64_t d : out_shape) out_numel *= d;
+  TORCH_CHECK(out_shape.size() >= 3 && out_shape[0] == B && out_shape[1] == geo[8] && out_numel == B * geo[8] * PF,
+              "kfuse: the convolution's output shape does not match its geometry");
+  TORCH_CHECK(B <= 65535 && geo[8] <= KF_INT_MAX && G * cp <= 65536 && B * S * 2 * G * cp <= ((int64_t)1 << 40) &&
+              B * geo[8] * PF <= ((int64_t)1 << 40) && PF < KF_INT_MAX,
+              "kfuse: convolution too large for the CUDA kernel");
   KfConvOperands o;
   o.records = torch::empty({B * S, 2 * G * cp}, x.options().dtype(torch::kFloat16));
   o.x_scale = torch::empty({B}, x.options());
   o.amax = torch::empty({B}, x.options().dtype(torch::kInt32));
+  for (size_t l = 0; l < launches.size(); l += F) {
+    const int64_t* v = geo + l;
+    const int64_t taps = v[11] * v[12] * v[13];
+    for (int i = 1; i < 11; ++i)
+      TORCH_CHECK(v[i] == geo[i] || (i >= 5 && i <= 7), "kfuse: a convolution's launches disagree on its sizes");
+    TORCH_CHECK(v[0] == B * v[5] * v[6] * v[7] && v[0] <= (int64_t)1 << 40 && v[23] == geo[23] && v[24] == geo[24] &&
+                v[25] == geo[25] && v[32] >= 0 && v[32] % KF_CONV_CHANNELS == 0 && v[32] + taps * cp <= K2,
+                "kfuse: a convolution's launch does not match its input or weight");
+    for (int d = 0; d < 3; ++d)  // the last pixel lands inside the output, in every dim
+      TORCH_CHECK(v[5 + d] > 0 && v[26 + d] >= 0 && v[29 + d] > 0 && v[26 + d] + v[29 + d] * (v[5 + d] - 1) < v[23 + d],
+                  "kfuse: a convolution launch's pixels land outside its output");
+    KfConvArgs g;
+    g.M = v[0];
+    g.N = (int)v[8];
+    g.G = (int)G;
+    g.COUT_G = (int)v[10];
+    g.CP = (int)cp;
+    int* sizes[] = {&g.D, &g.H, &g.W, &g.OD, &g.OH, &g.OW, &g.KD, &g.KH, &g.KW, &g.SD, &g.SH, &g.SW, &g.PD, &g.PH,
+                    &g.PW, &g.DD, &g.DH, &g.DW};
+    for (int i = 0; i < 18; ++i) *sizes[i] = (int)v[i < 6 ? 2 + i : 5 + i];
+    int* land[] = {&g.FD, &g.FH, &g.FW, &g.RD, &g.RH, &g.RW, &g.UD, &g.UH, &g.UW};
+    for (int i = 0; i < 9; ++i) *land[i] = (int)v[23 + i];
+    g.x = o.records.data_ptr();
+    g.x_scale = o.x_scale.data_ptr<float>();
+    g.w = w.data_ptr<at::Half>() + v[32];  // col fp16 elements into each row
+    g.w_scale = w_scale.data_ptr<float>();
+    g.K2 = K2;
+    g.K = taps * cp;
+    o.launches.push_back(g);
+  }
   kf_check(kf_conv_pack(x.data_ptr<float>(), B, C, S, geo[9], cp, reinterpret_cast<unsigned*>(o.amax.data_ptr<int>()),
                         o.records.data_ptr(), o.x_scale.data_ptr<float>(), c10::cuda::getCurrentCUDAStream()),
            "kf_conv_pack");
-  KfConvArgs& g = o.g;
-  g.M = geo[0];
-  g.N = (int)geo[8];
-  g.G = (int)G;
-  g.COUT_G = (int)geo[10];
-  g.CP = (int)cp;
-  int* dims[] = {&g.D, &g.H, &g.W, &g.OD, &g.OH, &g.OW};
-  for (int i = 0; i < 6; ++i) *dims[i] = (int)geo[2 + i];
-  int* window[] = {&g.KD, &g.KH, &g.KW, &g.SD, &g.SH, &g.SW, &g.PD, &g.PH, &g.PW, &g.DD, &g.DH, &g.DW};
-  for (int i = 0; i < 12; ++i) *window[i] = (int)geo[11 + i];
-  g.x = o.records.data_ptr();
-  g.x_scale = o.x_scale.data_ptr<float>();
-  g.w = w.data_ptr();
-  g.w_scale = w_scale.data_ptr<float>();
-  g.K2 = K2;
-  g.K = taps * cp;
   return o;
 }
-""".replace("KF_CONV_CHANNELS", str(CONV_CHANNELS))
+""".replace("KF_CONV_CHANNELS", str(CONV_CHANNELS)).replace("KF_LAUNCH_FIELDS", str(LAUNCH_FIELDS))

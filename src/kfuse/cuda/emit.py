@@ -30,6 +30,7 @@ from kfuse.modes import Variant, guards
 from kfuse.ops import CONV_OPS
 from kfuse.regions import generate
 from kfuse.regions.common import kernel_name
+from kfuse.regions.conv_common import TRANSPOSED
 
 SCHEME_NOTES = {
     "fp16x3p": "fp16 hi/lo split of both operands, the three products on tensor cores with each short chunk's "
@@ -39,7 +40,8 @@ SCHEME_NOTES = {
 }
 CONV_NOTE = ("x packed on every call into per-pixel fp16 hi/lo records (a per-sample power-of-two scale, each group's "
              "channels padded to 8), then an implicit-GEMM WMMA tile over the taps with fp16x3p's three products and "
-             "promotion, whatever the GEMM scheme; the weight's split is cached by its version counter.")
+             "promotion, whatever the GEMM scheme (a transposed convolution: one launch per stride phase, over only "
+             "the taps that reach its pixels); the weight's split is cached by its version counter.")
 CUDA_MODULE = '''def cuda_module():
     """The compiled extension of CUDA_SRC and CPP_SRC: built on the first call on this machine, then loaded from
     the cache folder (runtime.load_extension)."""
@@ -109,7 +111,7 @@ def header(problem_name: str, variants: Sequence[Variant], scheme: str, verified
             lines.append(f"#   Exact rewrites applied: {', '.join(v.rewrites)}.")
     lines.append(f"# GEMM scheme: {scheme} ({SCHEME_NOTES.get(scheme, scheme)}); GEMMs of at most 16 rows: a GEMV "
                  "kernel (W read once, float64 sums on the CUDA cores).")
-    if any(r.fused and r.anchor.op in CONV_OPS for v in variants for r in v.regions):
+    if any(r.fused and r.anchor.op in (*CONV_OPS, TRANSPOSED) for v in variants for r in v.regions):
         lines.append(f"# Convolutions: {CONV_NOTE}")
     lines.append("# Training: each fused region is a torch.autograd.Function (used only when a gradient is needed).")
     lines += [f"# {ln}" for ln in verified]

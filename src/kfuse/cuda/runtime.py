@@ -206,30 +206,6 @@ def gemm_operands(ext, x2: torch.Tensor, weight: torch.Tensor, kn: bool, scheme:
     return (a, a, b, b), SCHEME_IDS[scheme]
 
 
-CONV_CHANNELS = 8  # a group's input channels are padded to a multiple of this: one 16-byte copy of fp16 (conv_source)
-
-
-def conv_channels(cin_g: int) -> int:
-    """A group's input channels padded to CONV_CHANNELS: the width CP of its part of a record and a weight tap."""
-    return -(-cin_g // CONV_CHANNELS) * CONV_CHANNELS
-
-
-def conv_weight_rows(weight: torch.Tensor, cp: int) -> torch.Tensor:
-    """A convolution's weight (C_out, C_in, *kernel) as the rows its CUDA tile reads: (C_out, taps x cp) fp32, tap
-    by tap (row-major over the kernel's dims), each tap's C_in channels zero-padded to cp."""
-    w = weight.detach().float().movedim(1, -1)
-    w = torch.nn.functional.pad(w, (0, cp - w.shape[-1]))
-    return w.reshape(w.shape[0], -1).contiguous()
-
-
-def conv_weight_parts(ext, weight: torch.Tensor) -> tuple:
-    """(w, w_scale, cp): the weight's rows (conv_weight_rows) split into [hi | lo] fp16 (split_rows), kept on the
-    weight until it changes (cached_on), and cp, its input channels padded (conv_channels)."""
-    cp = conv_channels(weight.shape[1])
-    w, scale = cached_on(weight, ("conv", cp), lambda: tuple(ext.split_rows(conv_weight_rows(weight, cp))))
-    return w, scale, cp
-
-
 def as_vector(t: torch.Tensor) -> torch.Tensor:
     """A parameter as the contiguous fp32 vector the epilogues index by column."""
     if t is None:
