@@ -191,7 +191,7 @@ def check_emitted(source: str) -> None:
     assert called and called <= set(functions), called - set(functions)
     for launcher in set(re.findall(r"\b(kf_launch_\w+)\(", cpp)):  # declared and called there, defined here
         assert re.search(rf"^int {launcher}\(.*\) \{{$", cu, flags=re.M), launcher
-    globals_ = set(re.findall(r"__global__ void (?:__launch_bounds__\(\w+\) )?(\w+)\(", cu))
+    globals_ = set(re.findall(r"__global__ void (?:__launch_bounds__\([\w:<>, ]+\) )?(\w+)\(", cu))
     for kernel in re.findall(r"(\w+)(?:<[^<>;]*>)?<<<", cu):  # every launched kernel is defined
         assert kernel in globals_ or re.search(rf"auto {kernel} = (\w+)<", cu), kernel
     for struct in re.findall(r"\b((?:Epi|Conv)_\w+) epi;", cu):

@@ -48,8 +48,16 @@ TRANSPOSED = ["19_conv_transpose2d_output_padding_relu", "20_conv_transpose1d_st
               "22_conv_transpose3d_batch1_asymmetric_nobias_leakyrelu",
               "23_functional_conv_transpose2d_stride3_clamp_bias", "24_conv_transpose2d_stride_over_kernel_sigmoid",
               "26_conv_transpose1d_batch1_two_outputs_hardsigmoid", "31_conv_transpose2d_dilated_padded_abs_exp"]
-# depthwise: torch calls with --backend cuda
-NOT_TAKEN = ["05_depthwise_conv2d_hardswish", "11_conv1d_depthwise_same_silu_residual"]
+# depthwise ones, transposed too: the direct tile
+DEPTHWISE = ["05_depthwise_conv2d_hardswish", "11_conv1d_depthwise_same_silu_residual",
+             "25_conv_transpose2d_depthwise_hardswish"]
+# the files above that run on the direct tile (fewer than 8 input channels a group at their sizes)
+DIRECT_FILES = ["01_conv2d_relu", "04_conv3d_swish_scale", "07_conv2d_batch1_leakyrelu", "08_conv2d_odd_nobias_clamp",
+                "10_conv2d_subtract_subtract_mish", "13_conv1d_dilated_strided_softplus", "14_conv3d_batch1_gelu_bias",
+                "16_conv2d_stride3_sigmoid_gate", "17_conv2d_two_outputs_relu_tanh", "27_conv2d_gelu_tanh_hardsigmoid",
+                "06_grouped_strided_dilated_conv2d_tanh", "28_conv3d_grouped_strided_hardswish_div",
+                "21_conv_transpose2d_grouped_dilated_scale_tanh",
+                "22_conv_transpose3d_batch1_asymmetric_nobias_leakyrelu", *DEPTHWISE]
 
 
 def _fused(name: str) -> list[str]:
@@ -73,13 +81,30 @@ def test_a_file_without_a_convolution_says_nothing_of_them():
     assert "# Convolutions:" not in source and "kf_conv" not in source
 
 
-@pytest.mark.parametrize("name", NOT_TAKEN)
-def test_depthwise_convolutions_stay_torch_calls_with_the_reason(name):
-    (v,) = compile_cuda(CONV / f"{name}.py").variants
-    assert not any(r.fused for r in v.regions)
-    reasons = unfused_reasons(v)
-    conv = next(why for op, why in reasons.items() if "Conv" in op or "conv" in op)
-    assert "no depthwise convolution" in conv
+@pytest.mark.parametrize("name", DEPTHWISE)
+def test_depthwise_convolutions_run_on_the_direct_tile(name):
+    compiled = compile_cuda(CONV / f"{name}.py")
+    (v,) = compiled.variants
+    assert [r.kind for r in v.regions if r.fused] == ["conv_epilogue"] and not unfused_reasons(v)
+    check_emitted(compiled.source)
+    assert "return kf_conv_direct(g, epi, stream);" in compiled.source and "return kf_conv(g" not in compiled.source
+    assert "direct=True)" in compiled.source  # the launcher asks for the fp32 rows, not the split
+
+
+@pytest.mark.parametrize("name", PLAIN + TRANSPOSED + DEPTHWISE)
+def test_direct_files_are_the_files_on_the_direct_tile(name):
+    assert ("return kf_conv_direct(g, epi, stream);" in compile_cuda(CONV / f"{name}.py").source) == (
+        name in DIRECT_FILES)
+
+
+def test_the_tile_follows_the_channels_and_the_switch(monkeypatch):
+    """problems/conv/02 (16 channels a group): the implicit-GEMM tile; 07 (3): the direct tile, unless
+    KFUSE_CUDA_CONV_DIRECT=0 when the file is generated."""
+    assert "return kf_conv(g, epi, stream);" in compile_cuda(CONV / "02_conv2d_bias_scale.py").source
+    assert "return kf_conv_direct(g, epi, stream);" in compile_cuda(CONV / "07_conv2d_batch1_leakyrelu.py").source
+    monkeypatch.setenv("KFUSE_CUDA_CONV_DIRECT", "0")
+    source = compile_cuda(CONV / "07_conv2d_batch1_leakyrelu.py").source
+    assert "return kf_conv(g, epi, stream);" in source and "kf_conv_direct(g" not in source
 
 
 def test_a_convolution_and_a_transposed_one_are_two_regions():
@@ -103,12 +128,22 @@ def _sources(name: str) -> dict:
             and n.targets[0].id in ("CUDA_SRC", "CPP_SRC", "CUDA_FUNCTIONS")}
 
 
+# problems/conv/02 (16 channels: the implicit-GEMM tile's instantiations, the pack) and 05 (depthwise: the direct
+# tile's, which the first does not build)
+BUILDS = {"02_conv2d_bias_scale": ("kf_conv_fp16x3p_kernelILi3ELi4ELi64E",
+                                   "kf_conv_fp16x3p_kernelILi2ELi4ELi64E", "kf_conv_fp16x3p_kernelILi2ELi4ELi32E",
+                                   "kf_conv_fp16x3p_kernelILi3ELi2ELi32E", "kf_conv_pack_kernel",
+                                   "kf_sample_amax_kernelILb1E", "kf_sample_amax_kernelILb0E"),
+          "05_depthwise_conv2d_hardswish": ("kf_conv_direct_kernelILi1ELi4E", "kf_conv_direct_kernelILi4ELi4E",
+                                            "kf_conv_direct_kernelILi16ELi1E")}
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
 @pytest.mark.parametrize("arch", ["80", "90"])
-def test_conv_source_compiles_without_spills(tmp_path, arch):
-    """problems/conv/17 (two outputs, a bias, a scalar) for sm_80 and sm_90: both tiles, the pipeline depths, the
-    pack."""
-    (tmp_path / "k.cu").write_text(_sources("17_conv2d_two_outputs_relu_tanh")["CUDA_SRC"])
+@pytest.mark.parametrize("name", sorted(BUILDS))
+def test_conv_source_compiles_without_spills(tmp_path, arch, name):
+    """Each tile's instantiations and the pipeline depths for sm_80 and sm_90."""
+    (tmp_path / "k.cu").write_text(_sources(name)["CUDA_SRC"])
     r = subprocess.run(["nvcc", "-c", "k.cu", "-o", "k.o", "-std=c++20", *NVCC_FLAGS,
                         f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v"], cwd=tmp_path,
                        capture_output=True, text=True)
@@ -116,17 +151,16 @@ def test_conv_source_compiles_without_spills(tmp_path, arch):
     spills = re.findall(r"(\d+) bytes spill stores", r.stderr)
     assert spills and set(spills) == {"0"}, r.stderr[-4000:]
     entries = re.findall(r"Compiling entry function '(\w+)'", r.stderr)
-    for kernel in ("kf_conv_fp16x3p_kernelILi3ELi4ELi64E", "kf_conv_fp16x3p_kernelILi2ELi4ELi64E",
-                   "kf_conv_fp16x3p_kernelILi2ELi4ELi32E", "kf_conv_fp16x3p_kernelILi3ELi2ELi32E",
-                   "kf_conv_pack_kernel", "kf_sample_amax_kernelILb1E", "kf_sample_amax_kernelILb0E"):
+    for kernel in BUILDS[name]:
         assert any(kernel in e for e in entries), (kernel, entries)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
-def test_conv_cpp_glue_compiles_against_torch_headers(tmp_path):
+@pytest.mark.parametrize("name", sorted(BUILDS))
+def test_conv_cpp_glue_compiles_against_torch_headers(tmp_path, name):
     from test_cuda_backend import cpp_syntax_errors
 
-    ns = _sources("02_conv2d_bias_scale")
+    ns = _sources(name)
     assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
 
 
@@ -146,23 +180,28 @@ BLOCK_K = 32  # the tile's K block (gemm_source.BLOCK_K)
 
 
 def launches_model(x: torch.Tensor, rows: torch.Tensor, cp: int, launches: list[int], out_shape, groups: int,
-                   block_k: int = BLOCK_K) -> torch.Tensor:
+                   block_k: int = BLOCK_K, direct: bool = False) -> torch.Tensor:
     """What kf_conv_pack and kf_conv_fp16x3p_kernel compute for a list of launches (kfuse/cuda/conv_runtime.py), with
     the kernel's layouts and index arithmetic: x's records (B S, 2 G CP) scaled per sample, each group's channels
     padded to CP, the weight's rows split per output channel, then per launch, group and K block each 8-wide piece's
     tap and channels (the weight's from the launch's column on), each output pixel's input pixel (zero in the padding
     and past the last tap, the weight's piece too), the block's three products summed exactly and added to an fp32
-    accumulator, the scales undone and each pixel stored where the launch lands it."""
+    accumulator, the scales undone and each pixel stored where the launch lands it. direct: kf_conv_direct_kernel's
+    arithmetic instead, x and the rows as they are, their exact products summed in float64, rounded once."""
     F = conv_runtime.LAUNCH_FIELDS
     B = x.shape[0]
     C, D, H, W, c_out, cin_g, cout_g = (launches[i] for i in (1, 2, 3, 4, 8, 9, 10))
     S = D * H * W
-    sx = pow2_scales(x.reshape(B, -1).abs().amax(1))
-    v = torch.zeros(B, S, groups, cp)
+    sx = torch.ones(B) if direct else pow2_scales(x.reshape(B, -1).abs().amax(1))
+    v = torch.zeros(B, S, groups, cp, dtype=torch.float64 if direct else torch.float32)
     v[..., :cin_g] = (x.reshape(B, groups, cin_g, S) * sx[:, None, None, None]).permute(0, 3, 1, 2)
-    x_hi, x_lo = split(v.reshape(B * S, groups * cp))
-    sw = pow2_scales(rows.abs().amax(1))
-    w_hi, w_lo = split(rows * sw[:, None])
+    sw = torch.ones(rows.shape[0]) if direct else pow2_scales(rows.abs().amax(1))
+    if direct:  # no parts: the values themselves (the lo parts zero)
+        x_hi, w_hi = v.reshape(B * S, groups * cp), rows.double()
+        x_lo, w_lo = torch.zeros_like(x_hi), torch.zeros_like(w_hi)
+    else:
+        x_hi, x_lo = split(v.reshape(B * S, groups * cp))
+        w_hi, w_lo = split(rows * sw[:, None])
     out = torch.full((B, c_out, math.prod(out_shape[2:])), float("nan"))
     for at in range(0, len(launches), F):
         (M, _, _, _, _, OD, OH, OW, _, _, _, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
@@ -172,11 +211,11 @@ def launches_model(x: torch.Tensor, rows: torch.Tensor, cp: int, launches: list[
         P = OD * OH * OW
         b, p = m // P, m % P
         od, oh, ow = p // (OW * OH), (p // OW) % OH, p % OW
-        acc = torch.zeros(M, c_out)
+        acc = torch.zeros(M, c_out, dtype=torch.float64 if direct else torch.float32)
         for k0, g in ((k0, g) for g in range(groups) for k0 in range(0, taps * cp, block_k)):
             cols = slice(g * cout_g, (g + 1) * cout_g)
-            a_hi, a_lo = torch.zeros(M, block_k), torch.zeros(M, block_k)
-            b_hi, b_lo = torch.zeros(cout_g, block_k), torch.zeros(cout_g, block_k)
+            a_hi, a_lo = torch.zeros(M, block_k, dtype=x_hi.dtype), torch.zeros(M, block_k, dtype=x_hi.dtype)
+            b_hi, b_lo = torch.zeros(cout_g, block_k, dtype=w_hi.dtype), torch.zeros(cout_g, block_k, dtype=w_hi.dtype)
             for kc in range(0, block_k, 8):
                 tap, c = divmod(k0 + kc, cp)
                 if tap >= taps:
@@ -186,38 +225,38 @@ def launches_model(x: torch.Tensor, rows: torch.Tensor, cp: int, launches: list[
                 ok = (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H) & (i_w >= 0) & (i_w < W)
                 pix = torch.where(ok, b * S + (i_d * H + i_h) * W + i_w, 0)
                 rec = slice(g * cp + c, g * cp + c + 8)
-                a_hi[:, kc:kc + 8] = x_hi[pix, rec].float() * ok[:, None]
-                a_lo[:, kc:kc + 8] = x_lo[pix, rec].float() * ok[:, None]
+                a_hi[:, kc:kc + 8] = x_hi[pix, rec].to(a_hi.dtype) * ok[:, None]
+                a_lo[:, kc:kc + 8] = x_lo[pix, rec].to(a_hi.dtype) * ok[:, None]
                 wk = slice(col + k0 + kc, col + k0 + kc + 8)
-                b_hi[:, kc:kc + 8] = w_hi[cols, wk].float()
-                b_lo[:, kc:kc + 8] = w_lo[cols, wk].float()
+                b_hi[:, kc:kc + 8] = w_hi[cols, wk].to(b_hi.dtype)
+                b_lo[:, kc:kc + 8] = w_lo[cols, wk].to(b_hi.dtype)
             ah, al, bh, bl = (t.double() for t in (a_hi, a_lo, b_hi, b_lo))
-            acc[:, cols] += (al @ bh.T + ah @ bl.T + ah @ bh.T).float()  # a fresh partial, added in fp32
+            acc[:, cols] += (al @ bh.T + ah @ bl.T + ah @ bh.T).to(acc.dtype)  # a fresh partial (fp32: rounded)
         land = ((RD + UD * od) * FH + RH + UH * oh) * FW + RW + UW * ow
-        out[b, :, land] = acc / sx[b][:, None] / sw[None, :]
+        out[b, :, land] = (acc / sx[b][:, None] / sw[None, :]).float()
     return out.reshape(out_shape)
 
 
 def conv_model(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int = 1,
-               block_k: int = BLOCK_K) -> torch.Tensor:
+               block_k: int = BLOCK_K, direct: bool = False) -> torch.Tensor:
     """launches_model of a convolution: its rows (conv_weight_rows), its one launch (conv_runtime.conv_parts')."""
     geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
     cp = conv_runtime.conv_channels(geo.CIN_G)
     ext = SimpleNamespace(split_rows=lambda rows: (rows, None))  # the rows themselves: the model splits them
-    rows, _, _, launches = conv_runtime.conv_parts(ext, weight.clone(), geo)
-    return launches_model(x, rows, cp, launches, geo.out_shape, groups, block_k)
+    rows, _, _, launches = conv_runtime.conv_parts(ext, weight.clone(), geo, direct)
+    return launches_model(x, rows, cp, launches, geo.out_shape, groups, block_k, direct)
 
 
 def conv_transpose_model(x: torch.Tensor, weight: torch.Tensor, stride, padding, output_padding, groups: int,
-                         dilation, block_k: int = BLOCK_K) -> torch.Tensor:
+                         dilation, block_k: int = BLOCK_K, direct: bool = False) -> torch.Tensor:
     """launches_model of a transposed convolution: the phase-ordered rows, a launch per phase with pixels
     (conv_runtime.conv_transpose_parts')."""
     geo = conv_transpose_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, output_padding, groups,
                                   dilation)
     cp = conv_runtime.conv_channels(geo.CIN_G)
     ext = SimpleNamespace(split_rows=lambda rows: (rows, None))
-    rows, _, _, launches = conv_runtime.conv_transpose_parts(ext, weight.clone(), geo)
-    return launches_model(x, rows, cp, launches, geo.out_shape, groups, block_k)
+    rows, _, _, launches = conv_runtime.conv_transpose_parts(ext, weight.clone(), geo, direct)
+    return launches_model(x, rows, cp, launches, geo.out_shape, groups, block_k, direct)
 
 
 # odd geometries: (x, weight, stride, padding, dilation, groups)
@@ -278,6 +317,44 @@ def test_transposed_kernel_model_matches_float64(x_shape, w_shape, stride, paddi
     assert (got.double() - want).abs().max().item() <= 2e-6 * want.abs().max().item()
 
 
+# the direct tile's: depthwise (a channel multiplier, dilation, 'same', 1-d), few channels a group (3-d, grouped) and
+# transposed ones (depthwise, strided with output_padding) as (form, x, weight, stride, padding, dilation, groups,
+# output_padding)
+DIRECT_GEOMETRIES = [
+    ("conv", (2, 6, 9, 11), (6, 1, 3, 3), 2, 1, 1, 6, 0),
+    ("conv", (1, 4, 7, 8), (8, 1, 3, 2), 1, (1, 0), 2, 4, 0),
+    ("conv", (3, 5, 13), (5, 1, 4), 1, "same", 1, 5, 0),
+    ("conv", (2, 3, 4, 5, 6), (7, 3, 2, 3, 2), (1, 2, 1), 1, 1, 1, 0),
+    ("conv", (2, 6, 8, 7), (9, 2, 3, 3), 1, 1, (2, 1), 3, 0),
+    ("transpose", (2, 5, 6, 7), (5, 1, 3, 3), 2, 1, 1, 5, 1),
+    ("transpose", (1, 3, 4, 5, 3), (3, 2, 2, 3, 3), (2, 1, 2), (0, 1, 1), 1, 1, (1, 0, 1)),
+]
+
+
+def direct_want(form, x, w, stride, padding, dilation, groups, output_padding) -> torch.Tensor:
+    dims = x.dim() - 2
+    if form == "conv":
+        return getattr(torch.nn.functional, f"conv{dims}d")(x.double(), w.double(), None, stride, padding, dilation,
+                                                             groups)
+    return getattr(torch.nn.functional, f"conv_transpose{dims}d")(x.double(), w.double(), None, stride, padding,
+                                                                   output_padding, groups, dilation)
+
+
+@pytest.mark.parametrize("form,x_shape,w_shape,stride,padding,dilation,groups,output_padding", DIRECT_GEOMETRIES)
+def test_direct_tile_model_matches_float64(form, x_shape, w_shape, stride, padding, dilation, groups, output_padding):
+    """The direct tile's arithmetic on the launches (x and the rows as they are, float64 sums): torch's float64
+    convolution rounded once to fp32."""
+    torch.manual_seed(0)
+    x, w = torch.randn(x_shape), torch.randn(w_shape)
+    if form == "conv":
+        got = conv_model(x, w, stride, padding, dilation, groups, direct=True)
+    else:
+        got = conv_transpose_model(x, w, stride, padding, output_padding, groups, dilation, direct=True)
+    want = direct_want(form, x, w, stride, padding, dilation, groups, output_padding)
+    assert got.shape == want.shape and not got.isnan().any()
+    assert (got.double() - want).abs().max().item() <= 1e-7 * want.abs().max().item()
+
+
 def test_weight_rows_are_tap_major_with_padded_channels():
     w = torch.arange(2 * 3 * 2 * 2, dtype=torch.float32).reshape(2, 3, 2, 2)
     rows = conv_runtime.conv_weight_rows(w, 8)
@@ -310,7 +387,7 @@ def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels
 # ---- on a GPU ------------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("name", PLAIN + TRANSPOSED + ["30_conv2d_down_conv_transpose2d_up"])
+@pytest.mark.parametrize("name", PLAIN + TRANSPOSED + DEPTHWISE + ["30_conv2d_down_conv_transpose2d_up"])
 def test_gpu_plain_convolutions_meet_the_contract(name):
     _, _, contract = _contract(CONV / f"{name}.py", {})
     assert contract.correct, contract.failures
@@ -324,37 +401,47 @@ def test_gpu_gradient_contract(name):
     _both_contracts(CONV / f"{name}.py")
 
 
+def one_conv_output(tmp_path, form: str, x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation,
+                    groups: int, output_padding=0) -> torch.Tensor:
+    """The output of `--backend cuda`'s ModelNew of a Model that is one convolution (form "conv") or transposed one
+    (no bias) with this weight, on x, on the GPU, generated under the environment the test set."""
+    dims = x.dim() - 2
+    if form == "conv":
+        module = (f"nn.Conv{dims}d({x.shape[1]}, {weight.shape[0]}, {tuple(weight.shape[2:])}, stride={stride!r}, "
+                  f"padding={padding!r}, dilation={dilation!r}, groups={groups}, bias=False)")
+    else:
+        module = (f"nn.ConvTranspose{dims}d({x.shape[1]}, {weight.shape[1] * groups}, {tuple(weight.shape[2:])}, "
+                  f"stride={stride!r}, padding={padding!r}, output_padding={output_padding!r}, groups={groups}, "
+                  f"dilation={dilation!r}, bias=False)")
+    path = tmp_path / "one_conv.py"
+    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+                    f"    def __init__(self):\n        super().__init__()\n        self.conv = {module}\n\n"
+                    "    def forward(self, x):\n        return self.conv(x)\n\n\n"
+                    f"def get_inputs():\n    return [torch.randn{tuple(x.shape)}]\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    out = tmp_path / "new.py"
+    out.write_text(compile_cuda(path, device="cuda").source)
+    model = load_module(out).ModelNew().cuda()
+    model.conv.weight.data.copy_(weight)
+    with torch.no_grad():
+        return model(x.cuda()).cpu()
+
+
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("x_shape,w_shape,stride,padding,dilation,groups",
                          [*GEOMETRIES, ((5, 64, 33, 31), (129, 64, 3, 3), 1, 1, 1, 1)])
-def test_gpu_kernel_matches_its_model(tmp_path, x_shape, w_shape, stride, padding, dilation, groups):
-    """The CUDA kernels against conv_model at odd geometries: the layouts and the K walk the model checks against
-    float64 on the CPU (the tensor core's own truncation within a block: a few fp32 ulps)."""
+def test_gpu_kernel_matches_its_model(tmp_path, monkeypatch, x_shape, w_shape, stride, padding, dilation, groups):
+    """The implicit-GEMM tile (the direct tile switched off) against conv_model at odd geometries: the layouts and
+    the K walk the model checks against float64 on the CPU (the tensor core's own truncation within a block: a few
+    fp32 ulps)."""
+    monkeypatch.setenv("KFUSE_CUDA_CONV_DIRECT", "0")
     torch.manual_seed(0)
-    dims = len(x_shape) - 2
-    conv = getattr(torch.nn, f"Conv{dims}d")(x_shape[1], w_shape[0], w_shape[2:], stride=stride, padding=padding,
-                                             dilation=dilation, groups=groups, bias=False)
-    path = tmp_path / "one_conv.py"
-    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
-                    "    def __init__(self):\n        super().__init__()\n"
-                    f"        self.conv = nn.Conv{dims}d({x_shape[1]}, {w_shape[0]}, {tuple(w_shape[2:])}, "
-                    f"stride={stride!r}, padding={padding!r}, dilation={dilation!r}, groups={groups}, bias=False)\n\n"
-                    "    def forward(self, x):\n        return self.conv(x)\n\n\n"
-                    f"def get_inputs():\n    return [torch.randn{tuple(x_shape)}]\n\n\n"
-                    "def get_init_inputs():\n    return []\n")
-    out = tmp_path / "new.py"
-    out.write_text(compile_cuda(path, device="cuda").source)
-    module = load_module(out)
-    model = module.ModelNew().cuda()
-    model.conv.weight.data.copy_(conv.weight)
-    x = torch.randn(x_shape)
-    with torch.no_grad():
-        got = model(x.cuda()).cpu()
+    x, weight = torch.randn(x_shape), torch.randn(w_shape)
+    got = one_conv_output(tmp_path, "conv", x, weight, stride, padding, dilation, groups)
     block_k = 32 if w_shape[0] // groups <= 64 else 64  # kf_conv's tile on an sm_90 GPU
-    want = conv_model(x, conv.weight.detach(), stride, padding, dilation, groups, block_k)
-    exact = torch.nn.functional.__dict__[f"conv{dims}d"](x.double(), conv.weight.detach().double(), None, stride,
-                                                          padding, dilation, groups)
+    want = conv_model(x, weight, stride, padding, dilation, groups, block_k)
+    exact = direct_want("conv", x, weight, stride, padding, dilation, groups, 0)
     assert got.shape == want.shape
     assert (got.double() - want.double()).abs().max().item() <= 4e-6 * exact.abs().max().item()
 
@@ -363,33 +450,31 @@ def test_gpu_kernel_matches_its_model(tmp_path, x_shape, w_shape, stride, paddin
 @requires_cuda
 @pytest.mark.parametrize("x_shape,w_shape,stride,padding,output_padding,groups,dilation",
                          [*TRANSPOSED_GEOMETRIES, ((3, 64, 17, 15), (64, 129, 3, 3), 2, 1, 1, 1, 1)])
-def test_gpu_transposed_kernel_matches_its_model(tmp_path, x_shape, w_shape, stride, padding, output_padding, groups,
-                                                 dilation):
-    """The CUDA kernels' launches for a transposed convolution against conv_transpose_model at odd geometries."""
+def test_gpu_transposed_kernel_matches_its_model(tmp_path, monkeypatch, x_shape, w_shape, stride, padding,
+                                                 output_padding, groups, dilation):
+    """The implicit-GEMM tile's launches for a transposed convolution against conv_transpose_model at odd
+    geometries."""
+    monkeypatch.setenv("KFUSE_CUDA_CONV_DIRECT", "0")
     torch.manual_seed(0)
-    dims = len(x_shape) - 2
-    c_out = w_shape[1] * groups
-    path = tmp_path / "one_conv_transpose.py"
-    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
-                    "    def __init__(self):\n        super().__init__()\n"
-                    f"        self.conv = nn.ConvTranspose{dims}d({x_shape[1]}, {c_out}, {tuple(w_shape[2:])}, "
-                    f"stride={stride!r}, padding={padding!r}, output_padding={output_padding!r}, groups={groups}, "
-                    f"dilation={dilation!r}, bias=False)\n\n"
-                    "    def forward(self, x):\n        return self.conv(x)\n\n\n"
-                    f"def get_inputs():\n    return [torch.randn{tuple(x_shape)}]\n\n\n"
-                    "def get_init_inputs():\n    return []\n")
-    out = tmp_path / "new.py"
-    out.write_text(compile_cuda(path, device="cuda").source)
-    module = load_module(out)
-    model = module.ModelNew().cuda()
-    weight = torch.randn(w_shape)
-    model.conv.weight.data.copy_(weight)
-    x = torch.randn(x_shape)
-    with torch.no_grad():
-        got = model(x.cuda()).cpu()
+    x, weight = torch.randn(x_shape), torch.randn(w_shape)
+    got = one_conv_output(tmp_path, "transpose", x, weight, stride, padding, dilation, groups, output_padding)
     block_k = 32 if w_shape[1] <= 64 else 64  # kf_conv's tile on an sm_90 GPU
     want = conv_transpose_model(x, weight, stride, padding, output_padding, groups, dilation, block_k)
-    exact = getattr(torch.nn.functional, f"conv_transpose{dims}d")(x.double(), weight.double(), None, stride, padding,
-                                                                   output_padding, groups, dilation)
+    exact = direct_want("transpose", x, weight, stride, padding, dilation, groups, output_padding)
     assert got.shape == want.shape
     assert (got.double() - want.double()).abs().max().item() <= 4e-6 * exact.abs().max().item()
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("form,x_shape,w_shape,stride,padding,dilation,groups,output_padding",
+                         [*DIRECT_GEOMETRIES, ("conv", (4, 32, 45, 39), (64, 1, 5, 5), 2, 2, 1, 32, 0)])
+def test_gpu_direct_tile_matches_float64(tmp_path, form, x_shape, w_shape, stride, padding, dilation, groups,
+                                         output_padding):
+    """The direct tile: float64 sums rounded once, so within half an fp32 ulp of the largest output (1e-7 of it)."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(x_shape), torch.randn(w_shape)
+    got = one_conv_output(tmp_path, form, x, weight, stride, padding, dilation, groups, output_padding)
+    want = direct_want(form, x, weight, stride, padding, dilation, groups, output_padding)
+    assert got.shape == want.shape
+    assert (got.double() - want).abs().max().item() <= 1e-7 * want.abs().max().item()

@@ -26,14 +26,15 @@
 #   variants  tile, cluster and promotion variants of the Hopper GEMM on seed 12 (sm90_variants.py)
 #   wmma    kfuse bench of seed 12 with KFUSE_CUDA_SM90=0 (the WMMA tile; the A/B against the Hopper kernel)
 #   conv    the convolution kind (kfuse/cuda/conv.py): kfuse optimize --backend cuda of the problems/conv files it
-#           takes whole (tests/test_cuda_conv.py's PLAIN), 8 at a time, then that file's GPU tests but the transposed
-#           convolutions' (convt's), then seed 12 with
-#           KFUSE_CUDA_SM90=0 (the WMMA GEMM, whose mainloop the conv tile shares)
+#           takes whole (tests/test_cuda_conv.py's PLAIN, TRANSPOSED and DEPTHWISE, and 30), 12 at a time, then that
+#           file's GPU tests (their extensions built by then), then seed 12 with KFUSE_CUDA_SM90=0 (the WMMA GEMM,
+#           whose mainloop the conv tile shares)
 #   convgroups  the grouped problems/conv files (06, 15, 28) and 01 through kfuse optimize --backend cuda, 4 at a time,
 #           beside tests/test_cuda_conv.py's GPU test of the kernel against its model (grouped geometries too)
-#   convt   transposed convolutions: kfuse optimize --backend cuda of tests/test_cuda_conv.py's TRANSPOSED files and
-#           problems/conv/30 (a conv, then a transposed one), 8 at a time, then that file's GPU tests of transposed
-#           convolutions (contract, gradient, the kernel against its model)
+#   convdirect  the direct tile (kfuse/cuda/conv_direct_source.py): kfuse optimize --backend cuda of the problems/conv
+#           files it runs (tests/test_cuda_conv.py's DIRECT_FILES) and of KBFILES (paths, full size), 12 at a time,
+#           then that file's GPU tests of the direct tile, then kfuse bench of KBFILES with each backend (BACKENDS,
+#           default "cuda triton")
 #   convkb  KernelBench level 2's convolutions the kind takes with everything after them (CONVKB, default 1 4 47 54
 #           87 90; KB2: a folder of its level-2 files, default kb/level2, carried), full size, 4 at a time, then
 #           kfuse bench of them with each backend
@@ -148,10 +149,11 @@ write_problem(Path(sys.argv[1]), *EVERY_KIND, name='every_kind')" "$out/kind_cas
         echo "bench wmma: exit $?"; tail -6 "$out/bench-wmma.log";;
     conv)
         mkdir -p "$out/conv"
-        python3 -c "import sys; sys.path[:0] = ['tests']; from test_cuda_conv import PLAIN; print(*PLAIN, sep='\n')" \
-            | sed 's|^|problems/conv/|; s|$|.py|' | xargs -P 8 -I{} bash -c 'optimize_one {} '"$out/conv"
-        TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_conv.py \
-            -k "not transpose" > "$out/pytest-conv.log" 2>&1
+        python3 -c "import sys; sys.path[:0] = ['tests']; from test_cuda_conv import PLAIN, TRANSPOSED, DEPTHWISE; \
+print(*PLAIN, *TRANSPOSED, *DEPTHWISE, '30_conv2d_down_conv_transpose2d_up', sep='\n')" \
+            | sed 's|^|problems/conv/|; s|$|.py|' | xargs -P 12 -I{} bash -c 'optimize_one {} '"$out/conv"
+        TRITON_INTERPRET=0 timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_conv.py \
+            > "$out/pytest-conv.log" 2>&1
         echo "pytest: exit $? $(tail -1 "$out/pytest-conv.log")"
         grep -E "^FAILED|Error" "$out/pytest-conv.log" | head -20
         KFUSE_CUDA_SM90=0 optimize_one problems/seeds/12_gemm_multiply_leakyrelu.py "$out/conv";;
@@ -161,15 +163,21 @@ write_problem(Path(sys.argv[1]), *EVERY_KIND, name='every_kind')" "$out/kind_cas
             > "$out/pytest-convgroups.log" 2>&1; echo "pytest: exit $? $(tail -1 "$out/pytest-convgroups.log")") &
         ls problems/conv/{06,15,28,01}_*.py | xargs -P 4 -I{} bash -c 'optimize_one {} '"$out/convgroups"
         wait;;
-    convt)
-        mkdir -p "$out/convt"
-        python3 -c "import sys; sys.path[:0] = ['tests']; from test_cuda_conv import TRANSPOSED; print(*TRANSPOSED, sep='\n')" \
-            | sed 's|^|problems/conv/|; s|$|.py|' | cat - <(echo problems/conv/30_conv2d_down_conv_transpose2d_up.py) \
-            | xargs -P 8 -I{} bash -c 'optimize_one {} '"$out/convt"
-        TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_conv.py \
-            -k "transpose" > "$out/pytest-convt.log" 2>&1
-        echo "pytest: exit $? $(tail -1 "$out/pytest-convt.log")"
-        grep -E "^FAILED|Error" "$out/pytest-convt.log" | head -20;;
+    convdirect)
+        mkdir -p "$out/convdirect"
+        read -ra kbfiles <<< "${KBFILES:-}"
+        { python3 -c "import sys; sys.path[:0] = ['tests']; from test_cuda_conv import DIRECT_FILES; \
+print(*DIRECT_FILES, sep='\n')" | sed 's|^|problems/conv/|; s|$|.py|'; printf '%s\n' "${kbfiles[@]}"; } \
+            | grep . | xargs -P 12 -I{} bash -c 'optimize_one {} '"$out/convdirect"
+        TRITON_INTERPRET=0 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_conv.py \
+            -k direct > "$out/pytest-convdirect.log" 2>&1
+        echo "pytest: exit $? $(tail -1 "$out/pytest-convdirect.log")"
+        grep -E "^FAILED|Error" "$out/pytest-convdirect.log" | head -20
+        if [ ${#kbfiles[@]} -gt 0 ]; then for b in ${BACKENDS:-cuda triton}; do
+            timeout 150 python3 -m kfuse bench "${kbfiles[@]}" --baselines eager --trials 1 --backend $b \
+                --json "$out/convdirect-bench-$b.json" > "$out/convdirect-bench-$b.log" 2>&1
+            echo "bench $b: exit $?"; tail -$((2 * ${#kbfiles[@]} + 1)) "$out/convdirect-bench-$b.log"
+        done; fi;;
     convkb)
         mkdir -p "$out/convkb"
         kb2="$(realpath "${KB2:-kb/level2}")"

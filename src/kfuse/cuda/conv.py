@@ -14,19 +14,41 @@ The convolution always runs the fp16x3p split, whatever GEMM_SCHEME says (the ki
 
 from __future__ import annotations
 
+import os
+
 from kfuse.backward import class_name, region_inputs
-from kfuse.cuda.conv_runtime import conv_channels
+from kfuse.cuda.conv_runtime import CONV_CHANNELS, conv_channels
 from kfuse.cuda.epilogue import CudaRegion, recompute_function_source
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
 from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
-from kfuse.ir import Graph, Region
+from kfuse.ir import Graph, Node, Region
+from kfuse.kernels.conv_geometry import DIRECT_WORK
 from kfuse.regions.common import docstring, var
 from kfuse.regions.conv_common import TRANSPOSED, form_of, geometry_code
 from kfuse.regions.kind import numel
 
+DIRECT_SWITCH = "KFUSE_CUDA_CONV_DIRECT"  # "0": no direct tile, when a file is generated
+
+
+def group_channels(anchor: Node) -> tuple[int, int]:
+    """(CIN_G, COUT_G): a group's input and output channels (a transposed weight is (C_in, C_out / groups, ...))."""
+    groups = anchor.attrs.get("groups", 1)
+    w = anchor.args[1].shape
+    return (w[0] // groups, w[1]) if anchor.op == TRANSPOSED else (w[1], w[0] // groups)
+
+
+def runs_direct(anchor: Node) -> bool:
+    """The direct tile (conv_direct_source.py) where a group has fewer input channels than a record's piece (8,
+    depthwise convolutions among them) and at most DIRECT_WORK products a pixel and tap: the Triton backend's
+    direct-tile bound (kernels/conv_geometry.py, measured there), not measured for this tile. Decided when the file
+    is generated; KFUSE_CUDA_CONV_DIRECT=0 then gives every convolution the implicit-GEMM tile (the A/B)."""
+    cin_g, cout_g = group_channels(anchor)
+    return os.environ.get(DIRECT_SWITCH, "1") != "0" and cin_g < CONV_CHANNELS and cin_g * cout_g <= DIRECT_WORK
+
 
 def cost_line(region: Region, g: Graph) -> str:
-    """What the region's kernels compute and move at the problem's shape (kf_conv_pack, then the tile)."""
+    """What the region's kernels compute and move at the problem's shape (kf_conv_pack, then the tile; or the
+    direct tile)."""
     anchor = region.anchor
     x_numel, out_numel = numel(g.shape_of(anchor.args[0])), numel(anchor.shape)
     groups = anchor.attrs.get("groups", 1)
@@ -37,6 +59,11 @@ def cost_line(region: Region, g: Graph) -> str:
         flops = 2 * x_numel * c_out // groups * taps
     else:  # each output value: C_in/groups x taps products
         flops = 2 * out_numel * c_in // groups * taps
+    if runs_direct(anchor):
+        moved = 4 * (x_numel + c_out * taps * cp + len(region.outputs) * out_numel)
+        return (f"At the problem's shape: {flops / 1e9:.3g} GFLOP as exact products summed in double on CUDA cores; "
+                f"{moved / 2 ** 20:.3g} MiB moved at least (x read once, as it is, W's rows once, each output written "
+                "once).")
     records = 4 * x_numel // c_in * groups * cp  # bytes: hi and lo fp16 per padded channel
     moved = 2 * 4 * x_numel + 2 * records + 4 * c_out * taps * cp + 4 * len(region.outputs) * out_numel
     return (f"At the problem's shape: {flops / 1e9:.3g} GFLOP, three fp16 products of each on tensor cores "
@@ -65,23 +92,28 @@ def conv_struct(region: Region, struct: str) -> tuple[str, list[Member]]:
             [*members, *args.members])
 
 
-def sources(stem: str, struct: str, members: list[Member]) -> tuple[str, str]:
+def sources(stem: str, struct: str, members: list[Member], direct: bool) -> tuple[str, str]:
     """The CUDA launcher (one launch of the tile) and the bound C++ function `kf_<stem>(x, w, w_scale, launches,
-    out_shape, cp, inputs...)`: x packed once, then each launch (kfuse/cuda/conv_runtime.py) in turn."""
+    out_shape, cp, inputs...)` (the direct tile's: no w_scale): x packed once (not for the direct tile), then each
+    launch (kfuse/cuda/conv_runtime.py) in turn."""
     function = bound_name(stem)
     outs = [m for m in members if m.kind == "out"]
     launch = ["const KfConvArgs& g", *[c_param(m) for m in members], "cudaStream_t stream"]
     sets = "\n".join(f"  epi.{m.name} = {m.name};" for m in members)
     cu = (f"{launcher_head(stem, launch)} {{\n  {struct} epi;\n{sets}\n"
-          "  epi.P = (long long)g.FD * g.FH * g.FW;\n  return kf_conv(g, epi, stream);\n}\n")
+          f"  epi.P = (long long)g.FD * g.FH * g.FW;\n  return {'kf_conv_direct' if direct else 'kf_conv'}(g, epi, "
+          "stream);\n}\n")
     tensors = "".join(", " + cpp_param(m) for m in inputs(members))
     args = [f"{m.name}.data_ptr<float>()" for m in outs] + [cpp_arg(m) for m in inputs(members)]
+    operands = ("kf_conv_operands(x, w, torch::Tensor(), launches, cp, out_shape, true)" if direct else
+                "kf_conv_operands(x, w, w_scale, launches, cp, out_shape)")
     lines = [f"{launcher_head(stem, launch)};", "",
-             f"std::vector<torch::Tensor> {function}(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, "
-             f"std::vector<int64_t> launches, std::vector<int64_t> out_shape, int64_t cp{tensors}) {{",
+             f"std::vector<torch::Tensor> {function}(torch::Tensor x, torch::Tensor w, "
+             f"{'' if direct else 'torch::Tensor w_scale, '}std::vector<int64_t> launches, "
+             f"std::vector<int64_t> out_shape, int64_t cp{tensors}) {{",
              "  const c10::cuda::CUDAGuard guard(x.device());",
              "  const torch::Tensor& a = x;  // the tensor every input is checked against",
-             "  const KfConvOperands ops = kf_conv_operands(x, w, w_scale, launches, cp, out_shape);",
+             f"  const KfConvOperands ops = {operands};",
              *[f"  torch::Tensor {m.name} = torch::empty(out_shape, x.options());" for m in outs],
              "  for (const KfConvArgs& g : ops.launches)",
              f"    kf_check(kf_launch_{stem}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
@@ -100,14 +132,16 @@ def python_source(region: Region, g: Graph, stem: str, cls: str, members: list[M
     replaced = " -> ".join(n.origin for n in region.nodes)
     geometry = form_of(anchor).geometry  # torch's argument order: (stride, padding, dilation, groups) or transposed's
     parts = "conv_transpose_parts" if anchor.op == TRANSPOSED else "conv_parts"
+    direct = runs_direct(anchor)
     body = ["ext = cuda_module()",
             f"geo = {parts.replace('parts', 'geometry')}(tuple(x.shape), tuple(weight.shape), {', '.join(geometry)})",
-            f"w, w_scale, cp, launches = {parts}(ext, weight, geo)",
-            f"got = ext.{bound_name(stem)}(x.float().contiguous(), w, w_scale, launches, list(geo.out_shape), "
-            f"cp{''.join(', ' + m.name for m in fed)})",
+            f"w, w_scale, cp, launches = {parts}(ext, weight, geo{', direct=True' if direct else ''})",
+            f"got = ext.{bound_name(stem)}(x.float().contiguous(), w, {'' if direct else 'w_scale, '}launches, "
+            f"list(geo.out_shape), cp{''.join(', ' + m.name for m in fed)})",
             f"return {'got[0]' if n_out == 1 else 'tuple(got)'}"]
-    doc = (f"Fused: {replaced}: the CUDA function `{bound_name(stem)}` (kf_conv_pack, then kf_conv_fp16x3p_kernel "
-           f"with Conv_{stem}). {cost_line(region, g)}")
+    kernels = ("kf_conv_direct_kernel" if direct else "kf_conv_pack, then kf_conv_fp16x3p_kernel")
+    doc = (f"Fused: {replaced}: the CUDA function `{bound_name(stem)}` ({kernels} with Conv_{stem}). "
+           f"{cost_line(region, g)}")
     params = ", ".join(["x", "weight", *[m.name for m in fed], *geometry])
     launcher = "\n".join([f"def fused_{stem}({params}):", docstring(doc), *[f"    {ln}" for ln in body]]) + "\n"
     values = [m.value for m in fed]
@@ -120,8 +154,9 @@ def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaR
     (x,) = region_inputs(region)
     struct = f"Conv_{stem}"
     struct_src, members = conv_struct(region, struct)
-    cu, cpp = sources(stem, struct, members)
+    direct = runs_direct(region.anchor)
+    cu, cpp = sources(stem, struct, members, direct)
     cls = class_name(stem, classes)
     forward = (f"{', '.join(region.outputs)} = {cls}.run(self, {x})",)
     return CudaRegion(bound_name(stem), struct_src + "\n" + cu, cpp, python_source(region, g, stem, cls, members),
-                      forward, ("conv",))
+                      forward, ("conv", "conv_direct") if direct else ("conv",))

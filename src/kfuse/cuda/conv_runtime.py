@@ -40,11 +40,21 @@ def conv_weight_rows(weight: torch.Tensor, cp: int) -> torch.Tensor:
     return w.reshape(w.shape[0], -1).contiguous()
 
 
-def conv_parts(ext, weight: torch.Tensor, geo: ConvGeometry) -> tuple:
-    """(w, w_scale, cp, launches) of a convolution: the weight's rows (conv_weight_rows) split into [hi | lo] fp16
-    (split_rows), kept on the weight until it changes (cached_on), cp, and its one launch."""
+def weight_parts(ext, weight: torch.Tensor, tag: tuple, rows, direct: bool) -> tuple:
+    """(w, w_scale) from the weight's rows (`rows()`), kept on the weight until it changes (cached_on, under `tag`):
+    split into [hi | lo] fp16 rows and per-row scales (split_rows) for the implicit-GEMM tile, the rows in float64
+    (and no scales) for the direct tile."""
+    if direct:  # float64: the tile's products are double FMAs (no conversion a load)
+        return cached_on(weight, ("direct", *tag), lambda: rows().double()), None
+    w, scale = cached_on(weight, tag, lambda: tuple(ext.split_rows(rows())))
+    return w, scale
+
+
+def conv_parts(ext, weight: torch.Tensor, geo: ConvGeometry, direct: bool = False) -> tuple:
+    """(w, w_scale, cp, launches) of a convolution: the weight's rows (conv_weight_rows) as the tile reads them
+    (weight_parts), cp, and its one launch."""
     cp = conv_channels(geo.CIN_G)
-    w, scale = cached_on(weight, ("conv", cp), lambda: tuple(ext.split_rows(conv_weight_rows(weight, cp))))
+    w, scale = weight_parts(ext, weight, ("conv", cp), lambda: conv_weight_rows(weight, cp), direct)
     return w, scale, cp, [*geo.args(), geo.OD, geo.OH, geo.OW, 0, 0, 0, 1, 1, 1, 0]
 
 
@@ -63,10 +73,10 @@ def phase_launches(geo: TransposedGeometry, cp: int) -> list[int]:
     return launches
 
 
-def conv_transpose_parts(ext, weight: torch.Tensor, geo: TransposedGeometry) -> tuple:
-    """(w, w_scale, cp, launches) of a transposed convolution: the phase-ordered rows (phase_weight) split as
-    conv_parts' are and kept on the weight per version and phases, cp, the phases' launches (phase_launches)."""
+def conv_transpose_parts(ext, weight: torch.Tensor, geo: TransposedGeometry, direct: bool = False) -> tuple:
+    """(w, w_scale, cp, launches) of a transposed convolution: the phase-ordered rows (phase_weight) as the tile
+    reads them (weight_parts; kept per version and phases), cp, the phases' launches (phase_launches)."""
     cp = conv_channels(geo.CIN_G)
-    w, scale = cached_on(weight, ("conv_transpose", cp, geo.phases),
-                         lambda: tuple(ext.split_rows(phase_weight(weight, geo, cp))))
+    w, scale = weight_parts(ext, weight, ("conv_transpose", cp, geo.phases), lambda: phase_weight(weight, geo, cp),
+                            direct)
     return w, scale, cp, phase_launches(geo, cp)

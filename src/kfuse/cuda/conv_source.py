@@ -47,15 +47,18 @@ struct KfConvArgs {
   long long M;  // the launch's output pixels B OD OH OW
   int N;        // output channels
   int G, COUT_G;  // groups, output channels a group
-  int CP;       // a group's input channels padded to a multiple of 8; a record's part holds G of them (RW = G CP)
+  int CIN_G;    // input channels a group
+  int CP;       // CIN_G padded to a multiple of 8; a record's part holds G of them (RW = G CP)
   int D, H, W, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW;
   int FD, FH, FW, RD, RH, RW, UD, UH, UW;  // where the pixels land: the output's dims, the first's place, the steps
-  const void* x;         // (B D H W, 2 G CP) fp16 records (kf_conv_pack)
-  const float* x_scale;  // (B,) the samples' powers of two
-  const void* w;         // (N, 2 K2) fp16 rows [hi | lo] of the weight's rows (kf_split_rows), from column col on
-  const float* w_scale;  // (N,)
+  const void* x;         // (B D H W, 2 G CP) fp16 records (kf_conv_pack); the direct tile: x, (B, C, D, H, W) fp32
+  const float* x_scale;  // (B,) the samples' powers of two (not the direct tile's)
+  const void* w;         // (N, 2 K2) fp16 rows [hi | lo] of the weight's rows (kf_split_rows), from column col on;
+                         // the direct tile: the (N, K2) float64 rows
+  const float* w_scale;  // (N,) (not the direct tile's)
   long long K;           // taps CP: the K the tile walks, in blocks (zeros past K)
-  long long K2;          // the weight's hi part: its rows' length padded to KF_PAD_K = 64
+  long long K2;          // the weight's hi part: its rows' length padded to KF_PAD_K = 64 (the direct tile: the rows'
+                         // length)
 };
 
 int kf_conv_pack(const float* x, long long B, long long C, long long S, long long CIN_G, long long CP,
@@ -347,10 +350,12 @@ struct KfConvOperands {
 // launches: kfuse/cuda/conv_runtime.py's, LAUNCH_FIELDS ints each: ConvGeometry.args() (M, C_in, D, H, W, OD, OH, OW,
 // C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW), then FD, FH, FW, RD, RH, RW, UD, UH, UW,
 // col; w (C_out, 2 K2) and w_scale (C_out,): split_rows of the weight's rows, cp = CIN_G padded to KF_CONV_CHANNELS;
-// out_shape: the region's outputs' shape (B, C_out, FD FH FW as 1, 2 or 3 dims)
+// out_shape: the region's outputs' shape (B, C_out, FD FH FW as 1, 2 or 3 dims). direct: the direct tile's operands
+// (conv_direct_source.py): x itself, not packed, and w the (C_out, K2) float64 rows; no w_scale (an undefined
+// tensor).
 static KfConvOperands kf_conv_operands(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& w_scale,
                                        const std::vector<int64_t>& launches, int64_t cp,
-                                       const std::vector<int64_t>& out_shape) {
+                                       const std::vector<int64_t>& out_shape, bool direct = false) {
   constexpr size_t F = KF_LAUNCH_FIELDS;
   TORCH_CHECK(!launches.empty() && launches.size() % F == 0, "kfuse: a convolution's launches are ", F,
               " sizes each, got ", launches.size());
@@ -362,10 +367,10 @@ static KfConvOperands kf_conv_operands(const torch::Tensor& x, const torch::Tens
   TORCH_CHECK(geo[9] > 0 && geo[9] * G == C && geo[10] * G == geo[8], "kfuse: ", C, " input and ", geo[8],
               " output channels are not ", G, " groups of ", geo[9], " and ", geo[10]);
   TORCH_CHECK(cp % KF_CONV_CHANNELS == 0 && cp >= geo[9], "kfuse: padded channels ", cp, " for ", geo[9], " a group");
-  kf_expect(w, "the convolution's weight parts", torch::kFloat16, 2, x);
-  kf_expect(w_scale, "the weight's row scales", torch::kFloat32, 1, x);
-  const int64_t K2 = w.size(1) / 2;
-  TORCH_CHECK(w.size(0) == geo[8] && w_scale.size(0) == geo[8] && w.size(1) % (2 * KF_PAD_K) == 0,
+  kf_expect(w, "the convolution's weight parts", direct ? torch::kFloat64 : torch::kFloat16, 2, x);
+  if (!direct) kf_expect(w_scale, "the weight's row scales", torch::kFloat32, 1, x);
+  const int64_t K2 = direct ? w.size(1) : w.size(1) / 2;
+  TORCH_CHECK(w.size(0) == geo[8] && (direct || (w_scale.size(0) == geo[8] && w.size(1) % (2 * KF_PAD_K) == 0)),
               "kfuse: the convolution's weight parts ", w.sizes(), " do not match its geometry");
   const int64_t PF = geo[23] * geo[24] * geo[25];  // a sample's output plane: int pixel indices in the kernel
   int64_t out_numel = 1;
@@ -375,10 +380,14 @@ static KfConvOperands kf_conv_operands(const torch::Tensor& x, const torch::Tens
   TORCH_CHECK(B <= 65535 && geo[8] <= KF_INT_MAX && G * cp <= 65536 && B * S * 2 * G * cp <= ((int64_t)1 << 40) &&
               B * geo[8] * PF <= ((int64_t)1 << 40) && PF < KF_INT_MAX,
               "kfuse: convolution too large for the CUDA kernel");
+  TORCH_CHECK(!direct || (G * ((geo[10] + 15) / 16) <= 65535 && 16 * K2 < KF_INT_MAX && S < KF_INT_MAX),
+              "kfuse: too many groups, taps or input pixels for the direct tile");
   KfConvOperands o;
-  o.records = torch::empty({B * S, 2 * G * cp}, x.options().dtype(torch::kFloat16));
-  o.x_scale = torch::empty({B}, x.options());
-  o.amax = torch::empty({B}, x.options().dtype(torch::kInt32));
+  if (!direct) {
+    o.records = torch::empty({B * S, 2 * G * cp}, x.options().dtype(torch::kFloat16));
+    o.x_scale = torch::empty({B}, x.options());
+    o.amax = torch::empty({B}, x.options().dtype(torch::kInt32));
+  }
   for (size_t l = 0; l < launches.size(); l += F) {
     const int64_t* v = geo + l;
     const int64_t taps = v[11] * v[12] * v[13];
@@ -395,23 +404,29 @@ static KfConvOperands kf_conv_operands(const torch::Tensor& x, const torch::Tens
     g.N = (int)v[8];
     g.G = (int)G;
     g.COUT_G = (int)v[10];
+    g.CIN_G = (int)v[9];
     g.CP = (int)cp;
     int* sizes[] = {&g.D, &g.H, &g.W, &g.OD, &g.OH, &g.OW, &g.KD, &g.KH, &g.KW, &g.SD, &g.SH, &g.SW, &g.PD, &g.PH,
                     &g.PW, &g.DD, &g.DH, &g.DW};
     for (int i = 0; i < 18; ++i) *sizes[i] = (int)v[i < 6 ? 2 + i : 5 + i];
     int* land[] = {&g.FD, &g.FH, &g.FW, &g.RD, &g.RH, &g.RW, &g.UD, &g.UH, &g.UW};
     for (int i = 0; i < 9; ++i) *land[i] = (int)v[23 + i];
-    g.x = o.records.data_ptr();
-    g.x_scale = o.x_scale.data_ptr<float>();
-    g.w = w.data_ptr<at::Half>() + v[32];  // col fp16 elements into each row
-    g.w_scale = w_scale.data_ptr<float>();
+    g.x = direct ? (const void*)x.data_ptr<float>() : o.records.data_ptr();
+    g.x_scale = direct ? nullptr : o.x_scale.data_ptr<float>();
+    if (direct)
+      g.w = w.data_ptr<double>() + v[32];  // col elements into each row
+    else
+      g.w = w.data_ptr<at::Half>() + v[32];
+    g.w_scale = direct ? nullptr : w_scale.data_ptr<float>();
     g.K2 = K2;
     g.K = taps * cp;
     o.launches.push_back(g);
   }
-  kf_check(kf_conv_pack(x.data_ptr<float>(), B, C, S, geo[9], cp, reinterpret_cast<unsigned*>(o.amax.data_ptr<int>()),
-                        o.records.data_ptr(), o.x_scale.data_ptr<float>(), c10::cuda::getCurrentCUDAStream()),
-           "kf_conv_pack");
+  if (!direct)
+    kf_check(kf_conv_pack(x.data_ptr<float>(), B, C, S, geo[9], cp,
+                          reinterpret_cast<unsigned*>(o.amax.data_ptr<int>()), o.records.data_ptr(),
+                          o.x_scale.data_ptr<float>(), c10::cuda::getCurrentCUDAStream()),
+             "kf_conv_pack");
   return o;
 }
 """.replace("KF_CONV_CHANNELS", str(CONV_CHANNELS)).replace("KF_LAUNCH_FIELDS", str(LAUNCH_FIELDS))

@@ -41,7 +41,9 @@ SCHEME_NOTES = {
 CONV_NOTE = ("x packed on every call into per-pixel fp16 hi/lo records (a per-sample power-of-two scale, each group's "
              "channels padded to 8), then an implicit-GEMM WMMA tile over the taps with fp16x3p's three products and "
              "promotion, whatever the GEMM scheme (a transposed convolution: one launch per stride phase, over only "
-             "the taps that reach its pixels); the weight's split is cached by its version counter.")
+             "the taps that reach its pixels); the weight's split is cached by its version counter. Where a group "
+             "has fewer than 8 input channels (depthwise convolutions among them), a direct tile instead: x as it is, "
+             "exact products summed in double on the CUDA cores.")
 CUDA_MODULE = '''def cuda_module():
     """The compiled extension of CUDA_SRC and CPP_SRC: built on the first call on this machine, then loaded from
     the cache folder (runtime.load_extension)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kfuse.cuda.conv_direct_source import CONV_DIRECT
 from kfuse.cuda.conv_source import CONV, CONV_COMMON, CONV_CPP
 from kfuse.cuda.gemm_source import COMMON, GEMM, PAD_K, PRELUDE, SPLIT
 from kfuse.cuda.norm_source import BATCH_NORM, BATCH_NORM_DECLS, GROUP_NORM, ROW_CHUNKS
@@ -107,7 +108,7 @@ static const float* kf_optional_vector(const torch::Tensor& p, int64_t n, const 
 # The fixed CUDA parts a region may need beyond the GEMM's (CudaRegion.parts), in the order they are written; the
 # row chunking goes before the first part that uses it.
 FIXED_PARTS = (("group_norm", GROUP_NORM), ("batch_norm", BATCH_NORM), ("row_dot", ROW_DOT), ("rows", ROWS),
-               ("conv", CONV))
+               ("conv", CONV), ("conv_direct", CONV_DIRECT))
 CHUNKED = ("batch_norm", "rows")
 
 

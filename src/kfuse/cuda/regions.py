@@ -15,12 +15,13 @@ can run it, and its `cuda_code` writes the region's code:
   BatchNorm1d          modules over the GEMM's rows (kfuse/cuda/norms.py)
   a row reduction      or row norm over the GEMM's features (kfuse/cuda/rowreduce.py)
   a pool               over the GEMM's features, its ops and a reduction of the pooled row (kfuse/cuda/pool.py)
-  the plain conv        nn.Conv1d/2d/3d, nn.ConvTranspose1d/2d/3d and their functional forms (any groups but
-  epilogue              depthwise) and the pointwise chain after it (the registry's upgradable conv kind;
-                        kfuse/cuda/conv.py): an implicit-GEMM tile on x's packed records, a transposed convolution
-                        one launch of it per stride phase
-The other convolution kinds (a norm, reduction or pool after it) and depthwise convolutions have no CUDA twin: with
---backend cuda they are torch calls. The kinds that launch nothing of kfuse's (host values
+  the plain conv        nn.Conv1d/2d/3d, nn.ConvTranspose1d/2d/3d and their functional forms (any groups, depthwise
+  epilogue              ones too, a depthwise transposed one as well, which the registry's kind leaves to torch) and
+                        the pointwise chain after it (the registry's upgradable conv kind; kfuse/cuda/conv.py): an
+                        implicit-GEMM tile on x's packed records, or the direct tile where a group has few channels; a
+                        transposed convolution one launch of it per stride phase
+The other convolution kinds (a norm, reduction or pool after it) have no CUDA twin: with --backend cuda they are
+torch calls after the convolution's region. The kinds that launch nothing of kfuse's (host values
 and views, torch calls) are the registry's own. Kinds are found in the registry by what they are, never by name
 (tests/unit/test_region_kinds.py).
 """
@@ -37,7 +38,7 @@ from kfuse.modes import Variant
 from kfuse.ops import CONV_OPS, POOL_OPS, REDUCE_OPS, ROW_NORM_OPS
 from kfuse.partition import partition
 from kfuse.regions import KINDS as REGISTRY
-from kfuse.regions.conv_common import TRANSPOSED, is_conv_anchor
+from kfuse.regions.conv_common import TRANSPOSED, has_tile_operands
 from kfuse.regions.kind import RegionKind, Walk
 
 BACKEND = "cuda"
@@ -129,18 +130,18 @@ class Pool(OnWeightGemm):
 
 
 def plain_conv(n: Node) -> bool:
-    """A convolution or a transposed one, not depthwise, with a parameter weight: what kf_conv_fp16x3p_kernel
-    runs."""
-    return n.op in (*CONV_OPS, TRANSPOSED) and is_conv_anchor(n)
+    """A convolution or a transposed one, depthwise ones too, with a parameter weight (a parameter bias or none):
+    what kf_conv_fp16x3p_kernel or the direct tile runs (kfuse/cuda/conv.py)."""
+    return has_tile_operands(n)
 
 
 class Conv:
-    """The plain epilogue after a convolution or a transposed one, not depthwise (kfuse/cuda/conv.py)."""
+    """The plain epilogue after a convolution or a transposed one, depthwise ones too (kfuse/cuda/conv.py)."""
 
     cuda_code = staticmethod(conv.region_code)
 
     def starts(self, n: Node, g: Graph) -> bool:
-        return plain_conv(n) and super().starts(n, g)
+        return plain_conv(n)  # the registry's kind leaves a depthwise transposed convolution to torch
 
 
 # a registry kind's twin, by the op it takes a region over at (the plain epilogue: by none)
@@ -179,14 +180,11 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
             elif n.op == "matmul" and isinstance(n.args[1], str) and long_k(n, v.graph):
                 why = (f"a product of two values over K >= {LONG_K}: --backend cuda has no split-K, and one fp32 "
                        f"chain over K misses rule 3 (--backend triton: {kind})")
-            elif n.op in (*CONV_OPS, TRANSPOSED):
-                why = f"--backend cuda fuses no depthwise convolution (--backend triton: {kind})"
+            elif n.op in (*CONV_OPS, TRANSPOSED) or kind == CONV_EPILOGUE.name:  # not seen: the twin takes them all
+                why = f"--backend cuda does not take this convolution (--backend triton: {kind})"
             elif n.op in ("linear", "matmul"):
                 why = (f"--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter{PRODUCTS_NOTE} "
                        f"(--backend triton: {kind})")
-            elif kind == CONV_EPILOGUE.name:  # the kind has a CUDA version, but not for this convolution
-                why = (f"--backend triton fuses it in a {kind} region, whose convolution --backend cuda does not take "
-                       "(depthwise)")
             elif kind in FUSED_KINDS:  # the kind has a CUDA version, but not for this region's GEMM
                 why = (f"--backend triton fuses it in a {kind} region, whose GEMM --backend cuda does not take (not a "
                        f"Linear or x @ W with a 2-d weight parameter)")

@@ -97,7 +97,7 @@ def depthwise(n: Node) -> bool:
     return groups > 1 and cin_g == 1
 
 
-def _tile_operands(n: Node) -> bool:
+def has_tile_operands(n: Node) -> bool:
     """A convolution with a parameter weight, a parameter bias or none, a batched input (N, C, ...)."""
     if n.op not in (*CONV_OPS, TRANSPOSED) or len(n.args) != 3 or not isinstance(n.args[0], str):
         return False
@@ -108,12 +108,12 @@ def _tile_operands(n: Node) -> bool:
 
 def is_conv_anchor(n: Node) -> bool:
     """A convolution the GEMM tile runs (either form): the tile's operands, not depthwise."""
-    return _tile_operands(n) and not depthwise(n)
+    return has_tile_operands(n) and not depthwise(n)
 
 
 def is_depthwise_anchor(n: Node) -> bool:
     """A depthwise convolution (not transposed) the direct tile runs (kernels/conv_depthwise.py)."""
-    return n.op in CONV_OPS and _tile_operands(n) and depthwise(n)
+    return n.op in CONV_OPS and has_tile_operands(n) and depthwise(n)
 
 
 def channel_operand(a: Arg, shape: tuple[int, ...], values: set[str]) -> bool:
