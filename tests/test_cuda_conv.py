@@ -367,7 +367,8 @@ def test_weight_rows_are_tap_major_with_padded_channels():
 @pytest.mark.parametrize("name", ["04_conv3d_swish_scale", "17_conv2d_two_outputs_relu_tanh",
                                   "29_conv1d_batch1_scalar_param_clamp_exp",
                                   "21_conv_transpose2d_grouped_dilated_scale_tanh",
-                                  "26_conv_transpose1d_batch1_two_outputs_hardsigmoid"])
+                                  "26_conv_transpose1d_batch1_two_outputs_hardsigmoid",
+                                  "05_depthwise_conv2d_hardswish", "25_conv_transpose2d_depthwise_hardswish"])
 def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels(tmp_path, monkeypatch, name):
     from kfuse.gradients import gradient_contract
 
