@@ -2,7 +2,7 @@
 kfuse/library.py, CUDA_MODULES): the weight's rows as the convolution tile reads them, split once per weight version,
 and the tile's launches for a geometry.
 
-A launch is LAUNCH_FIELDS ints, one KfConvArgs of the C++ side (conv_source.CONV_CPP, kf_conv_operands):
+A launch is LAUNCH_FIELDS ints, one KfConvArgs of the C++ side (conv_operands_source.CONV_CPP, kf_conv_operands):
   - an ordinary convolution's 23 sizes (kfuse/kernels/conv_geometry.py, ConvGeometry.args): its rows M, the input's
     and its output pixels' sizes, the window (kernel, stride, padding, dilation);
   - where those output pixels land in the region's output: its dims FD, FH, FW, the first pixel's place RD, RH, RW

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kfuse.cuda.conv_direct_source import CONV_DIRECT
-from kfuse.cuda.conv_source import CONV, CONV_COMMON, CONV_CPP
+from kfuse.cuda.conv_operands_source import CONV_CPP
+from kfuse.cuda.conv_source import CONV, CONV_COMMON
 from kfuse.cuda.gemm_source import COMMON, GEMM, PAD_K, PRELUDE, SPLIT
 from kfuse.cuda.norm_source import BATCH_NORM, BATCH_NORM_DECLS, GROUP_NORM, ROW_CHUNKS
 from kfuse.cuda.rows_source import ROW_DOT, ROWS
