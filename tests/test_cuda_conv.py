@@ -1,13 +1,15 @@
 """`--backend cuda`'s convolution kind (kfuse/cuda/conv.py, conv_source.py, conv_runtime.py): a convolution or a
-transposed one (any groups but depthwise) and the pointwise chain after it as one implicit-GEMM CUDA tile on x's
-packed records, a launch of it per stride phase of a transposed one.
+transposed one (any groups, depthwise too) and the pointwise chain after it as one implicit-GEMM CUDA tile on x's
+packed records (a launch of it per stride phase of a transposed one), or as the direct tile where a group has fewer
+than 8 input channels.
 
 Without a GPU: which convolutions the kind takes and why the others stay torch calls, the emitted files are complete,
 the CUDA source compiles with nvcc for sm_80 and sm_90 without spills and the C++ glue with g++ against torch's
 headers, a model of the kernel's arithmetic (the records, the weight's rows, the launches, the tap-by-tap K walk, the
-scales, where each pixel lands) in torch against float64 at odd geometries of both forms, and autograd through the
-generated Function with torch in place of the kernels. With a GPU: every problems/conv file the kind takes meets the
-accuracy contract, and the gradient contract.
+scales, where each pixel lands) in torch against float64 at odd geometries of both forms, the direct tile's
+arithmetic likewise, and autograd through the generated Function with torch in place of the kernels. With a GPU: every
+problems/conv file the kind takes meets the accuracy contract, the gradient contract, and each tile matches its
+model (the direct tile: float64 rounded once).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from kfuse_testing import ROOT, requires_cuda
 from test_cuda_backend import NVCC_FLAGS, _both_contracts, _contract, _detached, check_emitted, compile_cuda, region_fns
 
 CONV = ROOT / "problems" / "conv"
-# problems/conv files whose convolution is not depthwise or transposed and has only pointwise ops after it: 1-d, 2-d,
-# 3-d, strides, dilation, 'same', groups, batch 1, no bias, two outputs, a 1 x 1 kernel, functional forms
+# problems/conv files whose convolution is neither depthwise nor transposed and has only pointwise ops after it: 1-d,
+# 2-d, 3-d, strides, dilation, 'same', groups, batch 1, no bias, two outputs, a 1 x 1 kernel, functional forms
 PLAIN = ["01_conv2d_relu", "02_conv2d_bias_scale", "03_conv1d_strided_gelu", "04_conv3d_swish_scale",
          "07_conv2d_batch1_leakyrelu", "08_conv2d_odd_nobias_clamp", "09_functional_conv2d_same_mish",
          "10_conv2d_subtract_subtract_mish", "12_conv2d_pointwise_1x1_hardtanh", "13_conv1d_dilated_strided_softplus",

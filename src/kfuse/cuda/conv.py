@@ -1,7 +1,8 @@
 """The CUDA code of the convolution kind: nn.Conv1d/2d/3d, nn.ConvTranspose1d/2d/3d or their functional forms (any
-stride, padding, 'same', output_padding, dilation, groups but depthwise; bias or none) and the pointwise chain after
-it, the twin of the registry's plain convolution kind (the one a norm or reduction after the chain takes over on the
-Triton backend).
+stride, padding, 'same', output_padding, dilation and groups, depthwise too; bias or none) and the pointwise chain
+after it, the twin of the registry's plain convolution kind (the one a norm or reduction after the chain takes over
+on the Triton backend). Groups of fewer than 8 input channels run on the direct tile (runs_direct,
+conv_direct_source.py), the others on the implicit-GEMM tile (conv_source.py).
 
 A region becomes: its functor `Conv_<stem>` (the bias, the chain, the stores at `base + n P` into NC(D)HW outputs),
 the CUDA launcher running conv_source.py's implicit-GEMM tile with it, the bound C++ function (x's records packed
