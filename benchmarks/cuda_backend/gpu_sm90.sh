@@ -35,6 +35,9 @@
 #           files it runs (tests/test_cuda_conv.py's DIRECT_FILES) and of KBFILES (paths, full size), 12 at a time,
 #           then that file's GPU tests of the direct tile, then kfuse bench of KBFILES with each backend (BACKENDS,
 #           default "cuda triton")
+#   convnorms  the norm after a convolution (kfuse/cuda/conv_norms.py, off unless KFUSE_CUDA_CONV_NORMS=1): with the
+#           switch on, kfuse optimize --backend cuda of tests/test_cuda_conv_norms.py's NORM_FILES, 4 at a time, then
+#           that file's GPU tests (both tiles)
 #   convkb  KernelBench level 2's convolutions the kind takes with everything after them (CONVKB, default 1 4 47 54
 #           87 90; KB2: a folder of its level-2 files, default kb/level2, carried), full size, 4 at a time, then
 #           kfuse bench of them with each backend
@@ -178,6 +181,16 @@ print(*DIRECT_FILES, sep='\n')" | sed 's|^|problems/conv/|; s|$|.py|'; printf '%
                 --json "$out/convdirect-bench-$b.json" > "$out/convdirect-bench-$b.log" 2>&1
             echo "bench $b: exit $?"; tail -$((2 * ${#kbfiles[@]} + 1)) "$out/convdirect-bench-$b.log"
         done; fi;;
+    convnorms)
+        mkdir -p "$out/convnorms"
+        export KFUSE_CUDA_CONV_NORMS=1
+        python3 -c "import sys; sys.path[:0] = ['tests']; from test_cuda_conv_norms import NORM_FILES; \
+print(*NORM_FILES, sep='\n')" | sed 's|^|problems/conv/|; s|$|.py|' | xargs -P 4 -I{} bash -c 'optimize_one {} '"$out/convnorms"
+        TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_conv_norms.py \
+            > "$out/pytest-convnorms.log" 2>&1
+        echo "pytest: exit $? $(tail -1 "$out/pytest-convnorms.log")"
+        grep -E "^FAILED|Error" "$out/pytest-convnorms.log" | head -20
+        unset KFUSE_CUDA_CONV_NORMS;;
     convkb)
         mkdir -p "$out/convkb"
         kb2="$(realpath "${KB2:-kb/level2}")"

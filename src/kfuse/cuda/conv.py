@@ -16,6 +16,7 @@ The convolution always runs the fp16x3p split, whatever GEMM_SCHEME says (the ki
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from kfuse.backward import class_name, region_inputs
 from kfuse.cuda.conv_runtime import CONV_CHANNELS, conv_channels
@@ -74,23 +75,52 @@ def cost_line(region: Region, g: Graph) -> str:
             "output written once).")
 
 
-def conv_struct(region: Region, struct: str) -> tuple[str, list[Member]]:
-    """The functor: acc is the convolution's sum (unscaled); its bias, the chain, each output stored at the NC(D)HW
-    element `m + n * P` (the kernel passes m = b C_out P + p)."""
+AT = "m + n * P"  # a functor's NC(D)HW element: the kernels pass m = b C_out P + p and the channel n
+
+
+def conv_struct(region: Region, struct: str, chain: Sequence[Node] | None = None,
+                stored: Sequence[str] | None = None) -> tuple[str, list[Member]]:
+    """The functor: acc is the convolution's sum (unscaled); its bias, the `chain` (the region's ops after the
+    convolution), each of `stored` (the region's outputs) stored at the NC(D)HW element AT."""
     anchor = region.anchor
+    chain = region.nodes[1:] if chain is None else chain
+    stored = region.outputs if stored is None else stored
     args = EpilogueArgs()
     env: dict[str, str] = {}
     bias = anchor.args[2]
     first = "acc" if bias is None else f"acc + {args.operand(bias, env)}"
     body = [f"const float {var(anchor.name)} = {first};  // {anchor.origin}"]
     env[anchor.name] = var(anchor.name)
-    body += chain_lines(region.nodes[1:], env, args)
-    body += [f"out{i}[at] = {env[v]};" for i, v in enumerate(region.outputs)]
-    members = [Member(f"out{i}", "out") for i in range(len(region.outputs))]
-    doc = "The epilogue of " + " -> ".join(n.origin for n in region.nodes) + ", on one element of the convolution's " \
-        "fp32 accumulator."
-    return (functor_struct(struct, doc, members, args, body, at="m + n * P", sizes=("P",)),
-            [*members, *args.members])
+    body += chain_lines(chain, env, args)
+    body += [f"out{i}[at] = {env[v]};" for i, v in enumerate(stored)]
+    members = [Member(f"out{i}", "out") for i in range(len(stored))]
+    doc = "The epilogue of " + " -> ".join(n.origin for n in [anchor, *chain]) + ", on one element of the " \
+        "convolution's fp32 accumulator."
+    return functor_struct(struct, doc, members, args, body, at=AT, sizes=("P",)), [*members, *args.members]
+
+
+def conv_launcher(stem: str, struct: str, members: list[Member], direct: bool) -> str:
+    """The CUDA launcher `kf_launch_<stem>(g, members..., stream)`: one launch of the tile with the functor."""
+    launch = ["const KfConvArgs& g", *[c_param(m) for m in members], "cudaStream_t stream"]
+    sets = "\n".join(f"  epi.{m.name} = {m.name};" for m in members)
+    return (f"{launcher_head(stem, launch)} {{\n  {struct} epi;\n{sets}\n"
+            f"  epi.P = (long long)g.FD * g.FH * g.FW;\n  return {'kf_conv_direct' if direct else 'kf_conv'}(g, epi, "
+            "stream);\n}\n")
+
+
+def operands_lines(direct: bool) -> list[str]:
+    """The bound C++ function's first lines: the device, the tensor inputs are checked against, the launches."""
+    operands = ("kf_conv_operands(x, w, torch::Tensor(), launches, cp, out_shape, true)" if direct else
+                "kf_conv_operands(x, w, w_scale, launches, cp, out_shape)")
+    return ["  const c10::cuda::CUDAGuard guard(x.device());",
+            "  const torch::Tensor& a = x;  // the tensor every input is checked against",
+            f"  const KfConvOperands ops = {operands};"]
+
+
+def conv_params(direct: bool) -> str:
+    """The bound C++ function's convolution parameters (the direct tile's: no w_scale)."""
+    return (f"torch::Tensor x, torch::Tensor w, {'' if direct else 'torch::Tensor w_scale, '}std::vector<int64_t> "
+            "launches, std::vector<int64_t> out_shape, int64_t cp")
 
 
 def sources(stem: str, struct: str, members: list[Member], direct: bool) -> tuple[str, str]:
@@ -100,21 +130,12 @@ def sources(stem: str, struct: str, members: list[Member], direct: bool) -> tupl
     function = bound_name(stem)
     outs = [m for m in members if m.kind == "out"]
     launch = ["const KfConvArgs& g", *[c_param(m) for m in members], "cudaStream_t stream"]
-    sets = "\n".join(f"  epi.{m.name} = {m.name};" for m in members)
-    cu = (f"{launcher_head(stem, launch)} {{\n  {struct} epi;\n{sets}\n"
-          f"  epi.P = (long long)g.FD * g.FH * g.FW;\n  return {'kf_conv_direct' if direct else 'kf_conv'}(g, epi, "
-          "stream);\n}\n")
+    cu = conv_launcher(stem, struct, members, direct)
     tensors = "".join(", " + cpp_param(m) for m in inputs(members))
     args = [f"{m.name}.data_ptr<float>()" for m in outs] + [cpp_arg(m) for m in inputs(members)]
-    operands = ("kf_conv_operands(x, w, torch::Tensor(), launches, cp, out_shape, true)" if direct else
-                "kf_conv_operands(x, w, w_scale, launches, cp, out_shape)")
     lines = [f"{launcher_head(stem, launch)};", "",
-             f"std::vector<torch::Tensor> {function}(torch::Tensor x, torch::Tensor w, "
-             f"{'' if direct else 'torch::Tensor w_scale, '}std::vector<int64_t> launches, "
-             f"std::vector<int64_t> out_shape, int64_t cp{tensors}) {{",
-             "  const c10::cuda::CUDAGuard guard(x.device());",
-             "  const torch::Tensor& a = x;  // the tensor every input is checked against",
-             f"  const KfConvOperands ops = {operands};",
+             f"std::vector<torch::Tensor> {function}({conv_params(direct)}{tensors}) {{",
+             *operands_lines(direct),
              *[f"  torch::Tensor {m.name} = torch::empty(out_shape, x.options());" for m in outs],
              "  for (const KfConvArgs& g : ops.launches)",
              f"    kf_check(kf_launch_{stem}(g, {', '.join(args)}, c10::cuda::getCurrentCUDAStream()),",
@@ -124,6 +145,19 @@ def sources(stem: str, struct: str, members: list[Member], direct: bool) -> tupl
     return cu, "\n".join(lines) + "\n"
 
 
+def launcher_lines(anchor: Node) -> tuple[tuple[str, ...], list[str], str]:
+    """(torch's geometry parameters, the Python launcher's first lines: the extension, the geometry, the weight's
+    parts and the launches, the bound function's convolution arguments)."""
+    geometry = form_of(anchor).geometry  # torch's argument order: (stride, padding, dilation, groups) or transposed's
+    parts = "conv_transpose_parts" if anchor.op == TRANSPOSED else "conv_parts"
+    direct = runs_direct(anchor)
+    head = ["ext = cuda_module()",
+            f"geo = {parts.replace('parts', 'geometry')}(tuple(x.shape), tuple(weight.shape), {', '.join(geometry)})",
+            f"w, w_scale, cp, launches = {parts}(ext, weight, geo{', direct=True' if direct else ''})"]
+    operands = f"x.float().contiguous(), w, {'' if direct else 'w_scale, '}launches, list(geo.out_shape), cp"
+    return geometry, head, operands
+
+
 def python_source(region: Region, g: Graph, stem: str, cls: str, members: list[Member]) -> str:
     """`fused_<stem>(x, weight, inputs..., <torch's geometry arguments>)` and the region's CudaRecomputeFn."""
     anchor = region.anchor
@@ -131,14 +165,9 @@ def python_source(region: Region, g: Graph, stem: str, cls: str, members: list[M
     fed = inputs(members)
     n_out = len(region.outputs)
     replaced = " -> ".join(n.origin for n in region.nodes)
-    geometry = form_of(anchor).geometry  # torch's argument order: (stride, padding, dilation, groups) or transposed's
-    parts = "conv_transpose_parts" if anchor.op == TRANSPOSED else "conv_parts"
+    geometry, head, operands = launcher_lines(anchor)
     direct = runs_direct(anchor)
-    body = ["ext = cuda_module()",
-            f"geo = {parts.replace('parts', 'geometry')}(tuple(x.shape), tuple(weight.shape), {', '.join(geometry)})",
-            f"w, w_scale, cp, launches = {parts}(ext, weight, geo{', direct=True' if direct else ''})",
-            f"got = ext.{bound_name(stem)}(x.float().contiguous(), w, {'' if direct else 'w_scale, '}launches, "
-            f"list(geo.out_shape), cp{''.join(', ' + m.name for m in fed)})",
+    body = [*head, f"got = ext.{bound_name(stem)}({operands}{''.join(', ' + m.name for m in fed)})",
             f"return {'got[0]' if n_out == 1 else 'tuple(got)'}"]
     kernels = ("kf_conv_direct_kernel" if direct else "kf_conv_pack, then kf_conv_fp16x3p_kernel")
     doc = (f"Fused: {replaced}: the CUDA function `{bound_name(stem)}` ({kernels} with Conv_{stem}). "

@@ -48,8 +48,9 @@ class NormPlan:
     outputs: tuple[str, ...]  # the region's outputs, in its order
 
 
-def norm_plan(region: Region) -> NormPlan:
-    at = next(i for i, n in enumerate(region.nodes) if n.op in ("group_norm", "batch_norm"))
+def norm_plan(region: Region, ops: tuple[str, ...] = ("group_norm", "batch_norm")) -> NormPlan:
+    """The region cut at its first op of `ops` (the norm)."""
+    at = next(i for i, n in enumerate(region.nodes) if n.op in ops)
     norm, pre, post = region.nodes[at], region.nodes[1:at], region.nodes[at + 1:]
     early = {n.name for n in region.nodes[:at]}
     read_late = [a for n in post for a in n.value_args() if a in early]
@@ -68,20 +69,21 @@ def gemm_struct(region: Region, pre, stored, before: Node, struct: str) -> tuple
     return functor_struct(struct, doc, members, args, body), [*members, *args.members]
 
 
-def post_struct(plan: NormPlan, struct: str) -> tuple[str, list[Member]]:
-    """The norm pass's functor: acc is the norm's output; the ops after it; stores plan.late."""
+def post_struct(plan: NormPlan, struct: str, **where) -> tuple[str, list[Member]]:
+    """The norm pass's functor: acc is the norm's output; the ops after it; stores plan.late (`where`: the element's
+    `at` and `sizes`, functor_struct's, where they are not a GEMM's)."""
     args = EpilogueArgs()
     env = {plan.norm.name: var(plan.norm.name)}
     body = [f"const float {var(plan.norm.name)} = acc;  // {plan.norm.origin}"]
     for i, v in enumerate(plan.saved):
-        body.append(f"const float {var(v)} = sv{i}[at];  // stored by the GEMM's epilogue")
+        body.append(f"const float {var(v)} = sv{i}[at];  // stored before the norm")
         env[v] = var(v)
     body += chain_lines(plan.post, env, args)
     body += [f"out{i}[at] = {env[v]};" for i, v in enumerate(plan.late)]
     members = [*[Member(f"out{i}", "out") for i in range(len(plan.late))],
                *[Member(f"sv{i}", "saved") for i in range(len(plan.saved))]]
     doc = f"After {plan.norm.origin}: " + (" -> ".join(n.origin for n in plan.post) or "its stores") + "."
-    return functor_struct(struct, doc, members, args, body), [*members, *args.members]
+    return functor_struct(struct, doc, members, args, body, **where), [*members, *args.members]
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from kfuse.cuda import conv, epilogue, norms, pool, rowreduce, rowsum
+from kfuse.cuda import conv, conv_norms, epilogue, norms, pool, rowreduce, rowsum
 from kfuse.ir import Graph, Node, Param
 from kfuse.kernels.gemm_core import LONG_K
 from kfuse.modes import Variant
@@ -46,6 +46,7 @@ BACKEND = "cuda"
 
 EPILOGUE = next(k for k in REGISTRY if k.upgradable and k.family == "gemm")  # where GEMM regions start
 CONV_EPILOGUE = next(k for k in REGISTRY if k.upgradable and k.family == "conv")  # where conv regions start
+CONV_NORM = next(k for k in REGISTRY if k.family == "conv" and "instance_norm" in k.at_ops)  # a norm after a conv
 PRODUCTS_SWITCH = "KFUSE_CUDA_PRODUCTS"  # "0": leave products of two values to torch (the A/B against them)
 
 
@@ -144,6 +145,15 @@ class Conv:
         return plain_conv(n)  # the registry's kind leaves a depthwise transposed convolution to torch
 
 
+class ConvNorm:
+    """A GroupNorm or InstanceNorm after a convolution (kfuse/cuda/conv_norms.py), when KFUSE_CUDA_CONV_NORMS=1."""
+
+    cuda_code = staticmethod(conv_norms.region_code)
+
+    def enters(self, walk: Walk, n: Node) -> bool:
+        return conv_norms.switched_on() and super().enters(walk, n)
+
+
 # a registry kind's twin, by the op it takes a region over at (the plain epilogue: by none)
 TWINS = {"linear_rowsum": RowSum, "group_norm": GroupNorm, "batch_norm": BatchNorm,
          **{op: RowReduce for op in REDUCE_OPS + ROW_NORM_OPS}, **{op: Pool for op in POOL_OPS}}
@@ -152,12 +162,16 @@ TWINS = {"linear_rowsum": RowSum, "group_norm": GroupNorm, "batch_norm": BatchNo
 def twin(kind: RegionKind) -> RegionKind:
     """The registry's GEMM kind with its CUDA mixin in front (same name: the report and the flags are the registry
     kind's)."""
-    mixin = TWINS[kind.at_ops[0]] if kind.at_ops else Conv if kind is CONV_EPILOGUE else Epilogue
+    if kind is CONV_NORM or kind is CONV_EPILOGUE:  # the conv kinds: their norm ops are the GEMM twins' too
+        mixin = ConvNorm if kind is CONV_NORM else Conv
+    else:
+        mixin = TWINS[kind.at_ops[0]] if kind.at_ops else Epilogue
     return type(f"Cuda{type(kind).__name__}", (mixin, type(kind)), {"__doc__": mixin.__doc__})()
 
 
 # the twins in the registry's order, then the registry's kinds that launch no kernel of kfuse's (torch calls last)
-FUSED: tuple[RegionKind, ...] = tuple(twin(k) for k in REGISTRY if k.family == "gemm" or k is CONV_EPILOGUE)
+FUSED: tuple[RegionKind, ...] = tuple(twin(k) for k in REGISTRY if k.family == "gemm" or k in (CONV_EPILOGUE,
+                                                                                                CONV_NORM))
 KINDS: tuple[RegionKind, ...] = (*FUSED, *[k for k in REGISTRY if not k.fused])
 FUSED_KINDS = tuple(k.name for k in FUSED)
 
@@ -185,6 +199,9 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
             elif n.op in ("linear", "matmul"):
                 why = (f"--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter{PRODUCTS_NOTE} "
                        f"(--backend triton: {kind})")
+            elif kind == CONV_NORM.name:  # its CUDA version is off (or the convolution left it)
+                why = (f"--backend triton fuses it in a {kind} region; its CUDA version is off unless "
+                       f"{conv_norms.SWITCH}=1 (compiled, not yet run on a GPU)")
             elif kind in FUSED_KINDS:  # the kind has a CUDA version, but not for this region's GEMM
                 why = (f"--backend triton fuses it in a {kind} region, whose GEMM --backend cuda does not take (not a "
                        f"Linear or x @ W with a 2-d weight parameter)")

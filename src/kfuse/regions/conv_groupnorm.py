@@ -230,6 +230,7 @@ class ConvGroupNorm(RegionKind):
     name = "conv_groupnorm"
     family = "conv"
     kernel_modules = ("conv", "conv_transpose", "conv_norm")
+    at_ops = NORMS
 
     def enters(self, walk: Walk, n: Node) -> bool:
         return norm_after_conv(walk, n)

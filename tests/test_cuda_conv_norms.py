@@ -1,0 +1,118 @@
+"""`--backend cuda`'s norm after a convolution (kfuse/cuda/conv_norms.py, conv_norm_source.py): convolution -> ops ->
+GroupNorm or InstanceNorm -> ops as the convolution's launches storing the norm's input, then one norm pass (float64
+statistics per (sample, group) over its contiguous run, the apply with the ops after the norm). Off unless
+KFUSE_CUDA_CONV_NORMS=1 (compiled and checked here, on no GPU yet).
+
+Without a GPU: the switch decides the partition and the reason given for the torch calls, the emitted files are
+complete, the CUDA source compiles with nvcc for sm_80 and sm_90 without spills (both convolution tiles), the C++
+glue with g++, and autograd through the generated Function with torch in place of the kernels meets the gradient
+contract. With a GPU: the problems/conv norm files meet the accuracy contract on both tiles.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from kfuse.cuda.regions import unfused_reasons
+from kfuse.load import load_problem
+from kfuse.optimize import load_module
+from kfuse_testing import ROOT, requires_cuda
+from test_cuda_backend import NVCC_FLAGS, _contract, _detached, check_emitted, compile_cuda, region_fns
+
+CONV = ROOT / "problems" / "conv"
+SWITCH = "KFUSE_CUDA_CONV_NORMS"
+# GroupNorm with a residual of the norm's input, InstanceNorm on a batch of one, a transposed 3-d convolution before
+# a GroupNorm, a 1-d one with one wide group
+NORM_FILES = ["36_conv2d_groupnorm_tanh_residual", "37_conv2d_instancenorm2d_divide_batch1",
+              "38_conv_transpose3d_relu_groupnorm_hardswish", "39_conv1d_groupnorm_wide_group"]
+PACKED = {"in_channels": 16}  # 16 input channels: the implicit-GEMM tile (the files' own sizes run the direct tile)
+
+
+@pytest.fixture
+def on(monkeypatch):
+    monkeypatch.setenv(SWITCH, "1")
+
+
+@pytest.mark.parametrize("name", NORM_FILES)
+def test_off_by_default_the_norm_stays_a_torch_call_with_the_reason(name):
+    (v,) = compile_cuda(CONV / f"{name}.py").variants
+    assert [r.kind for r in v.regions if r.fused] == ["conv_epilogue"]
+    reasons = list(unfused_reasons(v).values())
+    assert reasons and all(f"its CUDA version is off unless {SWITCH}=1" in why for why in reasons), reasons
+
+
+@pytest.mark.parametrize("overrides", [{}, PACKED], ids=["direct", "packed"])
+@pytest.mark.parametrize("name", NORM_FILES)
+def test_switched_on_the_region_is_one_and_the_file_complete(on, name, overrides):
+    compiled = compile_cuda(CONV / f"{name}.py", overrides)
+    (v,) = compiled.variants
+    assert [r.kind for r in v.regions if r.fused] == ["conv_groupnorm"] and not v.unfused
+    check_emitted(compiled.source)
+    assert "kf_conv_norm(u, B, C, P, group" in compiled.source
+    if overrides:  # 16 input channels: the implicit-GEMM tile (36-38 at their own sizes: the direct tile)
+        assert "return kf_conv(g, epi, stream);" in compiled.source
+
+
+def _sources(name: str, overrides: dict) -> dict:
+    source = compile_cuda(CONV / f"{name}.py", overrides).source
+    return {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(source).body
+            if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
+            and n.targets[0].id in ("CUDA_SRC", "CPP_SRC", "CUDA_FUNCTIONS")}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
+@pytest.mark.parametrize("arch", ["80", "90"])
+@pytest.mark.parametrize("overrides", [{}, PACKED], ids=["direct", "packed"])
+def test_norm_source_compiles_without_spills(on, tmp_path, arch, overrides):
+    """problems/conv/38 (a transposed convolution, ReLU, GroupNorm, HardSwish) on each tile."""
+    (tmp_path / "k.cu").write_text(_sources("38_conv_transpose3d_relu_groupnorm_hardswish", overrides)["CUDA_SRC"])
+    r = subprocess.run(["nvcc", "-c", "k.cu", "-o", "k.o", "-std=c++20", *NVCC_FLAGS,
+                        f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    spills = re.findall(r"(\d+) bytes spill stores", r.stderr)
+    assert spills and set(spills) == {"0"}, r.stderr[-4000:]
+    entries = re.findall(r"Compiling entry function '(\w+)'", r.stderr)
+    tile = "kf_conv_fp16x3p_kernel" if overrides else "kf_conv_direct_kernel"
+    for kernel in ("kf_conv_norm_apply_kernel", "kf_row_stats_kernelILi4E", tile):
+        assert any(kernel in e for e in entries), (kernel, entries)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+@pytest.mark.parametrize("name", ["36_conv2d_groupnorm_tanh_residual", "37_conv2d_instancenorm2d_divide_batch1"])
+def test_norm_cpp_glue_compiles_against_torch_headers(on, tmp_path, name):
+    from test_cuda_backend import cpp_syntax_errors
+
+    ns = _sources(name, PACKED)
+    assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
+
+
+@pytest.mark.parametrize("name", NORM_FILES)
+def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels(on, tmp_path, monkeypatch, name):
+    from kfuse.gradients import gradient_contract
+
+    path = CONV / f"{name}.py"
+    out = tmp_path / "new.py"
+    out.write_text(compile_cuda(path).source)
+    module = load_module(out)
+    fns = region_fns(module, "CudaRecomputeFn")
+    assert fns
+    for fn in fns:  # the region's own torch reference in place of the kernels
+        monkeypatch.setattr(fn, "launch", staticmethod(
+            lambda self, x, fn=fn: _detached(fn.reference(self, {}, lambda t: t, x.detach()))))
+    verdict = gradient_contract(load_problem(path), module.ModelNew, device="cpu", draws=2)
+    assert verdict.correct, verdict.failures
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("overrides", [{}, PACKED], ids=["direct", "packed"])
+@pytest.mark.parametrize("name", NORM_FILES)
+def test_gpu_norm_files_meet_the_contract(on, name, overrides):
+    _, _, contract = _contract(CONV / f"{name}.py", overrides)
+    assert contract.correct, contract.failures
