@@ -145,16 +145,21 @@ BUILDS = {"02_conv2d_bias_scale": ("kf_conv_fp16x3p_kernelILi3ELi4ELi64E",
 @pytest.mark.parametrize("name", sorted(BUILDS))
 def test_conv_source_compiles_without_spills(tmp_path, arch, name):
     """Each tile's instantiations and the pipeline depths for sm_80 and sm_90."""
-    (tmp_path / "k.cu").write_text(_sources(name)["CUDA_SRC"])
+    entries = built_without_spills(_sources(name)["CUDA_SRC"], arch, tmp_path)
+    for kernel in BUILDS[name]:
+        assert any(kernel in e for e in entries), (kernel, entries)
+
+
+def built_without_spills(cuda_src: str, arch: str, tmp_path) -> list[str]:
+    """nvcc builds the CUDA source for sm_<arch> with no spill; the kernels it compiled (mangled names)."""
+    (tmp_path / "k.cu").write_text(cuda_src)
     r = subprocess.run(["nvcc", "-c", "k.cu", "-o", "k.o", "-std=c++20", *NVCC_FLAGS,
                         f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v"], cwd=tmp_path,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
     spills = re.findall(r"(\d+) bytes spill stores", r.stderr)
     assert spills and set(spills) == {"0"}, r.stderr[-4000:]
-    entries = re.findall(r"Compiling entry function '(\w+)'", r.stderr)
-    for kernel in BUILDS[name]:
-        assert any(kernel in e for e in entries), (kernel, entries)
+    return re.findall(r"Compiling entry function '(\w+)'", r.stderr)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -372,19 +377,24 @@ def test_weight_rows_are_tap_major_with_padded_channels():
                                   "26_conv_transpose1d_batch1_two_outputs_hardsigmoid",
                                   "05_depthwise_conv2d_hardswish", "25_conv_transpose2d_depthwise_hardswish"])
 def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels(tmp_path, monkeypatch, name):
+    verdict = torch_in_place_gradients(CONV / f"{name}.py", tmp_path, monkeypatch)
+    assert verdict.correct, verdict.failures
+
+
+def torch_in_place_gradients(path, tmp_path, monkeypatch):
+    """The gradient contract (two draws, CPU) of the problem's CUDA ModelNew with each region's own torch reference
+    (its CudaRecomputeFn's) in place of its kernels: the generated autograd, not the kernels."""
     from kfuse.gradients import gradient_contract
 
-    path = CONV / f"{name}.py"
     out = tmp_path / "new.py"
     out.write_text(compile_cuda(path).source)
     module = load_module(out)
     fns = region_fns(module, "CudaRecomputeFn")
     assert fns
-    for fn in fns:  # the region's own torch reference in place of the kernels
+    for fn in fns:
         monkeypatch.setattr(fn, "launch", staticmethod(
             lambda self, x, fn=fn: _detached(fn.reference(self, {}, lambda t: t, x.detach()))))
-    verdict = gradient_contract(load_problem(path), module.ModelNew, device="cpu", draws=2)
-    assert verdict.correct, verdict.failures
+    return gradient_contract(load_problem(path), module.ModelNew, device="cpu", draws=2)
 
 
 # ---- on a GPU ------------------------------------------------------------------------------------------------------

@@ -12,17 +12,14 @@ contract. With a GPU: the problems/conv norm files meet the accuracy contract on
 from __future__ import annotations
 
 import ast
-import re
 import shutil
-import subprocess
 
 import pytest
 
 from kfuse.cuda.regions import unfused_reasons
-from kfuse.load import load_problem
-from kfuse.optimize import load_module
 from kfuse_testing import ROOT, requires_cuda
-from test_cuda_backend import NVCC_FLAGS, _contract, _detached, check_emitted, compile_cuda, region_fns
+from test_cuda_backend import _contract, check_emitted, compile_cuda
+from test_cuda_conv import built_without_spills, torch_in_place_gradients
 
 CONV = ROOT / "problems" / "conv"
 SWITCH = "KFUSE_CUDA_CONV_NORMS"
@@ -70,14 +67,8 @@ def _sources(name: str, overrides: dict) -> dict:
 @pytest.mark.parametrize("overrides", [{}, PACKED], ids=["direct", "packed"])
 def test_norm_source_compiles_without_spills(on, tmp_path, arch, overrides):
     """problems/conv/38 (a transposed convolution, ReLU, GroupNorm, HardSwish) on each tile."""
-    (tmp_path / "k.cu").write_text(_sources("38_conv_transpose3d_relu_groupnorm_hardswish", overrides)["CUDA_SRC"])
-    r = subprocess.run(["nvcc", "-c", "k.cu", "-o", "k.o", "-std=c++20", *NVCC_FLAGS,
-                        f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v"], cwd=tmp_path,
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-4000:]
-    spills = re.findall(r"(\d+) bytes spill stores", r.stderr)
-    assert spills and set(spills) == {"0"}, r.stderr[-4000:]
-    entries = re.findall(r"Compiling entry function '(\w+)'", r.stderr)
+    source = _sources("38_conv_transpose3d_relu_groupnorm_hardswish", overrides)["CUDA_SRC"]
+    entries = built_without_spills(source, arch, tmp_path)
     tile = "kf_conv_fp16x3p_kernel" if overrides else "kf_conv_direct_kernel"
     for kernel in ("kf_conv_norm_apply_kernel", "kf_row_stats_kernelILi4E", tile):
         assert any(kernel in e for e in entries), (kernel, entries)
@@ -94,18 +85,7 @@ def test_norm_cpp_glue_compiles_against_torch_headers(on, tmp_path, name):
 
 @pytest.mark.parametrize("name", NORM_FILES)
 def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels(on, tmp_path, monkeypatch, name):
-    from kfuse.gradients import gradient_contract
-
-    path = CONV / f"{name}.py"
-    out = tmp_path / "new.py"
-    out.write_text(compile_cuda(path).source)
-    module = load_module(out)
-    fns = region_fns(module, "CudaRecomputeFn")
-    assert fns
-    for fn in fns:  # the region's own torch reference in place of the kernels
-        monkeypatch.setattr(fn, "launch", staticmethod(
-            lambda self, x, fn=fn: _detached(fn.reference(self, {}, lambda t: t, x.detach()))))
-    verdict = gradient_contract(load_problem(path), module.ModelNew, device="cpu", draws=2)
+    verdict = torch_in_place_gradients(CONV / f"{name}.py", tmp_path, monkeypatch)
     assert verdict.correct, verdict.failures
 
 

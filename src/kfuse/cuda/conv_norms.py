@@ -30,7 +30,7 @@ from kfuse.cuda.conv import (
 )
 from kfuse.cuda.epilogue import CudaRegion, recompute_function_source
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
-from kfuse.cuda.norms import NormPlan, _vector, norm_plan, post_struct
+from kfuse.cuda.norms import NormPlan, _vector, norm_plan, output_tensors, post_args, post_struct
 from kfuse.ir import Graph, Node, Region
 from kfuse.regions.common import docstring
 from kfuse.regions.conv_common import geometry_code
@@ -73,15 +73,7 @@ def cpp_function(stem: str, plan: NormPlan, pre: list[Member], post: list[Member
               "double eps", *[cpp_param(m, "q_") for m in inputs(post)]]
     pre_args = [f"st[{i}].data_ptr<float>()" for i in range(len(plan.stored))] + [cpp_arg(m, "e_")
                                                                                  for m in inputs(pre)]
-    post_args = []
-    for m in post:
-        if m.kind == "out":
-            post_args.append(f"lt[{m.name[3:]}].data_ptr<float>()")
-        elif m.kind == "saved":
-            post_args.append(f"st[{plan.stored.index(plan.saved[int(m.name[2:])])}].data_ptr<float>()")
-        else:
-            post_args.append(cpp_arg(m, "q_"))
-    outs = [f"st[{plan.stored.index(v)}]" if v in plan.stored else f"lt[{plan.late.index(v)}]" for v in plan.outputs]
+    passed = post_args(plan, post)
     function = bound_name(stem)
     lines = [f"{launcher_head(stem, pre_launch)};", f"{launcher_head(f'{stem}_norm', norm_params)};", "",
              f"std::vector<torch::Tensor> {function}({conv_params(direct)}, {', '.join(params)}) {{",
@@ -102,9 +94,9 @@ def cpp_function(stem: str, plan: NormPlan, pre: list[Member], post: list[Member
              f"    kf_check(kf_launch_{stem}(l, {', '.join(pre_args)}, stream), \"{function}\");",
              f"  kf_check(kf_launch_{stem}_norm(st[0].data_ptr<float>(), B, C, P, static_cast<int>(C / groups), "
              "static_cast<float>(eps), gamma_p, beta_p, stats.data_ptr<float>(), "
-             f"stats.data_ptr<float>() + B * groups{''.join(', ' + a for a in post_args)}, stream), "
+             f"stats.data_ptr<float>() + B * groups{''.join(', ' + a for a in passed)}, stream), "
              f"\"{function}\");",
-             f"  return {{{', '.join(outs)}}};",
+             f"  return {{{', '.join(output_tensors(plan))}}};",
              "}"]
     return "\n".join(lines) + "\n"
 

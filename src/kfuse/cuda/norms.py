@@ -197,7 +197,14 @@ def cpp_function(stem: str, plan: NormPlan, pre: list[Member], post: list[Member
             args.append("store_z ? z.data_ptr<float>() : nullptr")
         else:
             args.append(cpp_arg(m, "e_"))
-    args += call.cu_args
+    args += [*call.cu_args, *post_args(plan, post)]
+    return "\n".join(lines + launch_and_return(stem, args, output_tensors(plan))) + "\n"
+
+
+def post_args(plan: NormPlan, post: list[Member]) -> list[str]:
+    """What a bound C++ function passes for the post functor's members: the tensors lt[i] of the outputs after the
+    norm, st[i] of the values stored before it, then the inputs (q_ parameters)."""
+    args = []
     for m in post:
         if m.kind == "out":
             args.append(f"lt[{m.name[3:]}].data_ptr<float>()")
@@ -205,9 +212,12 @@ def cpp_function(stem: str, plan: NormPlan, pre: list[Member], post: list[Member
             args.append(f"st[{plan.stored.index(plan.saved[int(m.name[2:])])}].data_ptr<float>()")
         else:
             args.append(cpp_arg(m, "q_"))
-    outs = [f"st[{plan.stored.index(v)}]" if v in plan.stored else f"lt[{plan.late.index(v)}]" for v in
-            plan.outputs]
-    return "\n".join(lines + launch_and_return(stem, args, outs)) + "\n"
+    return args
+
+
+def output_tensors(plan: NormPlan) -> list[str]:
+    """The region's outputs in its order, as the st / lt tensors holding them."""
+    return [f"st[{plan.stored.index(v)}]" if v in plan.stored else f"lt[{plan.late.index(v)}]" for v in plan.outputs]
 
 
 def python_launcher(region: Region, g: Graph, stem: str, pre: list[Member], post: list[Member],
