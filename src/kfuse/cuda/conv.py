@@ -26,17 +26,10 @@ from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
 from kfuse.ir import Graph, Node, Region
 from kfuse.kernels.conv_geometry import DIRECT_WORK
 from kfuse.regions.common import docstring, var
-from kfuse.regions.conv_common import TRANSPOSED, form_of, geometry_code
+from kfuse.regions.conv_common import TRANSPOSED, conv_flops, form_of, geometry_code, group_channels
 from kfuse.regions.kind import numel
 
 DIRECT_SWITCH = "KFUSE_CUDA_CONV_DIRECT"  # "0": no direct tile, when a file is generated
-
-
-def group_channels(anchor: Node) -> tuple[int, int]:
-    """(CIN_G, COUT_G): a group's input and output channels (a transposed weight is (C_in, C_out / groups, ...))."""
-    groups = anchor.attrs.get("groups", 1)
-    w = anchor.args[1].shape
-    return (w[0] // groups, w[1]) if anchor.op == TRANSPOSED else (w[1], w[0] // groups)
 
 
 def runs_direct(anchor: Node) -> bool:
@@ -48,6 +41,11 @@ def runs_direct(anchor: Node) -> bool:
     return os.environ.get(DIRECT_SWITCH, "1") != "0" and cin_g < CONV_CHANNELS and cin_g * cout_g <= DIRECT_WORK
 
 
+def tile_kernels(anchor: Node) -> str:
+    """The kernels a region's convolution runs, for its launcher's docstring."""
+    return "kf_conv_direct_kernel" if runs_direct(anchor) else "kf_conv_pack, then kf_conv_fp16x3p_kernel"
+
+
 def cost_line(region: Region, g: Graph) -> str:
     """What the region's kernels compute and move at the problem's shape (kf_conv_pack, then the tile; or the
     direct tile)."""
@@ -57,10 +55,7 @@ def cost_line(region: Region, g: Graph) -> str:
     c_out, c_in = anchor.shape[1], g.shape_of(anchor.args[0])[1]
     taps = numel(tuple(anchor.args[1].shape[2:]))
     cp = conv_channels(c_in // groups)
-    if anchor.op == TRANSPOSED:  # each input value: C_out/groups x taps products (fewer at the borders)
-        flops = 2 * x_numel * c_out // groups * taps
-    else:  # each output value: C_in/groups x taps products
-        flops = 2 * out_numel * c_in // groups * taps
+    flops = conv_flops(anchor, g)
     if runs_direct(anchor):
         moved = 4 * (x_numel + c_out * taps * cp + len(region.outputs) * out_numel)
         return (f"At the problem's shape: {flops / 1e9:.3g} GFLOP as exact products summed in double on CUDA cores; "
@@ -99,11 +94,15 @@ def conv_struct(region: Region, struct: str, chain: Sequence[Node] | None = None
     return functor_struct(struct, doc, members, args, body, at=AT, sizes=("P",)), [*members, *args.members]
 
 
+def launch_params(members: list[Member], prefix: str = "") -> list[str]:
+    """The CUDA launcher's parameters: one launch's arguments, the functor's members, the stream."""
+    return ["const KfConvArgs& g", *[c_param(m, prefix) for m in members], "cudaStream_t stream"]
+
+
 def conv_launcher(stem: str, struct: str, members: list[Member], direct: bool) -> str:
     """The CUDA launcher `kf_launch_<stem>(g, members..., stream)`: one launch of the tile with the functor."""
-    launch = ["const KfConvArgs& g", *[c_param(m) for m in members], "cudaStream_t stream"]
     sets = "\n".join(f"  epi.{m.name} = {m.name};" for m in members)
-    return (f"{launcher_head(stem, launch)} {{\n  {struct} epi;\n{sets}\n"
+    return (f"{launcher_head(stem, launch_params(members))} {{\n  {struct} epi;\n{sets}\n"
             f"  epi.P = (long long)g.FD * g.FH * g.FW;\n  return {'kf_conv_direct' if direct else 'kf_conv'}(g, epi, "
             "stream);\n}\n")
 
@@ -129,11 +128,10 @@ def sources(stem: str, struct: str, members: list[Member], direct: bool) -> tupl
     launch (kfuse/cuda/conv_runtime.py) in turn."""
     function = bound_name(stem)
     outs = [m for m in members if m.kind == "out"]
-    launch = ["const KfConvArgs& g", *[c_param(m) for m in members], "cudaStream_t stream"]
     cu = conv_launcher(stem, struct, members, direct)
     tensors = "".join(", " + cpp_param(m) for m in inputs(members))
     args = [f"{m.name}.data_ptr<float>()" for m in outs] + [cpp_arg(m) for m in inputs(members)]
-    lines = [f"{launcher_head(stem, launch)};", "",
+    lines = [f"{launcher_head(stem, launch_params(members))};", "",
              f"std::vector<torch::Tensor> {function}({conv_params(direct)}{tensors}) {{",
              *operands_lines(direct),
              *[f"  torch::Tensor {m.name} = torch::empty(out_shape, x.options());" for m in outs],
@@ -166,11 +164,9 @@ def python_source(region: Region, g: Graph, stem: str, cls: str, members: list[M
     n_out = len(region.outputs)
     replaced = " -> ".join(n.origin for n in region.nodes)
     geometry, head, operands = launcher_lines(anchor)
-    direct = runs_direct(anchor)
     body = [*head, f"got = ext.{bound_name(stem)}({operands}{''.join(', ' + m.name for m in fed)})",
             f"return {'got[0]' if n_out == 1 else 'tuple(got)'}"]
-    kernels = ("kf_conv_direct_kernel" if direct else "kf_conv_pack, then kf_conv_fp16x3p_kernel")
-    doc = (f"Fused: {replaced}: the CUDA function `{bound_name(stem)}` ({kernels} with Conv_{stem}). "
+    doc = (f"Fused: {replaced}: the CUDA function `{bound_name(stem)}` ({tile_kernels(anchor)} with Conv_{stem}). "
            f"{cost_line(region, g)}")
     params = ", ".join(["x", "weight", *[m.name for m in fed], *geometry])
     launcher = "\n".join([f"def fused_{stem}({params}):", docstring(doc), *[f"    {ln}" for ln in body]]) + "\n"

@@ -24,9 +24,11 @@ from kfuse.cuda.conv import (
     conv_params,
     conv_struct,
     cost_line,
+    launch_params,
     launcher_lines,
     operands_lines,
     runs_direct,
+    tile_kernels,
 )
 from kfuse.cuda.epilogue import CudaRegion, recompute_function_source
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
@@ -68,14 +70,14 @@ def norm_launcher(stem: str, post: list[Member]) -> tuple[str, list[str]]:
 def cpp_function(stem: str, plan: NormPlan, pre: list[Member], post: list[Member], direct: bool,
                  norm_params: list[str]) -> str:
     """`kf_<stem>`: the convolution's launches with Pre_<stem>, then the norm's pass; the outputs in region order."""
-    pre_launch = ["const KfConvArgs& g", *[c_param(m, "e_") for m in pre], "cudaStream_t stream"]
     params = [*[cpp_param(m, "e_") for m in inputs(pre)], "int64_t groups", "torch::Tensor gamma", "torch::Tensor beta",
               "double eps", *[cpp_param(m, "q_") for m in inputs(post)]]
     pre_args = [f"st[{i}].data_ptr<float>()" for i in range(len(plan.stored))] + [cpp_arg(m, "e_")
                                                                                  for m in inputs(pre)]
     passed = post_args(plan, post)
     function = bound_name(stem)
-    lines = [f"{launcher_head(stem, pre_launch)};", f"{launcher_head(f'{stem}_norm', norm_params)};", "",
+    lines = [f"{launcher_head(stem, launch_params(pre, 'e_'))};", f"{launcher_head(f'{stem}_norm', norm_params)};",
+             "",
              f"std::vector<torch::Tensor> {function}({conv_params(direct)}, {', '.join(params)}) {{",
              *operands_lines(direct),
              "  const KfConvArgs& g = ops.launches.front();  // C_out (g.N) for the per-channel vectors",
@@ -118,10 +120,9 @@ def python_source(region: Region, g: Graph, stem: str, cls: str, plan: NormPlan,
     call = ", ".join([operands, *e, "norm_g", "gamma", "beta", "eps", *q])
     body = [*head, *checks, f"got = ext.{bound_name(stem)}({call})",
             f"return {'got[0]' if len(region.outputs) == 1 else 'tuple(got)'}"]
-    kernels = "kf_conv_direct_kernel" if runs_direct(anchor) else "kf_conv_pack, then kf_conv_fp16x3p_kernel"
-    doc = (f"Fused: {', '.join(n.origin for n in region.nodes)}: the CUDA function `{bound_name(stem)}` ({kernels} "
-           f"with Pre_{stem}, then kf_conv_norm with Post_{stem}). {cost_line(region, g)} Then the norm's pass: u "
-           "read three times, each output written once.")
+    doc = (f"Fused: {', '.join(n.origin for n in region.nodes)}: the CUDA function `{bound_name(stem)}` "
+           f"({tile_kernels(anchor)} with Pre_{stem}, then kf_conv_norm with Post_{stem}). {cost_line(region, g)} "
+           "Then the norm's pass: u read three times, each output written once.")
     params = ", ".join(["x", "weight", *e, "norm_groups", "gamma", "beta", "eps", *q, *geometry])
     launcher = "\n".join([f"def fused_{stem}({params}):", docstring(doc), *[f"    {ln}" for ln in body]]) + "\n"
     values = [*[m.value for m in inputs(pre)], *norm_values(plan.norm), *[m.value for m in inputs(post)]]

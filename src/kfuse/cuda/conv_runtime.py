@@ -46,8 +46,7 @@ def weight_parts(ext, weight: torch.Tensor, tag: tuple, rows, direct: bool) -> t
     (and no scales) for the direct tile."""
     if direct:  # float64: the tile's products are double FMAs (no conversion a load)
         return cached_on(weight, ("direct", *tag), lambda: rows().double()), None
-    w, scale = cached_on(weight, tag, lambda: tuple(ext.split_rows(rows())))
-    return w, scale
+    return cached_on(weight, tag, lambda: tuple(ext.split_rows(rows())))
 
 
 def conv_parts(ext, weight: torch.Tensor, geo: ConvGeometry, direct: bool = False) -> tuple:

@@ -130,19 +130,15 @@ class Pool(OnWeightGemm):
     cuda_code = staticmethod(pool.region_code)
 
 
-def plain_conv(n: Node) -> bool:
-    """A convolution or a transposed one, depthwise ones too, with a parameter weight (a parameter bias or none):
-    what kf_conv_fp16x3p_kernel or the direct tile runs (kfuse/cuda/conv.py)."""
-    return has_tile_operands(n)
-
-
 class Conv:
     """The plain epilogue after a convolution or a transposed one, depthwise ones too (kfuse/cuda/conv.py)."""
 
     cuda_code = staticmethod(conv.region_code)
 
     def starts(self, n: Node, g: Graph) -> bool:
-        return plain_conv(n)  # the registry's kind leaves a depthwise transposed convolution to torch
+        """Any convolution with a parameter weight (a parameter bias or none): the registry's kind also leaves a
+        depthwise transposed one to torch."""
+        return has_tile_operands(n)
 
 
 class ConvNorm:
@@ -154,7 +150,9 @@ class ConvNorm:
         return conv_norms.switched_on() and super().enters(walk, n)
 
 
-# a registry kind's twin, by the op it takes a region over at (the plain epilogue: by none)
+# the conv kinds' twins, by kind (the norm ops they take a region over at are the GEMM twins' keys too)
+CONV_TWINS = {CONV_EPILOGUE: Conv, CONV_NORM: ConvNorm}
+# a GEMM kind's twin, by the op it takes a region over at (the plain epilogue: by none)
 TWINS = {"linear_rowsum": RowSum, "group_norm": GroupNorm, "batch_norm": BatchNorm,
          **{op: RowReduce for op in REDUCE_OPS + ROW_NORM_OPS}, **{op: Pool for op in POOL_OPS}}
 
@@ -162,16 +160,12 @@ TWINS = {"linear_rowsum": RowSum, "group_norm": GroupNorm, "batch_norm": BatchNo
 def twin(kind: RegionKind) -> RegionKind:
     """The registry's GEMM kind with its CUDA mixin in front (same name: the report and the flags are the registry
     kind's)."""
-    if kind is CONV_NORM or kind is CONV_EPILOGUE:  # the conv kinds: their norm ops are the GEMM twins' too
-        mixin = ConvNorm if kind is CONV_NORM else Conv
-    else:
-        mixin = TWINS[kind.at_ops[0]] if kind.at_ops else Epilogue
+    mixin = CONV_TWINS.get(kind) or (TWINS[kind.at_ops[0]] if kind.at_ops else Epilogue)
     return type(f"Cuda{type(kind).__name__}", (mixin, type(kind)), {"__doc__": mixin.__doc__})()
 
 
 # the twins in the registry's order, then the registry's kinds that launch no kernel of kfuse's (torch calls last)
-FUSED: tuple[RegionKind, ...] = tuple(twin(k) for k in REGISTRY if k.family == "gemm" or k in (CONV_EPILOGUE,
-                                                                                                CONV_NORM))
+FUSED: tuple[RegionKind, ...] = tuple(twin(k) for k in REGISTRY if k.family == "gemm" or k in CONV_TWINS)
 KINDS: tuple[RegionKind, ...] = (*FUSED, *[k for k in REGISTRY if not k.fused])
 FUSED_KINDS = tuple(k.name for k in FUSED)
 

@@ -92,9 +92,24 @@ def depthwise(n: Node) -> bool:
     a depthwise transposed one stays a torch call. Structural, not by channel counts: the CPU's small instances
     shrink channels, not groups' shape. A transposed convolution's weight is (C_in, C_out/groups, ...): one input
     channel a group is C_in == groups there."""
+    return n.attrs.get("groups", 1) > 1 and group_channels(n)[0] == 1
+
+
+def group_channels(n: Node) -> tuple[int, int]:
+    """(CIN_G, COUT_G): a group's input and output channels (a transposed weight is (C_in, C_out / groups, ...))."""
     groups = n.attrs.get("groups", 1)
-    cin_g = n.args[1].shape[0] // groups if n.op == TRANSPOSED else n.args[1].shape[1]
-    return groups > 1 and cin_g == 1
+    w = n.args[1].shape
+    return (w[0] // groups, w[1]) if n.op == TRANSPOSED else (w[1], w[0] // groups)
+
+
+def conv_flops(anchor: Node, g: Graph) -> int:
+    """2 x the convolution's multiply-adds: each output value's CIN_G x kernel volume (a transposed one: each input
+    value's COUT_G x kernel volume, fewer at the borders)."""
+    cin_g, cout_g = group_channels(anchor)
+    taps = numel(tuple(anchor.args[1].shape[2:]))
+    if anchor.op == TRANSPOSED:
+        return 2 * numel(g.shape_of(anchor.args[0])) * cout_g * taps
+    return 2 * numel(anchor.shape) * cin_g * taps
 
 
 def has_tile_operands(n: Node) -> bool:
@@ -160,10 +175,7 @@ def conv_cost(anchor: Node, g: Graph, outs: int) -> str:
     x_numel = numel(g.shape_of(anchor.args[0]))
     w_numel = numel(anchor.args[1].shape)
     out_numel = numel(anchor.shape)
-    if anchor.op == TRANSPOSED:  # each input value: C_out/groups * kernel volume products (fewer at the borders)
-        flops = 2 * x_numel * w_numel // anchor.args[1].shape[0]
-    else:  # each output: C_in/groups * kernel volume products
-        flops = 2 * out_numel * w_numel // anchor.shape[1]
+    flops = conv_flops(anchor, g)
     plural = "s" if outs > 1 else ""
     if form_of(anchor) is DEPTHWISE:
         how, x_reads, x_text = "exact products summed in float64", 1, "x read once"
