@@ -1,7 +1,7 @@
 """`--backend cuda`'s norm after a convolution (kfuse/cuda/conv_norms.py, conv_norm_source.py): convolution -> ops ->
 GroupNorm or InstanceNorm -> ops as the convolution's launches storing the norm's input, then one norm pass (float64
-statistics per (sample, group) over its contiguous run, the apply with the ops after the norm). Off unless
-KFUSE_CUDA_CONV_NORMS=1 (compiled and checked here, on no GPU yet).
+statistics per (sample, group) over its contiguous run, the apply with the ops after the norm). On unless
+KFUSE_CUDA_CONV_NORMS=0 (the A/B against the norm as a torch call).
 
 Without a GPU: the switch decides the partition and the reason given for the torch calls, the emitted files are
 complete, the CUDA source compiles with nvcc for sm_80 and sm_90 without spills (both convolution tiles), the C++
@@ -32,15 +32,20 @@ PACKED = {"in_channels": 16}  # 16 input channels: the implicit-GEMM tile (the f
 
 @pytest.fixture
 def on(monkeypatch):
-    monkeypatch.setenv(SWITCH, "1")
+    monkeypatch.delenv(SWITCH, raising=False)  # on by default
+
+
+@pytest.fixture
+def off(monkeypatch):
+    monkeypatch.setenv(SWITCH, "0")
 
 
 @pytest.mark.parametrize("name", NORM_FILES)
-def test_off_by_default_the_norm_stays_a_torch_call_with_the_reason(name):
+def test_switched_off_the_norm_stays_a_torch_call_with_the_reason(off, name):
     (v,) = compile_cuda(CONV / f"{name}.py").variants
     assert [r.kind for r in v.regions if r.fused] == ["conv_epilogue"]
     reasons = list(unfused_reasons(v).values())
-    assert reasons and all(f"its CUDA version is off unless {SWITCH}=1" in why for why in reasons), reasons
+    assert reasons and all(f"its CUDA version is off ({SWITCH}=0)" in why for why in reasons), reasons
 
 
 @pytest.mark.parametrize("overrides", [{}, PACKED], ids=["direct", "packed"])

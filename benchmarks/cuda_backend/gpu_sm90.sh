@@ -35,9 +35,14 @@
 #           files it runs (tests/test_cuda_conv.py's DIRECT_FILES) and of KBFILES (paths, full size), 12 at a time,
 #           then that file's GPU tests of the direct tile, then kfuse bench of KBFILES with each backend (BACKENDS,
 #           default "cuda triton")
-#   convnorms  the norm after a convolution (kfuse/cuda/conv_norms.py, off unless KFUSE_CUDA_CONV_NORMS=1): with the
-#           switch on, kfuse optimize --backend cuda of tests/test_cuda_conv_norms.py's NORM_FILES, 4 at a time, then
-#           that file's GPU tests (both tiles)
+#   convnorms  the norm after a convolution (kfuse/cuda/conv_norms.py, on unless KFUSE_CUDA_CONV_NORMS=0): kfuse
+#           optimize --backend cuda of tests/test_cuda_conv_norms.py's NORM_FILES, 4 at a time, then that file's GPU
+#           tests (both tiles)
+#   normsoff  the A/B of the norm after a convolution: kfuse bench --backend cuda of CONVKB (as convkb) with
+#           KFUSE_CUDA_CONV_NORMS=0 (the convolution's region, then the norm as torch calls)
+#   convchannels  the reduction over a convolution's channels (kfuse/cuda/conv_channels.py): kfuse optimize
+#           --backend cuda of tests/test_cuda_conv_channels.py's CHANNEL_FILES, 4 at a time, then that file's GPU tests
+#           (both tiles, each reduction)
 #   convkb  KernelBench level 2's convolutions the kind takes with everything after them (CONVKB, default 1 4 47 54
 #           87 90; KB2: a folder of its level-2 files, default kb/level2, carried), full size, 4 at a time, then
 #           kfuse bench of them with each backend
@@ -183,14 +188,27 @@ print(*DIRECT_FILES, sep='\n')" | sed 's|^|problems/conv/|; s|$|.py|'; printf '%
         done; fi;;
     convnorms)
         mkdir -p "$out/convnorms"
-        export KFUSE_CUDA_CONV_NORMS=1
         python3 -c "import sys; sys.path[:0] = ['tests']; from test_cuda_conv_norms import NORM_FILES; \
 print(*NORM_FILES, sep='\n')" | sed 's|^|problems/conv/|; s|$|.py|' | xargs -P 4 -I{} bash -c 'optimize_one {} '"$out/convnorms"
         TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_conv_norms.py \
             > "$out/pytest-convnorms.log" 2>&1
         echo "pytest: exit $? $(tail -1 "$out/pytest-convnorms.log")"
-        grep -E "^FAILED|Error" "$out/pytest-convnorms.log" | head -20
-        unset KFUSE_CUDA_CONV_NORMS;;
+        grep -E "^FAILED|Error" "$out/pytest-convnorms.log" | head -20;;
+    normsoff)
+        kb2="$(realpath "${KB2:-kb/level2}")"
+        files=(); for n in ${CONVKB:-17 23 61}; do files+=("$kb2/${n}_"*.py); done
+        KFUSE_CUDA_CONV_NORMS=0 timeout 230 python3 -m kfuse bench "${files[@]}" --baselines eager --trials 1 \
+            --backend cuda --json "$out/normsoff-bench-cuda.json" > "$out/normsoff-bench-cuda.log" 2>&1
+        echo "bench: exit $?"; tail -$((2 * ${#files[@]} + 1)) "$out/normsoff-bench-cuda.log";;
+    convchannels)
+        mkdir -p "$out/convchannels"
+        python3 -c "import sys; sys.path[:0] = ['tests']; from test_cuda_conv_channels import CHANNEL_FILES; \
+print(*CHANNEL_FILES, sep='\n')" | sed 's|^|problems/conv/|; s|$|.py|' \
+            | xargs -P 4 -I{} bash -c 'optimize_one {} '"$out/convchannels"
+        TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
+            tests/test_cuda_conv_channels.py > "$out/pytest-convchannels.log" 2>&1
+        echo "pytest: exit $? $(tail -1 "$out/pytest-convchannels.log")"
+        grep -E "^FAILED|Error" "$out/pytest-convchannels.log" | head -20;;
     convkb)
         mkdir -p "$out/convkb"
         kb2="$(realpath "${KB2:-kb/level2}")"

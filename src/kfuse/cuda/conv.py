@@ -112,7 +112,7 @@ def operands_lines(direct: bool) -> list[str]:
     operands = ("kf_conv_operands(x, w, torch::Tensor(), launches, cp, out_shape, true)" if direct else
                 "kf_conv_operands(x, w, w_scale, launches, cp, out_shape)")
     return ["  const c10::cuda::CUDAGuard guard(x.device());",
-            "  const torch::Tensor& a = x;  // the tensor every input is checked against",
+            "  [[maybe_unused]] const torch::Tensor& a = x;  // the tensor every input is checked against",
             f"  const KfConvOperands ops = {operands};"]
 
 

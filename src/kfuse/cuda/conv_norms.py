@@ -1,7 +1,7 @@
 """The CUDA code of the registry's norm-after-convolution kind: convolution -> pointwise ops -> GroupNorm or
-InstanceNorm (no running statistics; one channel a group) -> pointwise ops. Off unless KFUSE_CUDA_CONV_NORMS=1: it
-is compiled and checked on a machine without a GPU, not yet run on one (cuda/regions.py leaves the norm a torch call
-otherwise, with that reason).
+InstanceNorm (no running statistics; one channel a group) -> pointwise ops. On unless KFUSE_CUDA_CONV_NORMS=0 when a
+file is generated (then cuda/regions.py leaves the norm a torch call after the convolution's region, with that
+reason: the A/B against it).
 
 Two stages in one bound function `kf_<stem>`:
   1. the convolution's launches (conv.py: either tile, transposed ones too) with the ops before the norm as the
@@ -38,11 +38,11 @@ from kfuse.regions.common import docstring
 from kfuse.regions.conv_common import geometry_code
 
 NORMS = ("group_norm", "instance_norm")
-SWITCH = "KFUSE_CUDA_CONV_NORMS"  # "1": the kind is on (when a file is generated)
+SWITCH = "KFUSE_CUDA_CONV_NORMS"  # "0": the kind is off (when a file is generated)
 
 
 def switched_on() -> bool:
-    return os.environ.get(SWITCH, "0") == "1"
+    return os.environ.get(SWITCH, "1") != "0"
 
 
 def norm_values(norm: Node) -> tuple[str, str, str, str]:

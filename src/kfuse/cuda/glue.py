@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kfuse.cuda.conv_channels_source import CONV_CHANNELS
 from kfuse.cuda.conv_direct_source import CONV_DIRECT
 from kfuse.cuda.conv_norm_source import CONV_NORM
 from kfuse.cuda.conv_operands_source import CONV_CPP
@@ -110,7 +111,8 @@ static const float* kf_optional_vector(const torch::Tensor& p, int64_t n, const 
 # The fixed CUDA parts a region may need beyond the GEMM's (CudaRegion.parts), in the order they are written; the
 # row chunking goes before the first part that uses it.
 FIXED_PARTS = (("group_norm", GROUP_NORM), ("batch_norm", BATCH_NORM), ("row_dot", ROW_DOT), ("rows", ROWS),
-               ("conv", CONV), ("conv_direct", CONV_DIRECT), ("conv_norm", CONV_NORM))
+               ("conv", CONV), ("conv_direct", CONV_DIRECT), ("conv_norm", CONV_NORM),
+               ("conv_channels", CONV_CHANNELS))
 CHUNKED = ("batch_norm", "rows")
 
 

@@ -20,8 +20,11 @@ can run it, and its `cuda_code` writes the region's code:
                         the pointwise chain after it (the registry's upgradable conv kind; kfuse/cuda/conv.py): an
                         implicit-GEMM tile on x's packed records, or the direct tile where a group has few channels; a
                         transposed convolution one launch of it per stride phase
-The other convolution kinds (a norm, reduction or pool after it) have no CUDA twin: with --backend cuda they are
-torch calls after the convolution's region. The kinds that launch nothing of kfuse's (host values
+  a norm after a conv   GroupNorm or InstanceNorm (kfuse/cuda/conv_norms.py), unless KFUSE_CUDA_CONV_NORMS=0
+  over the channels     a reduction or softmax over a convolution's channels, its ops before and after
+                        (kfuse/cuda/conv_channels.py)
+The other convolution kinds (a BatchNorm or pool after it) have no CUDA twin: with --backend cuda they are torch
+calls after the convolution's region. The kinds that launch nothing of kfuse's (host values
 and views, torch calls) are the registry's own. Kinds are found in the registry by what they are, never by name
 (tests/unit/test_region_kinds.py).
 """
@@ -31,7 +34,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from kfuse.cuda import conv, conv_norms, epilogue, norms, pool, rowreduce, rowsum
+from kfuse.cuda import conv, conv_channels, conv_norms, epilogue, norms, pool, rowreduce, rowsum
 from kfuse.ir import Graph, Node, Param
 from kfuse.kernels.gemm_core import LONG_K
 from kfuse.modes import Variant
@@ -47,6 +50,7 @@ BACKEND = "cuda"
 EPILOGUE = next(k for k in REGISTRY if k.upgradable and k.family == "gemm")  # where GEMM regions start
 CONV_EPILOGUE = next(k for k in REGISTRY if k.upgradable and k.family == "conv")  # where conv regions start
 CONV_NORM = next(k for k in REGISTRY if k.family == "conv" and "instance_norm" in k.at_ops)  # a norm after a conv
+CONV_CHANNELS = next(k for k in REGISTRY if k.family == "conv" and "logsumexp" in k.at_ops)  # over a conv's channels
 PRODUCTS_SWITCH = "KFUSE_CUDA_PRODUCTS"  # "0": leave products of two values to torch (the A/B against them)
 
 
@@ -142,7 +146,7 @@ class Conv:
 
 
 class ConvNorm:
-    """A GroupNorm or InstanceNorm after a convolution (kfuse/cuda/conv_norms.py), when KFUSE_CUDA_CONV_NORMS=1."""
+    """A GroupNorm or InstanceNorm after a convolution (kfuse/cuda/conv_norms.py), unless KFUSE_CUDA_CONV_NORMS=0."""
 
     cuda_code = staticmethod(conv_norms.region_code)
 
@@ -150,8 +154,14 @@ class ConvNorm:
         return conv_norms.switched_on() and super().enters(walk, n)
 
 
-# the conv kinds' twins, by kind (the norm ops they take a region over at are the GEMM twins' keys too)
-CONV_TWINS = {CONV_EPILOGUE: Conv, CONV_NORM: ConvNorm}
+class ConvChannels:
+    """A reduction or softmax over a convolution's channels (kfuse/cuda/conv_channels.py)."""
+
+    cuda_code = staticmethod(conv_channels.region_code)
+
+
+# the conv kinds' twins, by kind (the ops they take a region over at are the GEMM twins' keys too)
+CONV_TWINS = {CONV_EPILOGUE: Conv, CONV_NORM: ConvNorm, CONV_CHANNELS: ConvChannels}
 # a GEMM kind's twin, by the op it takes a region over at (the plain epilogue: by none)
 TWINS = {"linear_rowsum": RowSum, "group_norm": GroupNorm, "batch_norm": BatchNorm,
          **{op: RowReduce for op in REDUCE_OPS + ROW_NORM_OPS}, **{op: Pool for op in POOL_OPS}}
@@ -194,8 +204,7 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
                 why = (f"--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter{PRODUCTS_NOTE} "
                        f"(--backend triton: {kind})")
             elif kind == CONV_NORM.name:  # its CUDA version is off (or the convolution left it)
-                why = (f"--backend triton fuses it in a {kind} region; its CUDA version is off unless "
-                       f"{conv_norms.SWITCH}=1 (compiled, not yet run on a GPU)")
+                why = f"--backend triton fuses it in a {kind} region; its CUDA version is off ({conv_norms.SWITCH}=0)"
             elif kind in FUSED_KINDS:  # the kind has a CUDA version, but not for this region's GEMM
                 why = (f"--backend triton fuses it in a {kind} region, whose GEMM --backend cuda does not take (not a "
                        f"Linear or x @ W with a 2-d weight parameter)")

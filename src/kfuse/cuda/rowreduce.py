@@ -107,8 +107,9 @@ def norm_lines(n: Node, env: dict[str, str], args: EpilogueArgs) -> list[str]:
     return [f"const float {out} = {expr};  // {n.origin}"]
 
 
-def post_struct(plan: RowPlan, struct: str) -> tuple[str, list[Member]]:
-    """The apply pass's functor: acc is y at (m, n); the row norm and the post ops; stores plan.late."""
+def post_struct(plan: RowPlan, struct: str, **where) -> tuple[str, list[Member]]:
+    """The apply pass's functor: acc is y at (m, n), m the row; the row norm and the post ops; stores plan.late
+    (`where`: the element's `at` and `sizes`, functor_struct's, where they are not a GEMM's)."""
     args = EpilogueArgs()
     y = plan.red.args[0]
     env = {y: var(y)}
@@ -128,21 +129,21 @@ def post_struct(plan: RowPlan, struct: str) -> tuple[str, list[Member]]:
                *[Member(f"rv{i}", "row") for i in range(len(plan.row_read))],
                Member("st_a", "row"), Member("st_b", "row")]
     doc = "The full-width ops after the row statistics: " + " -> ".join(n.origin for n in plan.post) + "."
-    return functor_struct(struct, doc, members, args, body), [*members, *args.members]
+    return functor_struct(struct, doc, members, args, body, **where), [*members, *args.members]
 
 
 def _eps(red: Node) -> str:
     return f"float({red.args[3].expr()})" if red.op in ("layer_norm", "instance_norm") else "0.0"
 
 
-def _passed(post: list[Member] | None) -> list[Member]:
+def passed(post: list[Member] | None) -> list[Member]:
     """The post functor's members the launcher is given (the statistics' pointers are its own)."""
     return [m for m in post or [] if m.name not in ("st_a", "st_b")]
 
 
 def launch_params(pre: list[Member], row: list[Member] | None, post: list[Member] | None) -> list[str]:
     return ["const KfGemmArgs& g", *[c_param(m, "e_") for m in pre], "double divisor", "float eps", "float* st_a",
-            "float* st_b", *[c_param(m, "r_") for m in row or []], *[c_param(m, "q_") for m in _passed(post)],
+            "float* st_b", *[c_param(m, "r_") for m in row or []], *[c_param(m, "q_") for m in passed(post)],
             "cudaStream_t stream"]
 
 
@@ -157,10 +158,41 @@ def cuda_launcher(stem: str, plan: RowPlan, pre: list[Member], row: list[Member]
         lines += [f"  Row_{stem} row;", *[f"  row.{m.name} = r_{m.name};" for m in row], "  row.N = 1;",
                   "  if (err == 0) err = kf_rows(g.M, st_a, row, stream);"]
     if post is not None:
-        lines += [f"  Post_{stem} post;", *[f"  post.{m.name} = q_{m.name};" for m in _passed(post)],
+        lines += [f"  Post_{stem} post;", *[f"  post.{m.name} = q_{m.name};" for m in passed(post)],
                   "  post.st_a = st_a;", "  post.st_b = st_b;", "  post.N = g.N;",
                   "  if (err == 0) err = kf_rows_apply(pre.out0, g.M, g.N, post, stream);"]
     return "\n".join([*lines, "  return err;", "}"]) + "\n"
+
+
+def row_args(row: list[Member] | None) -> list[str]:
+    """What the bound function passes for the row functor's members: its rt[i] outputs, the inputs r_<name>."""
+    return [f"rt[{m.name[3:]}].data_ptr<float>()" if m.kind == "out" else cpp_arg(m, "r_") for m in row or []]
+
+
+def post_args(plan: RowPlan, post: list[Member] | None) -> list[str]:
+    """... and for the post functor's (the statistics excepted): lt[i] outputs, the st[i] stored and rt[i] per-row
+    values it reads, the inputs q_<name>."""
+    args = []
+    for m in passed(post):
+        if m.kind == "out":
+            args.append(f"lt[{m.name[3:]}].data_ptr<float>()")
+        elif m.kind == "saved":
+            args.append(f"st[{plan.stored.index(plan.saved[int(m.name[2:])])}].data_ptr<float>()")
+        elif m.kind == "row":
+            args.append(f"rt[{plan.rows.index(plan.row_read[int(m.name[2:])])}].data_ptr<float>()")
+        else:
+            args.append(cpp_arg(m, "q_"))
+    return args
+
+
+def output_tensors(plan: RowPlan) -> list[str]:
+    """The region's outputs in its order, as the bound function's st (pre), lt (post) and rt (per-row) tensors."""
+    def tensor(v: str) -> str:
+        role = plan.roles[v]
+        return (f"st[{plan.stored.index(v)}]" if role == "pre" else f"lt[{plan.late.index(v)}]" if role == "post"
+                else f"rt[{plan.rows.index(v)}]")
+
+    return [tensor(v) for v in plan.outputs]
 
 
 def cpp_function(stem: str, plan: RowPlan, pre: list[Member], row: list[Member] | None,
@@ -180,24 +212,8 @@ def cpp_function(stem: str, plan: RowPlan, pre: list[Member], row: list[Member] 
         args.append(f"st[{m.name[3:]}].data_ptr<float>()" if m.kind == "out" else
                     "store_z ? z.data_ptr<float>() : nullptr" if m.kind == "z" else cpp_arg(m, "e_"))
     args += ["divisor", "static_cast<float>(eps)", "stats.data_ptr<float>()", "stats.data_ptr<float>() + g.M"]
-    for m in row or []:
-        args.append(f"rt[{m.name[3:]}].data_ptr<float>()" if m.kind == "out" else cpp_arg(m, "r_"))
-    for m in _passed(post):
-        if m.kind == "out":
-            args.append(f"lt[{m.name[3:]}].data_ptr<float>()")
-        elif m.kind == "saved":
-            args.append(f"st[{plan.stored.index(plan.saved[int(m.name[2:])])}].data_ptr<float>()")
-        elif m.kind == "row":
-            args.append(f"rt[{plan.rows.index(plan.row_read[int(m.name[2:])])}].data_ptr<float>()")
-        else:
-            args.append(cpp_arg(m, "q_"))
-
-    def out(v: str) -> str:
-        role = plan.roles[v]
-        return (f"st[{plan.stored.index(v)}]" if role == "pre" else f"lt[{plan.late.index(v)}]" if role == "post"
-                else f"rt[{plan.rows.index(v)}]")
-
-    return "\n".join(lines + launch_and_return(stem, args, [out(v) for v in plan.outputs])) + "\n"
+    args += row_args(row) + post_args(plan, post)
+    return "\n".join(lines + launch_and_return(stem, args, output_tensors(plan))) + "\n"
 
 
 def python_launcher(region: Region, g: Graph, stem: str, plan: RowPlan, names: list[str]) -> str:

@@ -49,6 +49,7 @@ from kfuse.regions.conv_common import (
     form_of,
     geometry_code,
     pixel_kernel,
+    row_shape_code,
 )
 from kfuse.regions.kind import RegionKind, Walk, per_row_operand, pointwise_with
 from kfuse.regions.rowstats import (
@@ -171,12 +172,6 @@ def apply_kernel(name: str, doc: str, p: Parts, row_ptrs: list[str], registry: d
     return pixel_kernel(f"{name}_apply_kernel", doc, pointers, args, (), lines), args
 
 
-def row_shape_code(n: Node, anchor: Node) -> str:
-    """A per-pixel value's shape at run time, from the convolution's output shape."""
-    keep = len(n.shape) == len(anchor.shape)
-    return "(geo.out_shape[0], 1, *geo.out_shape[2:])" if keep else "(geo.out_shape[0], *geo.out_shape[2:])"
-
-
 def dtype(returned: bool) -> str:
     """A buffer's dtype: the model's where the model returns it, fp32 where only a later phase reads it."""
     return "x.dtype" if returned else "torch.float32"
@@ -286,6 +281,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
 class ConvChannelReduce(RegionKind):
     name = "conv_channel_reduce"
     family = "conv"
+    at_ops = (*REDUCE_OPS, *SOFTMAX_OPS)
     kernel_modules = ("conv", "conv_transpose", "conv_reduce")
 
     def enters(self, walk: Walk, n: Node) -> bool:

@@ -272,3 +272,9 @@ def conv_launch(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs) 
     return ["if geo.M:", *[f"    {ln}" for ln in call(
         f"{kernel}_kernel[{form.grid}(geo, cfg)]", ["*ops", *ptrs, *args.params, "*sizes"],
         TILE_LAUNCH).splitlines()]]
+
+
+def row_shape_code(n: Node, anchor: Node) -> str:
+    """A per-pixel value's shape at run time, from the convolution's output shape."""
+    keep = len(n.shape) == len(anchor.shape)
+    return "(geo.out_shape[0], 1, *geo.out_shape[2:])" if keep else "(geo.out_shape[0], *geo.out_shape[2:])"
