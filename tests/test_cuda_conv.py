@@ -31,7 +31,16 @@ from kfuse.kernels.conv_phases import conv_transpose_geometry
 from kfuse.load import load_problem
 from kfuse.optimize import load_module
 from kfuse_testing import ROOT, requires_cuda
-from test_cuda_backend import NVCC_FLAGS, _both_contracts, _contract, _detached, check_emitted, compile_cuda, region_fns
+from test_cuda_backend import (
+    NVCC_FLAGS,
+    _both_contracts,
+    _contract,
+    _detached,
+    check_emitted,
+    compile_cuda,
+    region_fns,
+    updating_batch_norms,
+)
 
 CONV = ROOT / "problems" / "conv"
 # problems/conv files whose convolution is neither depthwise nor transposed and has only pointwise ops after it: 1-d,
@@ -117,10 +126,10 @@ def test_a_convolution_and_a_transposed_one_are_two_regions():
     assert "conv_transpose_parts(ext, weight, geo)" in compiled.source and "conv_parts(ext" in compiled.source
 
 
-def test_a_norm_after_the_convolution_stays_a_torch_call_and_the_conv_is_fused():
-    (v,) = compile_cuda(CONV / "18_conv2d_batchnorm_relu.py").variants
+def test_a_pool_after_the_convolution_stays_a_torch_call_and_the_conv_is_fused():
+    (v,) = compile_cuda(CONV / "45_conv3d_avgpool3d_sigmoid_bias.py").variants
     assert [r.kind for r in v.regions if r.fused] == ["conv_epilogue"]
-    assert any("conv_batchnorm region, which has no CUDA version" in why for why in unfused_reasons(v).values())
+    assert any("conv_pool region, which has no CUDA version" in why for why in unfused_reasons(v).values())
 
 
 def _sources(name: str) -> dict:
@@ -391,9 +400,12 @@ def torch_in_place_gradients(path, tmp_path, monkeypatch):
     module = load_module(out)
     fns = region_fns(module, "CudaRecomputeFn")
     assert fns
+    def torch_launch(self, x, fn):
+        with updating_batch_norms(module), torch.no_grad():
+            return _detached(fn.reference(self, fn.state(self), lambda t: t, x.detach()))
+
     for fn in fns:
-        monkeypatch.setattr(fn, "launch", staticmethod(
-            lambda self, x, fn=fn: _detached(fn.reference(self, {}, lambda t: t, x.detach()))))
+        monkeypatch.setattr(fn, "launch", staticmethod(lambda self, x, fn=fn: torch_launch(self, x, fn)))
     return gradient_contract(load_problem(path), module.ModelNew, device="cpu", draws=2)
 
 

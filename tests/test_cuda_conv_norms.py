@@ -101,3 +101,59 @@ def test_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels
 def test_gpu_norm_files_meet_the_contract(on, name, overrides):
     _, _, contract = _contract(CONV / f"{name}.py", overrides)
     assert contract.correct, contract.failures
+
+
+# ---- BatchNorm after a convolution ---------------------------------------------------------------------------------
+# training-mode statistics with a ReLU after; an odd shape with a scale; a transposed 3-d convolution (the mean after
+# it a torch call); ops before the norm; eval mode set in the constructor (the running statistics)
+BN_FILES = ["18_conv2d_batchnorm_relu", "32_conv2d_batchnorm_scale_odd", "33_conv_transpose3d_batchnorm_subtract_mean",
+            "34_conv2d_softplus_tanh_multiply_batchnorm", "35_conv1d_batchnorm1d_eval_gelu"]
+
+
+@pytest.mark.parametrize("overrides", [{}, PACKED], ids=["own", "packed"])
+@pytest.mark.parametrize("name", BN_FILES)
+def test_batchnorm_region_is_one_and_the_file_complete(name, overrides):
+    compiled = compile_cuda(CONV / f"{name}.py", overrides)
+    (v,) = compiled.variants
+    assert [r.kind for r in v.regions if r.fused] == ["conv_batchnorm"]
+    check_emitted(compiled.source)
+    assert "kf_conv_batch_norm(u, B, C, P, batch, part" in compiled.source
+    assert "batch, factor = batch_norm_mode(bn)" in compiled.source and "batch_norm_state(" in compiled.source
+    assert "rewrites applied: bn-eval-fold" not in compiled.source  # no fold: the pass applies the running statistics
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
+@pytest.mark.parametrize("arch", ["80", "90"])
+@pytest.mark.parametrize("overrides", [{}, PACKED], ids=["own", "packed"])
+def test_batchnorm_source_compiles_without_spills(tmp_path, arch, overrides):
+    """problems/conv/33 (a transposed 3-d convolution, BatchNorm3d) on each tile."""
+    source = _sources("33_conv_transpose3d_batchnorm_subtract_mean", overrides)["CUDA_SRC"]
+    entries = built_without_spills(source, arch, tmp_path)
+    for kernel in ("kf_conv_col_stats_kernel", "kf_bn_finalize_kernel", "kf_bn_running_kernel",
+                   "kf_conv_norm_apply_kernel"):
+        assert any(kernel in e for e in entries), (kernel, entries)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_batchnorm_cpp_glue_compiles_against_torch_headers(tmp_path):
+    from test_cuda_backend import cpp_syntax_errors
+
+    ns = _sources("32_conv2d_batchnorm_scale_odd", PACKED)
+    assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
+
+
+@pytest.mark.parametrize("name", BN_FILES)
+def test_batchnorm_backward_meets_the_gradient_contract_with_torch_in_place_of_the_kernels(tmp_path, monkeypatch,
+                                                                                           name):
+    verdict = torch_in_place_gradients(CONV / f"{name}.py", tmp_path, monkeypatch)
+    assert verdict.correct, verdict.failures
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("overrides", [{}, PACKED], ids=["own", "packed"])
+@pytest.mark.parametrize("name", BN_FILES)
+def test_gpu_batchnorm_files_meet_the_contract(name, overrides):
+    """The contract's buffers rule: the running statistics and the batch count end as torch's."""
+    _, _, contract = _contract(CONV / f"{name}.py", overrides)
+    assert contract.correct, contract.failures

@@ -38,8 +38,10 @@
 #   convnorms  the norm after a convolution (kfuse/cuda/conv_norms.py, on unless KFUSE_CUDA_CONV_NORMS=0): kfuse
 #           optimize --backend cuda of tests/test_cuda_conv_norms.py's NORM_FILES, 4 at a time, then that file's GPU
 #           tests (both tiles)
-#   normsoff  the A/B of the norm after a convolution: kfuse bench --backend cuda of CONVKB (as convkb) with
-#           KFUSE_CUDA_CONV_NORMS=0 (the convolution's region, then the norm as torch calls)
+#   normsoff  the A/B of the norm after a convolution: kfuse bench --backend cuda of KernelBench level 2's NORMSOFF
+#           (default 17 23 61) with KFUSE_CUDA_CONV_NORMS=0 (the convolution's region, then the norm as torch calls)
+#   convbn  the BatchNorm after a convolution (kfuse/cuda/conv_norms.py): kfuse optimize --backend cuda of
+#           tests/test_cuda_conv_norms.py's BN_FILES, 5 at a time, then that file's GPU tests of them (both tiles)
 #   convchannels  the reduction over a convolution's channels (kfuse/cuda/conv_channels.py): kfuse optimize
 #           --backend cuda of tests/test_cuda_conv_channels.py's CHANNEL_FILES, 4 at a time, then that file's GPU tests
 #           (both tiles, each reduction)
@@ -196,10 +198,18 @@ print(*NORM_FILES, sep='\n')" | sed 's|^|problems/conv/|; s|$|.py|' | xargs -P 4
         grep -E "^FAILED|Error" "$out/pytest-convnorms.log" | head -20;;
     normsoff)
         kb2="$(realpath "${KB2:-kb/level2}")"
-        files=(); for n in ${CONVKB:-17 23 61}; do files+=("$kb2/${n}_"*.py); done
+        files=(); for n in ${NORMSOFF:-17 23 61}; do files+=("$kb2/${n}_"*.py); done
         KFUSE_CUDA_CONV_NORMS=0 timeout 230 python3 -m kfuse bench "${files[@]}" --baselines eager --trials 1 \
             --backend cuda --json "$out/normsoff-bench-cuda.json" > "$out/normsoff-bench-cuda.log" 2>&1
         echo "bench: exit $?"; tail -$((2 * ${#files[@]} + 1)) "$out/normsoff-bench-cuda.log";;
+    convbn)
+        mkdir -p "$out/convbn"
+        python3 -c "import sys; sys.path[:0] = ['tests']; from test_cuda_conv_norms import BN_FILES; \
+print(*BN_FILES, sep='\n')" | sed 's|^|problems/conv/|; s|$|.py|' | xargs -P 5 -I{} bash -c 'optimize_one {} '"$out/convbn"
+        TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_conv_norms.py \
+            -k batchnorm > "$out/pytest-convbn.log" 2>&1
+        echo "pytest: exit $? $(tail -1 "$out/pytest-convbn.log")"
+        grep -E "^FAILED|Error" "$out/pytest-convbn.log" | head -20;;
     convchannels)
         mkdir -p "$out/convchannels"
         python3 -c "import sys; sys.path[:0] = ['tests']; from test_cuda_conv_channels import CHANNEL_FILES; \

@@ -44,7 +44,7 @@ def guards(g: Graph) -> tuple[str, ...]:
 def _variant(mode: str, g: Graph, rules: list[Rule], kinds: Sequence[RegionKind]) -> Variant:
     out, applied = rewrite(g, rules)
     regions = partition(out, kinds)
-    return Variant(mode, out, tuple(regions), tuple(applied + call_time_rewrites(regions)))
+    return Variant(mode, out, tuple(regions), tuple(applied + call_time_rewrites(regions, kinds)))
 
 
 def variants(g: Graph, kinds: Sequence[RegionKind] = KINDS) -> tuple[Variant, ...]:

@@ -78,6 +78,16 @@ def _method(name: str, params: list[str], body: list[str]) -> list[str]:
     return ["", "    @staticmethod", f"    def {name}({', '.join(params)}):", *[f"        {ln}" for ln in body]]
 
 
+def state_method(region: Region) -> list[str]:
+    """The Function's `state` where the region has BatchNorm modules: what each normalizes with at this call
+    (batch_norm_state), taken before the launch updates the running statistics; none without one."""
+    bns = [n.module for n in region.nodes if n.op == "batch_norm" and n.module]
+    if not bns:
+        return []
+    states = ", ".join(f"{m!r}: batch_norm_state({attr_expr(m)})" for m in bns)
+    return _method("state", ["self"], ["return {" + states + "}"])
+
+
 def recompute_function_source(region: Region, stem: str, cls: str, launch: str, kernels: str = "kernel") -> str:
     """The region's CudaRecomputeFn: launch(self, x) returns `launch` (a call of fused_<stem>), backward recomputes
     the region in float64 torch (its `reference`) and differentiates it."""
@@ -89,6 +99,7 @@ def recompute_function_source(region: Region, stem: str, cls: str, launch: str, 
                        "recomputed in float64 torch and differentiated.")]
     lines += _method("launch", ["self", "x"], [launch])
     lines += _method("params", ["self"], [f"return ({', '.join(params)}{',' if len(params) == 1 else ''})"])
+    lines += state_method(region)
     lines += _method("reference", ["self", "fwd_state", "cast", x], reference_body(region))
     return "\n".join(lines) + "\n"
 
@@ -120,10 +131,7 @@ def function_source(region: Region, stem: str, cls: str, values: list[str]) -> s
         lines += _method("launch", ["self", "x", "save_z=False"], [launch])
         lines += _method("gemm", ["self"], [f"return {_weight_expr(region)}, {bias_expr}"])
     lines += _method("params", ["self"], [f"return ({', '.join(params)}{',' if len(params) == 1 else ''})"])
-    bns = [n.module for n in region.nodes if n.op == "batch_norm" and n.module]
-    if bns:
-        states = ", ".join(f"{m!r}: batch_norm_state({attr_expr(m)})" for m in bns)
-        lines += _method("state", ["self"], ["return {" + states + "}"])
+    lines += state_method(region)
     lines += _method("epilogue", ["self", "fwd_state", "cast", anchor.name],
                      [*epilogue, f"return {', '.join(region.outputs)}"])
     return "\n".join(lines) + "\n"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from kfuse.cuda.conv_channels_source import CONV_CHANNELS
 from kfuse.cuda.conv_direct_source import CONV_DIRECT
-from kfuse.cuda.conv_norm_source import CONV_NORM
+from kfuse.cuda.conv_norm_source import CONV_BATCH_NORM, CONV_BATCH_NORM_DECLS, CONV_NORM
 from kfuse.cuda.conv_operands_source import CONV_CPP
 from kfuse.cuda.conv_source import CONV, CONV_COMMON
 from kfuse.cuda.gemm_source import COMMON, GEMM, PAD_K, PRELUDE, SPLIT
@@ -112,7 +112,7 @@ static const float* kf_optional_vector(const torch::Tensor& p, int64_t n, const 
 # row chunking goes before the first part that uses it.
 FIXED_PARTS = (("group_norm", GROUP_NORM), ("batch_norm", BATCH_NORM), ("row_dot", ROW_DOT), ("rows", ROWS),
                ("conv", CONV), ("conv_direct", CONV_DIRECT), ("conv_norm", CONV_NORM),
-               ("conv_channels", CONV_CHANNELS))
+               ("conv_channels", CONV_CHANNELS), ("conv_batch_norm", CONV_BATCH_NORM))
 CHUNKED = ("batch_norm", "rows")
 
 
@@ -149,7 +149,8 @@ def cuda_source(regions: list[str], parts: set[str]) -> str:
 def cpp_source(regions: list[str], parts: set[str]) -> str:
     """The C++ translation unit (load_inline appends the bindings); the norm helpers where a norm region needs them."""
     norm = [NORM_CPP.strip()] if parts & {"group_norm", "batch_norm", "conv_norm"} else []
-    decls = [BATCH_NORM_DECLS.strip()] if "batch_norm" in parts else []
+    decls = [*([BATCH_NORM_DECLS.strip()] if "batch_norm" in parts else []),
+             *([CONV_BATCH_NORM_DECLS.strip()] if "conv_batch_norm" in parts else [])]
     conv = [CONV_CPP.strip()] if "conv" in parts else []
     return "\n".join([CPP_HEADERS.strip(), COMMON.strip(), *_conv_common(parts), *decls, CPP_HELPERS.strip(), *norm,
                       *conv, *[r.strip() for r in regions]]) + "\n"

@@ -185,11 +185,13 @@ __global__ void kf_col_stats_kernel(const float* __restrict__ u, long long M, lo
   }
 }
 
-// mean and rstd per column from the chunks' sums; factor >= 0: also running = (1 - factor) running + factor batch
-// (the unbiased variance), as torch's training-mode batch_norm does
+// mean and rstd per column from the chunks' sums (shifted by the column's first value, u[n shift_stride]); factor
+// >= 0: also running = (1 - factor) running + factor batch (the unbiased variance), as torch's training-mode
+// batch_norm does
 __global__ void kf_bn_finalize_kernel(const float* __restrict__ u, const double* __restrict__ part, long long M,
-                                      long long N, int chunks, float eps, float factor, float* __restrict__ mean,
-                                      float* __restrict__ rstd, float* running_mean, float* running_var) {
+                                      long long N, int chunks, long long shift_stride, float eps, float factor,
+                                      float* __restrict__ mean, float* __restrict__ rstd, float* running_mean,
+                                      float* running_var) {
   const long long n = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= N) return;
   double a = 0.0, b = 0.0;
@@ -199,7 +201,7 @@ __global__ void kf_bn_finalize_kernel(const float* __restrict__ u, const double*
   }
   const double d = a / M;
   const double var = fmax(b / M - d * d, 0.0);
-  const double mu = static_cast<double>(u[n]) + d;
+  const double mu = static_cast<double>(u[n * shift_stride]) + d;
   mean[n] = static_cast<float>(mu);
   rstd[n] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
   if (factor >= 0.0f) {
@@ -247,7 +249,7 @@ int kf_batch_norm(const float* u, long long M, long long N, bool batch, double* 
     const long long rows = (M + chunks - 1) / chunks;
     kf_col_stats_kernel<<<dim3(col_blocks, static_cast<unsigned>(chunks)), dim3(32, KF_STATS_ROWS), 0, stream>>>(
         u, M, N, rows, part);
-    kf_bn_finalize_kernel<<<vec_blocks, 256, 0, stream>>>(u, part, M, N, static_cast<int>(chunks), eps, factor,
+    kf_bn_finalize_kernel<<<vec_blocks, 256, 0, stream>>>(u, part, M, N, static_cast<int>(chunks), 1, eps, factor,
                                                           mean, rstd, running_mean, running_var);
   } else {
     kf_bn_running_kernel<<<vec_blocks, 256, 0, stream>>>(running_mean, running_var, N, eps, mean, rstd);

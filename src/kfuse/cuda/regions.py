@@ -20,11 +20,12 @@ can run it, and its `cuda_code` writes the region's code:
                         the pointwise chain after it (the registry's upgradable conv kind; kfuse/cuda/conv.py): an
                         implicit-GEMM tile on x's packed records, or the direct tile where a group has few channels; a
                         transposed convolution one launch of it per stride phase
-  a norm after a conv   GroupNorm or InstanceNorm (kfuse/cuda/conv_norms.py), unless KFUSE_CUDA_CONV_NORMS=0
+  a norm after a conv   GroupNorm or InstanceNorm (kfuse/cuda/conv_norms.py), unless KFUSE_CUDA_CONV_NORMS=0, or a
+                        BatchNorm module (training or eval; conv_norms.py too)
   over the channels     a reduction or softmax over a convolution's channels, its ops before and after
                         (kfuse/cuda/conv_channels.py)
-The other convolution kinds (a BatchNorm or pool after it) have no CUDA twin: with --backend cuda they are torch
-calls after the convolution's region. The kinds that launch nothing of kfuse's (host values
+The pool after a convolution has no CUDA twin: with --backend cuda it is a torch call after the convolution's
+region. The kinds that launch nothing of kfuse's (host values
 and views, torch calls) are the registry's own. Kinds are found in the registry by what they are, never by name
 (tests/unit/test_region_kinds.py).
 """
@@ -50,6 +51,7 @@ BACKEND = "cuda"
 EPILOGUE = next(k for k in REGISTRY if k.upgradable and k.family == "gemm")  # where GEMM regions start
 CONV_EPILOGUE = next(k for k in REGISTRY if k.upgradable and k.family == "conv")  # where conv regions start
 CONV_NORM = next(k for k in REGISTRY if k.family == "conv" and "instance_norm" in k.at_ops)  # a norm after a conv
+CONV_BN = next(k for k in REGISTRY if k.family == "conv" and k.at_ops == ("batch_norm",))  # a BatchNorm after a conv
 CONV_CHANNELS = next(k for k in REGISTRY if k.family == "conv" and "logsumexp" in k.at_ops)  # over a conv's channels
 PRODUCTS_SWITCH = "KFUSE_CUDA_PRODUCTS"  # "0": leave products of two values to torch (the A/B against them)
 
@@ -154,6 +156,16 @@ class ConvNorm:
         return conv_norms.switched_on() and super().enters(walk, n)
 
 
+class ConvBatchNorm:
+    """A BatchNorm module after a convolution (kfuse/cuda/conv_norms.py); no eval-mode fold into the convolution's
+    weight (the pass applies the running statistics per channel instead)."""
+
+    cuda_code = staticmethod(conv_norms.region_code)
+
+    def call_time_rewrites(self, region) -> list[str]:
+        return []
+
+
 class ConvChannels:
     """A reduction or softmax over a convolution's channels (kfuse/cuda/conv_channels.py)."""
 
@@ -161,7 +173,7 @@ class ConvChannels:
 
 
 # the conv kinds' twins, by kind (the ops they take a region over at are the GEMM twins' keys too)
-CONV_TWINS = {CONV_EPILOGUE: Conv, CONV_NORM: ConvNorm, CONV_CHANNELS: ConvChannels}
+CONV_TWINS = {CONV_EPILOGUE: Conv, CONV_NORM: ConvNorm, CONV_BN: ConvBatchNorm, CONV_CHANNELS: ConvChannels}
 # a GEMM kind's twin, by the op it takes a region over at (the plain epilogue: by none)
 TWINS = {"linear_rowsum": RowSum, "group_norm": GroupNorm, "batch_norm": BatchNorm,
          **{op: RowReduce for op in REDUCE_OPS + ROW_NORM_OPS}, **{op: Pool for op in POOL_OPS}}

@@ -363,12 +363,17 @@ class CudaProductFn(CudaGemmFn):
 
 class CudaRecomputeFn(CudaRegionFn):
     """Autograd for a fused region whose backward recomputes it in float64 torch (the row sum of a GEMM, a GEMV):
-    subclasses (generated) define launch(model, x), params(model) and reference(model, fwd_state, cast, x), the
-    region in torch with every parameter read through `cast`."""
+    subclasses (generated) define launch(model, x), params(model), state(model) where the region has a BatchNorm
+    (what it normalizes with, taken before the launch) and reference(model, fwd_state, cast, x), the region in torch
+    with every parameter read through `cast`."""
+
+    @staticmethod
+    def state(model) -> dict:
+        return {}
 
     @staticmethod
     def forward(ctx, cls, model, x, *params):
-        ctx.cls, ctx.model = cls, model
+        ctx.cls, ctx.model, ctx.fwd_state = cls, model, cls.state(model)
         ctx.save_for_backward(x, *params)
         return cls.launch(model, x)
 
@@ -382,7 +387,7 @@ class CudaRecomputeFn(CudaRegionFn):
         wrt = [p for p, nd in zip(params, need) if nd]
         with torch.enable_grad():
             xd = x.detach().to(work).requires_grad_(need_x)
-            outs = _as_tuple(cls.reference(model, {}, _caster(work), xd))
+            outs = _as_tuple(cls.reference(model, ctx.fwd_state, _caster(work), xd))
             pairs = [(o, g.to(work)) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
             targets = ([xd] if need_x else []) + wrt
             got = list(torch.autograd.grad([o for o, _ in pairs], targets, [g for _, g in pairs],

@@ -56,7 +56,9 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     return kind_of(region.kind).generate(region, g, stem)
 
 
-def call_time_rewrites(regions: Sequence[Region]) -> list[str]:
+def call_time_rewrites(regions: Sequence[Region], kinds: Sequence[RegionKind] = KINDS) -> list[str]:
     """Exact rewrites the generated launchers apply when ModelNew runs (they depend on state only known then,
-    e.g. BatchNorm's mode): listed in the report with rewrite.py's."""
-    return [rule for r in regions for rule in kind_of(r.kind).call_time_rewrites(r)]
+    e.g. BatchNorm's mode): listed in the report with rewrite.py's. `kinds`: the backend's (a CUDA twin may apply
+    none where its registry kind does)."""
+    by_name = {k.name: k for k in kinds}
+    return [rule for r in regions for rule in by_name[r.kind].call_time_rewrites(r)]

@@ -241,6 +241,7 @@ def norm_after_conv(walk: Walk, n: Node) -> bool:
 class ConvBatchNorm(RegionKind):
     name = "conv_batchnorm"
     family = "conv"
+    at_ops = ("batch_norm",)
     kernel_modules = ("conv", "conv_transpose", "conv_norm")
 
     def enters(self, walk: Walk, n: Node) -> bool:
