@@ -15,6 +15,7 @@ epilogue per element. Autograd: CudaGemmFn, the ops after the GEMM (the norm inc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kfuse.backward import class_name, region_inputs
@@ -202,14 +203,23 @@ def cpp_function(stem: str, plan: NormPlan, pre: list[Member], post: list[Member
 
 
 def post_args(plan: NormPlan, post: list[Member]) -> list[str]:
-    """What a bound C++ function passes for the post functor's members: the tensors lt[i] of the outputs after the
-    norm, st[i] of the values stored before it, then the inputs (q_ parameters)."""
+    """What a bound C++ function passes for the post functor's members (functor_args)."""
+    return functor_args(post, plan.stored, plan.saved)
+
+
+def functor_args(post: list[Member], stored: Sequence[str], saved: Sequence[str], rows: Sequence[str] = (),
+                 row_read: Sequence[str] = ()) -> list[str]:
+    """What a bound C++ function passes for a full-width functor's members: the tensors lt[i] of its outputs, st[i]
+    of the values stored before it (`saved`, among `stored`), rt[i] of the per-row values it reads (`row_read`,
+    among `rows`), the inputs (q_ parameters)."""
     args = []
     for m in post:
         if m.kind == "out":
             args.append(f"lt[{m.name[3:]}].data_ptr<float>()")
         elif m.kind == "saved":
-            args.append(f"st[{plan.stored.index(plan.saved[int(m.name[2:])])}].data_ptr<float>()")
+            args.append(f"st[{stored.index(saved[int(m.name[2:])])}].data_ptr<float>()")
+        elif m.kind == "row":
+            args.append(f"rt[{rows.index(row_read[int(m.name[2:])])}].data_ptr<float>()")
         else:
             args.append(cpp_arg(m, "q_"))
     return args

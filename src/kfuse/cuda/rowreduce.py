@@ -34,7 +34,7 @@ from kfuse.cuda.glue import (
     launch_and_return,
     launcher_head,
 )
-from kfuse.cuda.norms import gemm_struct
+from kfuse.cuda.norms import functor_args, gemm_struct
 from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
 from kfuse.ir import Graph, Node, Param, Region
 from kfuse.ops import REDUCE_OPS, ROW_NORM_OPS
@@ -170,19 +170,8 @@ def row_args(row: list[Member] | None) -> list[str]:
 
 
 def post_args(plan: RowPlan, post: list[Member] | None) -> list[str]:
-    """... and for the post functor's (the statistics excepted): lt[i] outputs, the st[i] stored and rt[i] per-row
-    values it reads, the inputs q_<name>."""
-    args = []
-    for m in passed(post):
-        if m.kind == "out":
-            args.append(f"lt[{m.name[3:]}].data_ptr<float>()")
-        elif m.kind == "saved":
-            args.append(f"st[{plan.stored.index(plan.saved[int(m.name[2:])])}].data_ptr<float>()")
-        elif m.kind == "row":
-            args.append(f"rt[{plan.rows.index(plan.row_read[int(m.name[2:])])}].data_ptr<float>()")
-        else:
-            args.append(cpp_arg(m, "q_"))
-    return args
+    """... and for the post functor's (the statistics excepted: norms.functor_args)."""
+    return functor_args(passed(post), plan.stored, plan.saved, plan.rows, plan.row_read)
 
 
 def output_tensors(plan: RowPlan) -> list[str]:
