@@ -1,6 +1,6 @@
 """`--backend cuda`'s norm after a convolution (kfuse/cuda/conv_norms.py, conv_norm_source.py): convolution -> ops ->
 GroupNorm or InstanceNorm -> ops as the convolution's launches storing the norm's input, then one norm pass (float64
-statistics per (sample, group) over its contiguous run, the apply with the ops after the norm). On unless
+statistics per (sample, group) over its contiguous run, in chunks, the apply with the ops after the norm). On unless
 KFUSE_CUDA_CONV_NORMS=0 (the A/B against the norm as a torch call).
 
 Without a GPU: the switch decides the partition and the reason given for the torch calls, the emitted files are
@@ -56,6 +56,7 @@ def test_switched_on_the_region_is_one_and_the_file_complete(on, name, overrides
     assert [r.kind for r in v.regions if r.fused] == ["conv_groupnorm"] and not v.unfused
     check_emitted(compiled.source)
     assert "kf_conv_norm(u, B, C, P, group" in compiled.source
+    assert "kf_conv_stat_chunks(1, B * groups" in compiled.source  # a few long runs still fill the GPU
     if overrides:  # 16 input channels: the implicit-GEMM tile (36-38 at their own sizes: the direct tile)
         assert "return kf_conv(g, epi, stream);" in compiled.source
 
@@ -75,7 +76,7 @@ def test_norm_source_compiles_without_spills(on, tmp_path, arch, overrides):
     source = _sources("38_conv_transpose3d_relu_groupnorm_hardswish", overrides)["CUDA_SRC"]
     entries = built_without_spills(source, arch, tmp_path)
     tile = "kf_conv_fp16x3p_kernel" if overrides else "kf_conv_direct_kernel"
-    for kernel in ("kf_conv_norm_apply_kernel", "kf_row_stats_kernelILi4E", tile):
+    for kernel in ("kf_conv_norm_apply_kernel", "kf_chunk_stats_kernel", "kf_bn_finalize_kernel", tile):
         assert any(kernel in e for e in entries), (kernel, entries)
 
 
@@ -129,7 +130,7 @@ def test_batchnorm_source_compiles_without_spills(tmp_path, arch, overrides):
     """problems/conv/33 (a transposed 3-d convolution, BatchNorm3d) on each tile."""
     source = _sources("33_conv_transpose3d_batchnorm_subtract_mean", overrides)["CUDA_SRC"]
     entries = built_without_spills(source, arch, tmp_path)
-    for kernel in ("kf_conv_col_stats_kernel", "kf_bn_finalize_kernel", "kf_bn_running_kernel",
+    for kernel in ("kf_chunk_stats_kernel", "kf_bn_finalize_kernel", "kf_bn_running_kernel",
                    "kf_conv_norm_apply_kernel"):
         assert any(kernel in e for e in entries), (kernel, entries)
 

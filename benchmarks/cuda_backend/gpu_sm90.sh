@@ -47,7 +47,7 @@
 #           (both tiles, each reduction)
 #   convkb  KernelBench level 2's convolutions the kind takes with everything after them (CONVKB, default 1 4 47 54
 #           87 90; KB2: a folder of its level-2 files, default kb/level2, carried), full size, 4 at a time, then
-#           kfuse bench of them with each backend
+#           kfuse bench of them with each backend (BACKENDS, default "cuda triton")
 # CUTLASS's headers: $CUTLASS_PATH/include, else ./.cutlass/include (a copy carried to a machine without the pip
 # package), else the nvidia-cutlass package's. Needs nvcc and ninja (torch's load_inline).
 set -uo pipefail
@@ -224,7 +224,7 @@ print(*CHANNEL_FILES, sep='\n')" | sed 's|^|problems/conv/|; s|$|.py|' \
         kb2="$(realpath "${KB2:-kb/level2}")"
         files=(); for n in ${CONVKB:-1 4 47 54 87 90}; do files+=("$kb2/${n}_"*.py); done
         printf '%s\n' "${files[@]}" | xargs -P 4 -I{} bash -c 'optimize_one {} '"$out/convkb"
-        for b in cuda triton; do
+        for b in ${BACKENDS:-cuda triton}; do
             timeout 230 python3 -m kfuse bench "${files[@]}" --baselines eager --trials 1 --backend $b \
                 --json "$out/convkb-bench-$b.json" > "$out/convkb-bench-$b.log" 2>&1
             echo "bench $b: exit $?"; tail -${#files[@]} "$out/convkb-bench-$b.log"

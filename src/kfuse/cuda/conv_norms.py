@@ -9,13 +9,12 @@ Two stages in one bound function `kf_<stem>`:
   1. the convolution's launches (conv.py: either tile, transposed ones too) with the ops before the norm as the
      functor `Pre_<stem>`, storing u (the norm's input) and the region's outputs before the norm;
   2. the norm's pass (conv_norm_source.py): GroupNorm, kf_conv_norm: each (sample, group)'s float64 statistics over
-     its contiguous run of u; BatchNorm, kf_conv_batch_norm: each channel's float64 statistics over its B P values,
-     merged and finalized per channel (or the running statistics); then the normalized value, the norm's affine and
-     `Post_<stem>` (the ops after the norm, which may read u) on each element, storing the region's outputs after
-     the norm.
+     its contiguous run of u, in chunks; BatchNorm, kf_conv_batch_norm: each channel's float64 statistics over its B
+     P values, in chunks (or the running statistics); then the normalized value, the norm's affine and `Post_<stem>`
+     (the ops after the norm, which may read u) on each element, storing the region's outputs after the norm.
 The Triton twins compute the statistics from per-tile partials in the convolution's own tile; here u is written by
-the convolution and read back (two or three reads). Autograd: CudaRecomputeFn, the region recomputed in float64
-torch (a BatchNorm with the statistics this call normalized with: the Function's `state`).
+the convolution and read back twice. Autograd: CudaRecomputeFn, the region recomputed in float64 torch (a BatchNorm
+with the statistics this call normalized with: the Function's `state`).
 """
 
 from __future__ import annotations
@@ -84,22 +83,26 @@ def group_norm_call(norm: Node) -> ConvNormCall:
                   "    raise ValueError(f'Expected more than 1 spatial element when training, got input size "
                   "{tuple(geo.out_shape)}')"]
     return ConvNormCall(
-        pass_params=("int group", "float eps", "const float* gamma", "const float* beta", "float* mean", "float* rstd"),
-        pass_call="kf_conv_norm(u, B, C, P, group, eps, gamma, beta, mean, rstd, post, stream)",
+        pass_params=("int group", "float eps", "const float* gamma", "const float* beta", "float* mean", "float* rstd",
+                     "double* part", "long long chunks"),
+        pass_call="kf_conv_norm(u, B, C, P, group, eps, gamma, beta, mean, rstd, part, chunks, post, stream)",
         cpp_params=("int64_t groups", "torch::Tensor gamma", "torch::Tensor beta", "double eps"),
         checks=('TORCH_CHECK(groups > 0 && C % groups == 0, "kfuse: GroupNorm of ", C, " channels in ", groups, '
                 '" groups");',
                 'const float* gamma_p = kf_optional_vector(gamma, C, "the norm\'s weight", a);',
                 'const float* beta_p = kf_optional_vector(beta, C, "the norm\'s bias", a);',
-                "torch::Tensor stats = torch::empty({2, B * groups}, x.options());"),
+                "torch::Tensor stats = torch::empty({2, B * groups}, x.options());",
+                "const long long chunks = kf_conv_stat_chunks(1, B * groups, C / groups * P);",
+                "torch::Tensor part = torch::empty({2 * chunks * B * groups}, x.options().dtype(torch::kFloat64));"),
         cpp_args=("static_cast<int>(C / groups)", "static_cast<float>(eps)", "gamma_p", "beta_p",
-                  "stats.data_ptr<float>()", "stats.data_ptr<float>() + B * groups"),
+                  "stats.data_ptr<float>()", "stats.data_ptr<float>() + B * groups", "part.data_ptr<double>()",
+                  "chunks"),
         py_params=("norm_groups", "gamma", "beta", "eps"),
         py_lines=tuple(lines),
         py_args=("norm_g", "gamma", "beta", "eps"),
         py_after=(),
         values=values,
-        reads="three times",
+        reads="twice",
     )
 
 
@@ -121,7 +124,7 @@ def batch_norm_conv_call(norm: Node) -> ConvNormCall:
                 'float* rv_p = keeps ? kf_vector(running_var, C, "running_var", a) : nullptr;',
                 'const float* gamma_p = kf_optional_vector(gamma, C, "the BatchNorm\'s weight", a);',
                 'const float* beta_p = kf_optional_vector(beta, C, "the BatchNorm\'s bias", a);',
-                "const long long chunks = batch ? kf_conv_bn_chunks(B, C, P) : 0;",
+                "const long long chunks = batch ? kf_conv_stat_chunks(B, C, P) : 0;",
                 "torch::Tensor part = torch::empty({2 * chunks * C}, x.options().dtype(torch::kFloat64));",
                 "torch::Tensor stats = torch::empty({2, C}, x.options());"),
         cpp_args=("batch", "part.data_ptr<double>()", "chunks", "static_cast<float>(eps)",
@@ -212,7 +215,8 @@ def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaR
     cpp = cpp_function(stem, plan, pre, post, direct, norm_params, call)
     cls = class_name(stem, classes)
     forward = (f"{', '.join(region.outputs)} = {cls}.run(self, {x})",)
-    norm_parts = ("batch_norm", "conv_norm", "conv_batch_norm") if plan.norm.op == "batch_norm" else ("conv_norm",)
-    parts = ("conv", *(("conv_direct",) if direct else ()), "rows", *norm_parts)
+    norm_parts = ("conv_norm", "conv_batch_norm") if plan.norm.op == "batch_norm" else ("conv_norm",)
+    # rows: kf_block_reduce; batch_norm: kf_bn_finalize_kernel (both norms' statistics)
+    parts = ("conv", *(("conv_direct",) if direct else ()), "rows", "batch_norm", *norm_parts)
     return CudaRegion(bound_name(stem), cu, cpp, python_source(region, g, stem, cls, plan, pre, post, call), forward,
                       parts)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from kfuse.cuda.conv_channels_source import CONV_CHANNELS
 from kfuse.cuda.conv_direct_source import CONV_DIRECT
-from kfuse.cuda.conv_norm_source import CONV_BATCH_NORM, CONV_BATCH_NORM_DECLS, CONV_NORM
+from kfuse.cuda.conv_norm_source import CONV_BATCH_NORM, CONV_NORM, CONV_NORM_DECLS
 from kfuse.cuda.conv_operands_source import CONV_CPP
 from kfuse.cuda.conv_source import CONV, CONV_COMMON
 from kfuse.cuda.gemm_source import COMMON, GEMM, PAD_K, PRELUDE, SPLIT
@@ -150,7 +150,7 @@ def cpp_source(regions: list[str], parts: set[str]) -> str:
     """The C++ translation unit (load_inline appends the bindings); the norm helpers where a norm region needs them."""
     norm = [NORM_CPP.strip()] if parts & {"group_norm", "batch_norm", "conv_norm"} else []
     decls = [*([BATCH_NORM_DECLS.strip()] if "batch_norm" in parts else []),
-             *([CONV_BATCH_NORM_DECLS.strip()] if "conv_batch_norm" in parts else [])]
+             *([CONV_NORM_DECLS.strip()] if "conv_norm" in parts else [])]
     conv = [CONV_CPP.strip()] if "conv" in parts else []
     return "\n".join([CPP_HEADERS.strip(), COMMON.strip(), *_conv_common(parts), *decls, CPP_HELPERS.strip(), *norm,
                       *conv, *[r.strip() for r in regions]]) + "\n"
