@@ -9,7 +9,8 @@ import torch
 
 from kfuse.gradients import gradient_contract
 from kfuse.kernels.conv import ConvConfig
-from kfuse.kernels.pooling import conv_mean_forward, conv_pool_forward, conv_pool_ref, pooled_size
+from kfuse.kernels.pool_geometry import pooled_size
+from kfuse.kernels.pooling import conv_mean_forward, conv_pool_forward, conv_pool_ref
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module, optimize
 from kfuse_testing import ROOT, long_lines

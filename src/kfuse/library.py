@@ -37,6 +37,7 @@ MODULES: Modules = (
     ("kernels/conv_depthwise", "depthwise convolutions: the direct tile"),
     ("kernels/batchnorm", "BatchNorm's statistics and eval fold"),
     ("kernels/conv_norm", "BatchNorm after a convolution: counted statistics, eval fold"),
+    ("kernels/pool_geometry", "pools after a convolution: the geometry"),
     ("kernels/pooling", "pools after a convolution: rows of pooled pixels, global means"),
     ("kernels/conv_reduce", "reductions over a convolution's channels: the pixel of a phase row"),
     ("kernels/backward_ops", "training: epilogue backward launcher"),
@@ -48,6 +49,7 @@ CUDA_MODULES: Modules = (
     ("kernels/backward", "autograd helpers, BatchNorm's forward state"),
     ("kernels/conv_geometry", "a convolution's sizes"),
     ("kernels/conv_phases", "a transposed convolution's stride phases"),
+    ("kernels/pool_geometry", "a pool's sizes after a convolution"),
     ("cuda/runtime", "the CUDA runtime: build once, operands, autograd"),
     ("cuda/conv_runtime", "convolutions: the weight's rows, the tile's launches"),
 )

@@ -17,6 +17,7 @@ from kfuse.cuda.conv_channels_source import CONV_CHANNELS
 from kfuse.cuda.conv_direct_source import CONV_DIRECT
 from kfuse.cuda.conv_norm_source import CONV_BATCH_NORM, CONV_NORM, CONV_NORM_DECLS
 from kfuse.cuda.conv_operands_source import CONV_CPP
+from kfuse.cuda.conv_pools_source import CONV_POOLS
 from kfuse.cuda.conv_source import CONV, CONV_COMMON
 from kfuse.cuda.gemm_source import COMMON, GEMM, PAD_K, PRELUDE, SPLIT
 from kfuse.cuda.norm_source import BATCH_NORM, BATCH_NORM_DECLS, GROUP_NORM, ROW_CHUNKS
@@ -112,7 +113,7 @@ static const float* kf_optional_vector(const torch::Tensor& p, int64_t n, const 
 # row chunking goes before the first part that uses it.
 FIXED_PARTS = (("group_norm", GROUP_NORM), ("batch_norm", BATCH_NORM), ("row_dot", ROW_DOT), ("rows", ROWS),
                ("conv", CONV), ("conv_direct", CONV_DIRECT), ("conv_norm", CONV_NORM),
-               ("conv_channels", CONV_CHANNELS), ("conv_batch_norm", CONV_BATCH_NORM))
+               ("conv_channels", CONV_CHANNELS), ("conv_batch_norm", CONV_BATCH_NORM), ("conv_pools", CONV_POOLS))
 CHUNKED = ("batch_norm", "rows")
 
 

@@ -24,10 +24,10 @@ can run it, and its `cuda_code` writes the region's code:
                         BatchNorm module (training or eval; conv_norms.py too)
   over the channels     a reduction or softmax over a convolution's channels, its ops before and after
                         (kfuse/cuda/conv_channels.py)
-The pool after a convolution has no CUDA twin: with --backend cuda it is a torch call after the convolution's
-region. The kinds that launch nothing of kfuse's (host values
-and views, torch calls) are the registry's own. Kinds are found in the registry by what they are, never by name
-(tests/unit/test_region_kinds.py).
+  a pool after a conv   a windowed pool or global mean after a convolution, its ops and a mean of the pooled
+                        values (kfuse/cuda/conv_pools.py), when KFUSE_CUDA_CONV_POOLS=1
+The kinds that launch nothing of kfuse's (host values and views, torch calls) are the registry's own. Kinds are
+found in the registry by what they are, never by name (tests/unit/test_region_kinds.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from kfuse.cuda import conv, conv_channels, conv_norms, epilogue, norms, pool, rowreduce, rowsum
+from kfuse.cuda import conv, conv_channels, conv_norms, conv_pools, epilogue, norms, pool, rowreduce, rowsum
 from kfuse.ir import Graph, Node, Param
 from kfuse.kernels.gemm_core import LONG_K
 from kfuse.modes import Variant
@@ -52,6 +52,7 @@ EPILOGUE = next(k for k in REGISTRY if k.upgradable and k.family == "gemm")  # w
 CONV_EPILOGUE = next(k for k in REGISTRY if k.upgradable and k.family == "conv")  # where conv regions start
 CONV_NORM = next(k for k in REGISTRY if k.family == "conv" and "instance_norm" in k.at_ops)  # a norm after a conv
 CONV_BN = next(k for k in REGISTRY if k.family == "conv" and k.at_ops == ("batch_norm",))  # a BatchNorm after a conv
+CONV_POOL = next(k for k in REGISTRY if k.family == "conv" and "mean_dims" in k.at_ops)  # a pool after a conv
 CONV_CHANNELS = next(k for k in REGISTRY if k.family == "conv" and "logsumexp" in k.at_ops)  # over a conv's channels
 PRODUCTS_SWITCH = "KFUSE_CUDA_PRODUCTS"  # "0": leave products of two values to torch (the A/B against them)
 
@@ -166,6 +167,15 @@ class ConvBatchNorm:
         return []
 
 
+class ConvPool:
+    """A pool after a convolution (kfuse/cuda/conv_pools.py), when KFUSE_CUDA_CONV_POOLS=1."""
+
+    cuda_code = staticmethod(conv_pools.region_code)
+
+    def enters(self, walk: Walk, n: Node) -> bool:
+        return conv_pools.switched_on() and super().enters(walk, n)
+
+
 class ConvChannels:
     """A reduction or softmax over a convolution's channels (kfuse/cuda/conv_channels.py)."""
 
@@ -173,7 +183,8 @@ class ConvChannels:
 
 
 # the conv kinds' twins, by kind (the ops they take a region over at are the GEMM twins' keys too)
-CONV_TWINS = {CONV_EPILOGUE: Conv, CONV_NORM: ConvNorm, CONV_BN: ConvBatchNorm, CONV_CHANNELS: ConvChannels}
+CONV_TWINS = {CONV_EPILOGUE: Conv, CONV_NORM: ConvNorm, CONV_BN: ConvBatchNorm, CONV_CHANNELS: ConvChannels,
+              CONV_POOL: ConvPool}
 # a GEMM kind's twin, by the op it takes a region over at (the plain epilogue: by none)
 TWINS = {"linear_rowsum": RowSum, "group_norm": GroupNorm, "batch_norm": BatchNorm,
          **{op: RowReduce for op in REDUCE_OPS + ROW_NORM_OPS}, **{op: Pool for op in POOL_OPS}}
@@ -217,6 +228,9 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
                        f"(--backend triton: {kind})")
             elif kind == CONV_NORM.name:  # its CUDA version is off (or the convolution left it)
                 why = f"--backend triton fuses it in a {kind} region; its CUDA version is off ({conv_norms.SWITCH}=0)"
+            elif kind == CONV_POOL.name:  # its CUDA version is off
+                why = (f"--backend triton fuses it in a {kind} region; its CUDA version is off unless "
+                       f"{conv_pools.SWITCH}=1 (compiled, not yet run on a GPU)")
             elif kind in FUSED_KINDS:  # the kind has a CUDA version, but not for this region's GEMM
                 why = (f"--backend triton fuses it in a {kind} region, whose GEMM --backend cuda does not take (not a "
                        f"Linear or x @ W with a 2-d weight parameter)")

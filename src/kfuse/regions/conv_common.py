@@ -278,3 +278,38 @@ def row_shape_code(n: Node, anchor: Node) -> str:
     """A per-pixel value's shape at run time, from the convolution's output shape."""
     keep = len(n.shape) == len(anchor.shape)
     return "(geo.out_shape[0], 1, *geo.out_shape[2:])" if keep else "(geo.out_shape[0], *geo.out_shape[2:])"
+
+
+# ---- pools after a convolution (the kind of regions/ that fuses them, and the CUDA backend's) ----------------------
+WINDOWED = ("pool", "max_pool1d", "avg_pool1d")
+MEANS = ("mean_dims", "mean")
+
+
+def pool_at(members: list[Node]) -> int:
+    return next(i for i, m in enumerate(members) if m.op in (*WINDOWED, *MEANS))
+
+
+def mean_at(members: list[Node]) -> int | None:
+    """Where the region's global mean is (its pool, or a mean of a windowed pool's values), if it has one."""
+    return next((i for i, m in enumerate(members) if m.op in MEANS), None)
+
+
+def pool_code(n: Node) -> list[str]:
+    """kernel_size, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override as generated code:
+    read from the module when ModelNew runs (as the conv's geometry), else the call's literals."""
+    fields = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "count_include_pad", "divisor_override")
+    if n.op != "pool":  # max_pool1d / avg_pool1d: non-overlapping windows of k
+        k = n.args[1]
+        base = {"kernel_size": k.expr(), "stride": "None", "padding": "0", "dilation": "1", "ceil_mode": "False",
+                "count_include_pad": "True", "divisor_override": "None"}
+        if n.module:
+            base.update({f: f"self.{n.module}.{f}" for f in ("kernel_size", "stride", "padding", "ceil_mode")})
+        return [base[f] for f in fields]
+    mode = n.attrs["mode"]
+    owned = ("dilation",) if mode == "max" else ("count_include_pad", "divisor_override")
+    return [f"self.{n.module}.{f}" if n.module and (f in owned or f in fields[:3] or f == "ceil_mode")
+            else repr(n.attrs[f]) for f in fields]
+
+
+def is_max(n: Node) -> bool:
+    return n.op == "max_pool1d" or (n.op == "pool" and n.attrs["mode"] == "max")

@@ -36,18 +36,22 @@ from kfuse.regions.conv_common import (
     CONV,
     CONV_CONSTEXPRS,
     DIRECT_COST,
+    MEANS,
     PACKED_COST,
     TILE_LAUNCH,
+    WINDOWED,
     channel_operand,
     conv_bias,
     depthwise,
     geometry_code,
+    is_max,
+    mean_at,
+    pool_at,
+    pool_code,
     runs_direct,
 )
 from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with
 
-WINDOWED = ("pool", "max_pool1d", "avg_pool1d")
-MEANS = ("mean_dims", "mean")
 POOL_SIZES = plain("PM", "QD", "QH", "QW", "PKD", "PKH", "PKW", "PSD", "PSH", "PSW", "PPD", "PPH", "PPW", "PDD", "PDH",
                    "PDW", "DIVISOR")
 # the conv tile at the rows' conv pixels (od, oh, ow) of samples n_idx, where `valid`
@@ -86,15 +90,6 @@ def per_sample_channel(shape: tuple[int, ...], pooled: tuple[int, ...]) -> bool:
     return len(shape) >= 2 and shape[:2] == pooled[:2] and all(d == 1 for d in shape[2:])
 
 
-def pool_at(members: list[Node]) -> int:
-    return next(i for i, m in enumerate(members) if m.op in (*WINDOWED, *MEANS))
-
-
-def mean_at(members: list[Node]) -> int | None:
-    """Where the region's global mean is (its pool, or a mean of a windowed pool's values), if it has one."""
-    return next((i for i, m in enumerate(members) if m.op in MEANS), None)
-
-
 def read_only_inside(members: list[Node], n: Node, g: Graph) -> bool:
     """Nothing outside the walk (and n, about to join) reads these members: they need never be stored."""
     inside = {m.name for m in members} | {n.name}
@@ -111,27 +106,6 @@ def pool_after_conv(walk: Walk, n: Node) -> bool:
     if not (is_windowed(n, anchor.attrs.get("dims", 0)) or is_global_mean(n, g)):
         return False
     return read_only_inside(walk.members, n, g)
-
-
-def pool_code(n: Node) -> list[str]:
-    """kernel_size, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override as generated code:
-    read from the module when ModelNew runs (as the conv's geometry), else the call's literals."""
-    fields = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "count_include_pad", "divisor_override")
-    if n.op != "pool":  # max_pool1d / avg_pool1d: non-overlapping windows of k
-        k = n.args[1]
-        base = {"kernel_size": k.expr(), "stride": "None", "padding": "0", "dilation": "1", "ceil_mode": "False",
-                "count_include_pad": "True", "divisor_override": "None"}
-        if n.module:
-            base.update({f: f"self.{n.module}.{f}" for f in ("kernel_size", "stride", "padding", "ceil_mode")})
-        return [base[f] for f in fields]
-    mode = n.attrs["mode"]
-    owned = ("dilation",) if mode == "max" else ("count_include_pad", "divisor_override")
-    return [f"self.{n.module}.{f}" if n.module and (f in owned or f in fields[:3] or f == "ceil_mode")
-            else repr(n.attrs[f]) for f in fields]
-
-
-def is_max(n: Node) -> bool:
-    return n.op == "max_pool1d" or (n.op == "pool" and n.attrs["mode"] == "max")
 
 
 def frame(name: str, doc: str, ptrs: list[str], args: KernelArgs, extra: tuple, lines: list[str]) -> str:
@@ -324,6 +298,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
 class ConvPool(RegionKind):
     name = "conv_pool"
     family = "conv"
+    at_ops = (*WINDOWED, *MEANS)
     kernel_modules = ("conv", "pooling")
 
     def enters(self, walk: Walk, n: Node) -> bool:
