@@ -127,9 +127,10 @@ def test_a_convolution_and_a_transposed_one_are_two_regions():
 
 
 def test_a_pool_after_the_convolution_stays_a_torch_call_and_the_conv_is_fused():
+    """By default (its CUDA version is off: tests/test_cuda_conv_pools.py)."""
     (v,) = compile_cuda(CONV / "45_conv3d_avgpool3d_sigmoid_bias.py").variants
     assert [r.kind for r in v.regions if r.fused] == ["conv_epilogue"]
-    assert any("conv_pool region, which has no CUDA version" in why for why in unfused_reasons(v).values())
+    assert any("conv_pool region; its CUDA version is off" in why for why in unfused_reasons(v).values())
 
 
 def _sources(name: str) -> dict:
