@@ -156,10 +156,20 @@ def launcher_lines(anchor: Node) -> tuple[tuple[str, ...], list[str], str]:
     return geometry, head, operands
 
 
+def function_source(region: Region, stem: str, cls: str, params: list[str], body: list[str], doc: str,
+                    values: list[str], extra: Sequence[str] = ()) -> str:
+    """`fused_<stem>(params...)` with its `body` and `doc`, then the region's CudaRecomputeFn, whose launch passes x,
+    the weight, `values`, torch's geometry arguments and `extra` (a pool's)."""
+    anchor = region.anchor
+    launcher = "\n".join([f"def fused_{stem}({', '.join(params)}):", docstring(doc), *[f"    {ln}" for ln in body]])
+    args = ", ".join([*values, *geometry_code(anchor), *extra])
+    launch = f"return fused_{stem}(x, {anchor.args[1].expr()}, {args})"
+    return launcher + "\n\n\n" + recompute_function_source(region, stem, cls, launch, "kernels")
+
+
 def python_source(region: Region, g: Graph, stem: str, cls: str, members: list[Member]) -> str:
     """`fused_<stem>(x, weight, inputs..., <torch's geometry arguments>)` and the region's CudaRecomputeFn."""
     anchor = region.anchor
-    weight = anchor.args[1]
     fed = inputs(members)
     n_out = len(region.outputs)
     replaced = " -> ".join(n.origin for n in region.nodes)
@@ -168,12 +178,8 @@ def python_source(region: Region, g: Graph, stem: str, cls: str, members: list[M
             f"return {'got[0]' if n_out == 1 else 'tuple(got)'}"]
     doc = (f"Fused: {replaced}: the CUDA function `{bound_name(stem)}` ({tile_kernels(anchor)} with Conv_{stem}). "
            f"{cost_line(region, g)}")
-    params = ", ".join(["x", "weight", *[m.name for m in fed], *geometry])
-    launcher = "\n".join([f"def fused_{stem}({params}):", docstring(doc), *[f"    {ln}" for ln in body]]) + "\n"
-    values = [m.value for m in fed]
-    launch = (f"return fused_{stem}(x, {weight.expr()}, {''.join(v + ', ' for v in values)}"
-              f"{', '.join(geometry_code(anchor))})")
-    return launcher + "\n\n" + recompute_function_source(region, stem, cls, launch, "kernels")
+    params = ["x", "weight", *[m.name for m in fed], *geometry]
+    return function_source(region, stem, cls, params, body, doc, [m.value for m in fed])
 
 
 def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaRegion:

@@ -22,13 +22,14 @@ from kfuse.cuda.conv import (
     conv_params,
     conv_struct,
     cost_line,
+    function_source,
     launch_params,
     launcher_lines,
     operands_lines,
     runs_direct,
     tile_kernels,
 )
-from kfuse.cuda.epilogue import CudaRegion, recompute_function_source
+from kfuse.cuda.epilogue import CudaRegion
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
 from kfuse.cuda.rowreduce import (
     STAT_ID,
@@ -42,8 +43,7 @@ from kfuse.cuda.rowreduce import (
     row_struct,
 )
 from kfuse.ir import Graph, Region
-from kfuse.regions.common import docstring
-from kfuse.regions.conv_common import geometry_code, row_shape_code
+from kfuse.regions.conv_common import row_shape_code
 
 PIXEL_AT = "m / P * C * P + m % P + n * P"  # the post functor's NC(D)HW element: m the pixel b P + p, n the channel
 
@@ -124,12 +124,9 @@ def python_source(region: Region, g: Graph, stem: str, cls: str, plan: RowPlan, 
            f"({tile_kernels(anchor)} with Pre_{stem}, then kf_channel_reduce). {cost_line(region, g)} Then the "
            f"channel pass: the stored {plan.red.args[0]} read once or twice for {plan.red.op}, once more by the "
            "full-width ops after it, each output written once.")
-    params = ", ".join(["x", "weight", *names["e"], *names["r"], *names["q"], *geometry])
-    launcher = "\n".join([f"def fused_{stem}({params}):", docstring(doc), *[f"    {ln}" for ln in body]]) + "\n"
+    params = ["x", "weight", *names["e"], *names["r"], *names["q"], *geometry]
     values = [m.value for members in fed.values() for m in inputs(members)]
-    launch = (f"return fused_{stem}(x, {anchor.args[1].expr()}, {''.join(v + ', ' for v in values)}"
-              f"{', '.join(geometry_code(anchor))})")
-    return launcher + "\n\n" + recompute_function_source(region, stem, cls, launch, "kernels")
+    return function_source(region, stem, cls, params, body, doc, values)
 
 
 def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaRegion:

@@ -29,18 +29,17 @@ from kfuse.cuda.conv import (
     conv_params,
     conv_struct,
     cost_line,
+    function_source,
     launch_params,
     launcher_lines,
     operands_lines,
     runs_direct,
     tile_kernels,
 )
-from kfuse.cuda.epilogue import CudaRegion, recompute_function_source
+from kfuse.cuda.epilogue import CudaRegion
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
 from kfuse.cuda.norms import NormPlan, _vector, batch_norm_call, norm_plan, output_tensors, post_args, post_struct
 from kfuse.ir import Graph, Node, Region
-from kfuse.regions.common import docstring
-from kfuse.regions.conv_common import geometry_code
 
 GROUP_NORMS = ("group_norm", "instance_norm")  # the kind after a convolution that KFUSE_CUDA_CONV_NORMS switches
 NORMS = (*GROUP_NORMS, "batch_norm")
@@ -195,12 +194,9 @@ def python_source(region: Region, g: Graph, stem: str, cls: str, plan: NormPlan,
     doc = (f"Fused: {', '.join(n.origin for n in region.nodes)}: the CUDA function `{bound_name(stem)}` "
            f"({tile_kernels(anchor)} with Pre_{stem}, then {pass_kernel} with Post_{stem}). {cost_line(region, g)} "
            f"Then the norm's pass: u read {call.reads}, each output written once.")
-    params = ", ".join(["x", "weight", *e, *call.py_params, *q, *geometry])
-    launcher = "\n".join([f"def fused_{stem}({params}):", docstring(doc), *[f"    {ln}" for ln in body]]) + "\n"
+    params = ["x", "weight", *e, *call.py_params, *q, *geometry]
     values = [*[m.value for m in inputs(pre)], *call.values, *[m.value for m in inputs(post)]]
-    launch = (f"return fused_{stem}(x, {anchor.args[1].expr()}, {', '.join(values)}, "
-              f"{', '.join(geometry_code(anchor))})")
-    return launcher + "\n\n" + recompute_function_source(region, stem, cls, launch, "kernels")
+    return function_source(region, stem, cls, params, body, doc, values)
 
 
 def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaRegion:

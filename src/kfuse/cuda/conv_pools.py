@@ -28,19 +28,20 @@ from kfuse.cuda.conv import (
     conv_params,
     conv_struct,
     cost_line,
+    function_source,
     launch_params,
     launcher_lines,
     operands_lines,
     runs_direct,
     tile_kernels,
 )
-from kfuse.cuda.epilogue import CudaRegion, recompute_function_source
+from kfuse.cuda.epilogue import CudaRegion
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
 from kfuse.cuda.rowreduce import row_struct
 from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
 from kfuse.ir import Graph, Node, Region
-from kfuse.regions.common import docstring, var
-from kfuse.regions.conv_common import WINDOWED, geometry_code, is_max, mean_at, pool_at, pool_code
+from kfuse.regions.common import var
+from kfuse.regions.conv_common import WINDOWED, is_max, mean_at, pool_at, pool_code
 
 SWITCH = "KFUSE_CUDA_CONV_POOLS"  # "1": the kind is on (when a file is generated)
 POOL_PARAMS = ["kernel_size", "pool_stride", "pool_padding", "pool_dilation", "ceil_mode", "count_include_pad",
@@ -188,13 +189,9 @@ def python_source(region: Region, g: Graph, stem: str, cls: str, plan: PoolPlan,
     doc = (f"Fused: {', '.join(n.origin for n in region.nodes)}: the CUDA function `{bound_name(stem)}` "
            f"({tile_kernels(anchor)} with Pre_{stem}, then {passes}). {cost_line(region, g)} Then the pool's pass: "
            f"the stored {plan.y} read once, the pooled values written once.")
-    params = ", ".join(["x", "weight", *names["e"], *names["q"], *names["r"], *geometry,
-                        *(POOL_PARAMS if windowed else [])])
-    launcher = "\n".join([f"def fused_{stem}({params}):", docstring(doc), *[f"    {ln}" for ln in body]]) + "\n"
+    params = ["x", "weight", *names["e"], *names["q"], *names["r"], *geometry, *(POOL_PARAMS if windowed else [])]
     values = [m.value for members in fed.values() for m in inputs(members)]
-    launch = (f"return fused_{stem}(x, {anchor.args[1].expr()}, {''.join(v + ', ' for v in values)}"
-              f"{', '.join([*geometry_code(anchor), *(pool_code(plan.pool) if windowed else [])])})")
-    return launcher + "\n\n" + recompute_function_source(region, stem, cls, launch, "kernels")
+    return function_source(region, stem, cls, params, body, doc, values, pool_code(plan.pool) if windowed else ())
 
 
 def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaRegion:
