@@ -143,6 +143,28 @@ def sources(stem: str, struct: str, members: list[Member], direct: bool) -> tupl
     return cu, "\n".join(lines) + "\n"
 
 
+def two_stage_function(stem: str, stage: str, direct: bool, params: list[str], launch: list[str],
+                       stage_params: list[str], setup: list[str], pre_args: list[str], stage_args: list[str],
+                       outputs: list[str]) -> str:
+    """The bound C++ function `kf_<stem>` of a convolution kind with a second stage: the convolution's launches
+    (its launcher's parameters `launch`, called with `pre_args`), then `kf_launch_<stem>_<stage>` (parameters
+    `stage_params`, called with `stage_args`); `params` after the convolution's; `setup`: the lines between the
+    operands and the launches (sizes, checks, allocations); returns `outputs`."""
+    function = bound_name(stem)
+    lines = [f"{launcher_head(stem, launch)};", f"{launcher_head(f'{stem}_{stage}', stage_params)};",
+             "",
+             f"std::vector<torch::Tensor> {function}({conv_params(direct)}, {', '.join(params)}) {{",
+             *operands_lines(direct),
+             *setup,
+             "  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();",
+             "  for (const KfConvArgs& l : ops.launches)",
+             f"    kf_check(kf_launch_{stem}(l, {', '.join(pre_args)}, stream), \"{function}\");",
+             f"  kf_check(kf_launch_{stem}_{stage}({', '.join(stage_args)}, stream), \"{function}\");",
+             f"  return {{{', '.join(outputs)}}};",
+             "}"]
+    return "\n".join(lines) + "\n"
+
+
 def launcher_lines(anchor: Node) -> tuple[tuple[str, ...], list[str], str]:
     """(torch's geometry parameters, the Python launcher's first lines: the extension, the geometry, the weight's
     parts and the launches, the bound function's convolution arguments)."""

@@ -19,15 +19,14 @@ from __future__ import annotations
 from kfuse.backward import class_name, region_inputs
 from kfuse.cuda.conv import (
     conv_launcher,
-    conv_params,
     conv_struct,
     cost_line,
     function_source,
     launch_params,
     launcher_lines,
-    operands_lines,
     runs_direct,
     tile_kernels,
+    two_stage_function,
 )
 from kfuse.cuda.epilogue import CudaRegion
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
@@ -80,13 +79,7 @@ def cpp_function(stem: str, plan: RowPlan, pre: list[Member], row: list[Member] 
                                                                                  for m in inputs(pre)]
     passed_args = ["st[0].data_ptr<float>()", "B", "C", "P", "divisor", "stats.data_ptr<float>()",
                    *row_args(row), *post_args(plan, post)]
-    function = bound_name(stem)
-    lines = [f"{launcher_head(stem, launch_params(pre, 'e_'))};",
-             f"{launcher_head(f'{stem}_channels', channel_params)};",
-             "",
-             f"std::vector<torch::Tensor> {function}({conv_params(direct)}, {', '.join(params)}) {{",
-             *operands_lines(direct),
-             "  [[maybe_unused]] const KfConvArgs& g = ops.launches.front();  // g.N: C_out, the vectors' length",
+    setup = ["  [[maybe_unused]] const KfConvArgs& g = ops.launches.front();  // g.N: C_out, the vectors' length",
              "  const int64_t B = out_shape[0], C = out_shape[1];",
              "  int64_t P = 1;  // pixels a channel plane",
              "  for (size_t i = 2; i < out_shape.size(); ++i) P *= out_shape[i];",
@@ -95,14 +88,9 @@ def cpp_function(stem: str, plan: RowPlan, pre: list[Member], row: list[Member] 
              "  for (auto& t : st) t = torch::empty(out_shape, x.options());",
              f"  for (int i = 0; i < {len(plan.rows)}; ++i) rt[i] = torch::empty({{B * P}}, x.options());",
              f"  for (int i = 0; i < {len(plan.late)}; ++i) lt[i] = torch::empty(out_shape, x.options());",
-             "  torch::Tensor stats = torch::empty({B * P}, x.options());",
-             "  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();",
-             "  for (const KfConvArgs& l : ops.launches)",
-             f"    kf_check(kf_launch_{stem}(l, {', '.join(pre_args)}, stream), \"{function}\");",
-             f"  kf_check(kf_launch_{stem}_channels({', '.join(passed_args)}, stream), \"{function}\");",
-             f"  return {{{', '.join(output_tensors(plan))}}};",
-             "}"]
-    return "\n".join(lines) + "\n"
+             "  torch::Tensor stats = torch::empty({B * P}, x.options());"]
+    return two_stage_function(stem, "channels", direct, params, launch_params(pre, "e_"), channel_params, setup,
+                              pre_args, passed_args, output_tensors(plan))
 
 
 def python_source(region: Region, g: Graph, stem: str, cls: str, plan: RowPlan, fed: dict[str, list[Member]]

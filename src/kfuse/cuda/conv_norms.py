@@ -26,15 +26,14 @@ from kfuse.backward import class_name, region_inputs
 from kfuse.cuda.conv import (
     AT,
     conv_launcher,
-    conv_params,
     conv_struct,
     cost_line,
     function_source,
     launch_params,
     launcher_lines,
-    operands_lines,
     runs_direct,
     tile_kernels,
+    two_stage_function,
 )
 from kfuse.cuda.epilogue import CudaRegion
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
@@ -158,25 +157,15 @@ def cpp_function(stem: str, plan: NormPlan, pre: list[Member], post: list[Member
     pre_args = [f"st[{i}].data_ptr<float>()" for i in range(len(plan.stored))] + [cpp_arg(m, "e_")
                                                                                  for m in inputs(pre)]
     norm_args = ["st[0].data_ptr<float>()", "B", "C", "P", *call.cpp_args, *post_args(plan, post)]
-    function = bound_name(stem)
-    lines = [f"{launcher_head(stem, launch_params(pre, 'e_'))};", f"{launcher_head(f'{stem}_norm', norm_params)};",
-             "",
-             f"std::vector<torch::Tensor> {function}({conv_params(direct)}, {', '.join(params)}) {{",
-             *operands_lines(direct),
-             "  const KfConvArgs& g = ops.launches.front();  // C_out (g.N) for the per-channel vectors",
+    setup = ["  const KfConvArgs& g = ops.launches.front();  // C_out (g.N) for the per-channel vectors",
              "  const int64_t B = out_shape[0], C = out_shape[1], P = g.FD * g.FH * g.FW;",
              '  TORCH_CHECK(C <= 65535 && B <= 65535, "kfuse: too many channels or samples for the norm\'s pass");',
              *[f"  {c}" for c in call.checks],
              f"  torch::Tensor st[{len(plan.stored)}], lt[{max(1, len(plan.late))}];",
              "  for (auto& t : st) t = torch::empty(out_shape, x.options());",
-             f"  for (int i = 0; i < {len(plan.late)}; ++i) lt[i] = torch::empty(out_shape, x.options());",
-             "  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();",
-             "  for (const KfConvArgs& l : ops.launches)",
-             f"    kf_check(kf_launch_{stem}(l, {', '.join(pre_args)}, stream), \"{function}\");",
-             f"  kf_check(kf_launch_{stem}_norm({', '.join(norm_args)}, stream), \"{function}\");",
-             f"  return {{{', '.join(output_tensors(plan))}}};",
-             "}"]
-    return "\n".join(lines) + "\n"
+             f"  for (int i = 0; i < {len(plan.late)}; ++i) lt[i] = torch::empty(out_shape, x.options());"]
+    return two_stage_function(stem, "norm", direct, params, launch_params(pre, "e_"), norm_params, setup,
+                              pre_args, norm_args, output_tensors(plan))
 
 
 def python_source(region: Region, g: Graph, stem: str, cls: str, plan: NormPlan, pre: list[Member],

@@ -25,15 +25,14 @@ from dataclasses import dataclass
 from kfuse.backward import class_name, region_inputs
 from kfuse.cuda.conv import (
     conv_launcher,
-    conv_params,
     conv_struct,
     cost_line,
     function_source,
     launch_params,
     launcher_lines,
-    operands_lines,
     runs_direct,
     tile_kernels,
+    two_stage_function,
 )
 from kfuse.cuda.epilogue import CudaRegion
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
@@ -132,12 +131,7 @@ def cpp_function(stem: str, plan: PoolPlan, pre: list[Member], post: list[Member
                  "static_cast<int>(divisor)", "count_pad", "stats.data_ptr<float>()", *post_args, *row_args]
     rows = plan.mean is not None
     n_rows = len(plan.rows)
-    function = bound_name(stem)
-    lines = [f"{launcher_head(stem, launch_params(pre, 'e_'))};", f"{launcher_head(f'{stem}_pool', pool_params)};",
-             "",
-             f"std::vector<torch::Tensor> {function}({conv_params(direct)}, {', '.join(params)}) {{",
-             *operands_lines(direct),
-             "  const KfConvArgs& g = ops.launches.front();  // the plane's sizes, C_out (g.N) for the vectors",
+    setup = ["  const KfConvArgs& g = ops.launches.front();  // the plane's sizes, C_out (g.N) for the vectors",
              "  const int64_t B = out_shape[0], C = out_shape[1];",
              '  TORCH_CHECK(pool.size() == 16, "kfuse: a pool geometry of 16 sizes expected, got ", pool.size());',
              "  const std::vector<long long> pg(pool.begin(), pool.end());  // the launcher's long long",
@@ -146,14 +140,9 @@ def cpp_function(stem: str, plan: PoolPlan, pre: list[Member], post: list[Member
              "  const int64_t Q = pool[1] * pool[2] * pool[3];  // pooled pixels a plane",
              f"  for (int i = 0; i < {len(plan.pooled)}; ++i) pt[i] = torch::empty({{B, C, Q}}, x.options());",
              f"  for (int i = 0; i < {n_rows}; ++i) rt[i] = torch::empty({{B * C}}, x.options());",
-             f"  torch::Tensor stats = torch::empty({{{'B * C' if rows else '0'}}}, x.options());",
-             "  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();",
-             "  for (const KfConvArgs& l : ops.launches)",
-             f"    kf_check(kf_launch_{stem}(l, {', '.join(pre_args)}, stream), \"{function}\");",
-             f"  kf_check(kf_launch_{stem}_pool({', '.join(pass_args)}, stream), \"{function}\");",
-             f"  return {{{', '.join(output_tensors(plan))}}};",
-             "}"]
-    return "\n".join(lines) + "\n"
+             f"  torch::Tensor stats = torch::empty({{{'B * C' if rows else '0'}}}, x.options());"]
+    return two_stage_function(stem, "pool", direct, params, launch_params(pre, "e_"), pool_params, setup,
+                              pre_args, pass_args, output_tensors(plan))
 
 
 def output_tensors(plan: PoolPlan) -> list[str]:
