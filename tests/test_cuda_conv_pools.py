@@ -1,7 +1,7 @@
 """`--backend cuda`'s pool after a convolution (kfuse/cuda/conv_pools.py, conv_pools_source.py): convolution -> ops ->
 a windowed pool -> ops (-> a global mean of its values -> ops), or convolution -> ops -> a global mean -> ops, as the
 convolution's launches storing the pool's input, then kf_window_pool (a thread a pooled value) and the mean's
-kf_row_stats<0> and kf_channel_rows. Off unless KFUSE_CUDA_CONV_POOLS=1 (compiled and checked here, on no GPU yet).
+kf_row_stats<0> and kf_rows. Off unless KFUSE_CUDA_CONV_POOLS=1 (compiled and checked here, on no GPU yet).
 
 Without a GPU: the switch decides the partition and the reason given for the torch call; switched on, each file is
 one region and complete on both convolution tiles; the pool kernel's arithmetic, modelled in torch, agrees with
@@ -86,7 +86,7 @@ def test_switched_on_the_region_is_one_and_the_file_complete(on, name, overrides
     check_emitted(compiled.source)
     windowed = "global" not in name
     assert ("kf_window_pool<" in compiled.source) == windowed
-    assert ("kf_channel_rows(B * C, C, st_a, row, stream)" in compiled.source) == (not windowed)
+    assert ("kf_rows(B * C, st_a, row, stream, C)" in compiled.source) == (not windowed)
     if overrides:
         assert "return kf_conv(g, epi, stream);" in compiled.source
 
@@ -170,7 +170,7 @@ def test_pool_source_compiles_without_spills(on, tmp_path, arch):
     """A max pool then a mean of its values (both passes), and problems/conv/45's avg pool on the packed tile."""
     source = _sources(pool_then_mean_problem(tmp_path))["CUDA_SRC"]
     entries = built_without_spills(source, arch, tmp_path)
-    for kernel in ("kf_window_pool_kernelILb1E", "kf_row_stats_kernelILi0E", "kf_channel_rows_kernel"):
+    for kernel in ("kf_window_pool_kernelILb1E", "kf_row_stats_kernelILi0E", "kf_rows_kernel"):
         assert any(kernel in e for e in entries), (kernel, entries)
     avg = _sources(CONV / "45_conv3d_avgpool3d_sigmoid_bias.py", PACKED)["CUDA_SRC"]
     assert any("kf_window_pool_kernelILb0E" in e for e in built_without_spills(avg, arch, tmp_path))

@@ -11,7 +11,7 @@ One bound function `kf_<stem>`:
   2. a windowed pool: kf_window_pool (conv_pools_source.py) with `Post_<stem>`, the ops after the pool on each
      pooled value, storing the region's pooled outputs, or the mean's input where a mean follows;
   3. a global mean (of y, or of the pooled values): kf_row_stats<0> over (B C, pixels) rows (float64 sums / pixels),
-     then kf_channel_rows with `Row_<stem>` (rowreduce.py's per-row functor: the ops after the mean, its
+     then kf_rows with `Row_<stem>` (rowreduce.py's per-row functor: the ops after the mean, its
      per-channel operands at the row's channel) storing a value per (sample, channel).
 The Triton twin pools in the convolution's tile (the conv output never stored); here y is written and read back
 once. Autograd: CudaRecomputeFn, the region recomputed in float64 torch (the pool by its own call).
@@ -36,10 +36,9 @@ from kfuse.cuda.conv import (
 )
 from kfuse.cuda.epilogue import CudaRegion
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
-from kfuse.cuda.rowreduce import row_struct
-from kfuse.cuda.spellings import EpilogueArgs, chain_lines, functor_struct
+from kfuse.cuda.norms import functor_args
+from kfuse.cuda.rowreduce import row_args, row_struct
 from kfuse.ir import Graph, Node, Region
-from kfuse.regions.common import var
 from kfuse.regions.conv_common import WINDOWED, is_max, mean_at, pool_at, pool_code
 
 SWITCH = "KFUSE_CUDA_CONV_POOLS"  # "1": the kind is on (when a file is generated)
@@ -80,21 +79,6 @@ def pool_plan(region: Region) -> PoolPlan:
                     outputs if mean is not None else (), outputs)
 
 
-def pooled_struct(plan: PoolPlan, struct: str) -> tuple[str, list[Member]]:
-    """The pool's functor: acc is the pooled value; the ops after the pool; stores plan.pooled at the pooled
-    NC(D)HW element (P: the pooled pixels a plane)."""
-    args = EpilogueArgs()
-    pool = plan.pool
-    env = {pool.name: var(pool.name)}
-    body = [f"const float {var(pool.name)} = acc;  // {pool.origin}"]
-    body += chain_lines(plan.post, env, args)
-    body += [f"out{i}[at] = {env[v]};" for i, v in enumerate(plan.pooled)]
-    members = [Member(f"out{i}", "out") for i in range(len(plan.pooled))]
-    doc = f"After {pool.origin}: " + (" -> ".join(n.origin for n in plan.post) or "its stores") + "."
-    return (functor_struct(struct, doc, members, args, body, at="m + n * P", sizes=("P",)),
-            [*members, *args.members])
-
-
 def pass_launcher(stem: str, plan: PoolPlan, post: list[Member] | None, row: list[Member] | None
                   ) -> tuple[str, list[str]]:
     """`kf_launch_<stem>_pool(y, B, C, OD, OH, OW, pool, divisor, count_pad, z, st_a, post members..., row
@@ -114,7 +98,7 @@ def pass_launcher(stem: str, plan: PoolPlan, post: list[Member] | None, row: lis
         lines += [f"  Row_{stem} row;", *[f"  row.{m.name} = r_{m.name};" for m in row], "  row.N = 1;",
                   f"  if (err == 0) err = kf_row_stats<0>({values}, B * C, {pixels}, (double)({pixels}), 0.0f, st_a, "
                   "nullptr, stream);",
-                  "  if (err == 0) err = kf_channel_rows(B * C, C, st_a, row, stream);"]
+                  "  if (err == 0) err = kf_rows(B * C, st_a, row, stream, C);  // the row's channel: m % C"]
     return "\n".join([*lines, "  return err;", "}"]) + "\n", params
 
 
@@ -125,10 +109,9 @@ def cpp_function(stem: str, plan: PoolPlan, pre: list[Member], post: list[Member
               "bool count_pad", *[cpp_param(m, "q_") for m in inputs(post or [])],
               *[cpp_param(m, "r_") for m in inputs(row or [])]]
     pre_args = ["y.data_ptr<float>()", *[cpp_arg(m, "e_") for m in inputs(pre)]]
-    post_args = [f"pt[{m.name[3:]}].data_ptr<float>()" if m.kind == "out" else cpp_arg(m, "q_") for m in post or []]
-    row_args = [f"rt[{m.name[3:]}].data_ptr<float>()" if m.kind == "out" else cpp_arg(m, "r_") for m in row or []]
     pass_args = ["y.data_ptr<float>()", "B", "C", "g.FD", "g.FH", "g.FW", "pg.data()",
-                 "static_cast<int>(divisor)", "count_pad", "stats.data_ptr<float>()", *post_args, *row_args]
+                 "static_cast<int>(divisor)", "count_pad", "stats.data_ptr<float>()",
+                 *functor_args(post or [], (), ()), *row_args(row)]
     rows = plan.mean is not None
     n_rows = len(plan.rows)
     setup = ["  const KfConvArgs& g = ops.launches.front();  // the plane's sizes, C_out (g.N) for the vectors",
@@ -136,9 +119,9 @@ def cpp_function(stem: str, plan: PoolPlan, pre: list[Member], post: list[Member
              '  TORCH_CHECK(pool.size() == 16, "kfuse: a pool geometry of 16 sizes expected, got ", pool.size());',
              "  const std::vector<long long> pg(pool.begin(), pool.end());  // the launcher's long long",
              "  torch::Tensor y = torch::empty(out_shape, x.options());",
-             f"  torch::Tensor pt[{max(1, len(plan.pooled))}], rt[{max(1, n_rows)}];",
+             f"  torch::Tensor lt[{max(1, len(plan.pooled))}], rt[{max(1, n_rows)}];",
              "  const int64_t Q = pool[1] * pool[2] * pool[3];  // pooled pixels a plane",
-             f"  for (int i = 0; i < {len(plan.pooled)}; ++i) pt[i] = torch::empty({{B, C, Q}}, x.options());",
+             f"  for (int i = 0; i < {len(plan.pooled)}; ++i) lt[i] = torch::empty({{B, C, Q}}, x.options());",
              f"  for (int i = 0; i < {n_rows}; ++i) rt[i] = torch::empty({{B * C}}, x.options());",
              f"  torch::Tensor stats = torch::empty({{{'B * C' if rows else '0'}}}, x.options());"]
     return two_stage_function(stem, "pool", direct, params, launch_params(pre, "e_"), pool_params, setup,
@@ -146,8 +129,8 @@ def cpp_function(stem: str, plan: PoolPlan, pre: list[Member], post: list[Member
 
 
 def output_tensors(plan: PoolPlan) -> list[str]:
-    """The region's outputs in its order: the pooled tensors pt, or the per-(sample, channel) ones rt."""
-    return [f"rt[{plan.rows.index(v)}]" if plan.rows else f"pt[{plan.pooled.index(v)}]" for v in plan.outputs]
+    """The region's outputs in its order: the pooled tensors lt, or the per-(sample, channel) ones rt."""
+    return [f"rt[{plan.rows.index(v)}]" if plan.rows else f"lt[{plan.pooled.index(v)}]" for v in plan.outputs]
 
 
 def output_shape(n: Node, plan: PoolPlan) -> str:
@@ -174,7 +157,7 @@ def python_source(region: Region, g: Graph, stem: str, cls: str, plan: PoolPlan,
     body = [*head, *pool_lines, f"got = ext.{bound_name(stem)}({call})",
             f"return {rets[0] if len(rets) == 1 else ', '.join(rets)}"]
     passes = ", ".join([*(["kf_window_pool"] if windowed else []),
-                        *(["kf_row_stats<0> and kf_channel_rows"] if plan.mean is not None else [])])
+                        *(["kf_row_stats<0> and kf_rows"] if plan.mean is not None else [])])
     doc = (f"Fused: {', '.join(n.origin for n in region.nodes)}: the CUDA function `{bound_name(stem)}` "
            f"({tile_kernels(anchor)} with Pre_{stem}, then {passes}). {cost_line(region, g)} Then the pool's pass: "
            f"the stored {plan.y} read once, the pooled values written once.")
@@ -190,7 +173,8 @@ def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaR
     pre_src, pre = conv_struct(region, f"Pre_{stem}", plan.pre, (plan.y,))
     sources, post, row = [pre_src], None, None
     if plan.pool is not None:
-        src, post = pooled_struct(plan, f"Post_{stem}")
+        src, post = row_struct(plan.pool, plan.post, plan.pooled, f"Post_{stem}", "Per pooled value",
+                               at="m + n * P", sizes=("P",))  # P: the pooled pixels a plane
         sources.append(src)
     if plan.mean is not None:
         src, row = row_struct(plan.mean, plan.after, plan.rows, f"Row_{stem}")

@@ -8,7 +8,7 @@ the convolution's stored output before the pool, NC(D)HW (B C planes of OD x OH 
                        the plane without count_include_pad); then the functor on the pooled value at m = b C Q + q,
                        n = c (Q pooled pixels a plane).
 A global mean after the convolution or after the pool is rows_source.py's kf_row_stats<0> over the (B C, pixels)
-rows, then kf_channel_rows: the per-(sample, channel) functor on each mean, its per-channel operands at m % C.
+rows, then rows_source.py's kf_rows with the per-(sample, channel) functor, its per-channel operands at m % C.
 Bytes: y read once (a window's overlap from L1 / L2), the pooled values written once.
 """
 
@@ -63,20 +63,6 @@ __global__ void __launch_bounds__(256) kf_window_pool_kernel(const float* __rest
     v /= g.divisor != 0 ? (float)g.divisor : (float)((a1 - a0) * (b1 - b0) * (c1 - c0));
   }
   post(post.column(c), bc / C * C * Q + q, c, v);
-}
-
-// The per-(sample, channel) functor on each of the B C means: row m is channel m % C (its per-channel operands)
-template <class Row>
-__global__ void kf_channel_rows_kernel(long long BC, long long C, const float* __restrict__ st_a, Row row) {
-  const long long m = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (m < BC) row(row.column(m % C), m, 0, st_a[m]);
-}
-
-template <class Row>
-int kf_channel_rows(long long BC, long long C, const float* st_a, const Row& row, cudaStream_t stream) {
-  if (BC == 0) return 0;
-  kf_channel_rows_kernel<Row><<<(unsigned)((BC + 255) / 256), 256, 0, stream>>>(BC, C, st_a, row);
-  return (int)cudaGetLastError();
 }
 
 // The pool of y's B C planes, then post on each pooled value

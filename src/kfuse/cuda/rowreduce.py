@@ -79,16 +79,17 @@ def row_plan(region: Region, g: Graph) -> RowPlan:
     return RowPlan(red, pre, row, post, stored, saved, rows, row_read, late, region.outputs, roles)
 
 
-def row_struct(red: Node, row, rows, struct: str) -> tuple[str, list[Member]]:
-    """The per-row functor: acc is the reduction `red`'s value; the per-row ops `row`; stores `rows` at m (N = 1)."""
+def row_struct(red: Node, row, rows, struct: str, what: str = "Per row", **where) -> tuple[str, list[Member]]:
+    """The per-row functor: acc is the reduction `red`'s value; the per-row ops `row`; stores `rows` at m (N = 1;
+    `where`: functor_struct's `at` and `sizes` for another element, `what` the value a call is, for its comment)."""
     args = EpilogueArgs()
     env = {red.name: var(red.name)}
     body = [f"const float {var(red.name)} = acc;  // {red.origin}"]
     body += chain_lines(row, env, args)
     body += [f"out{i}[at] = {env[v]};" for i, v in enumerate(rows)]
     members = [Member(f"out{i}", "out") for i in range(len(rows))]
-    doc = f"Per row after {red.origin}: " + (" -> ".join(n.origin for n in row) or "its value") + "."
-    return functor_struct(struct, doc, members, args, body), [*members, *args.members]
+    doc = f"{what} after {red.origin}: " + (" -> ".join(n.origin for n in row) or "its value") + "."
+    return functor_struct(struct, doc, members, args, body, **where), [*members, *args.members]
 
 
 def norm_lines(n: Node, env: dict[str, str], args: EpilogueArgs) -> list[str]:

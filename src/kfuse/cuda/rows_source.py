@@ -8,7 +8,8 @@ row norm over a GEMM's features (kfuse/cuda/rowreduce.py).
                         2 the min (NaN propagating, as torch's amax / amin), 3 logsumexp (the max, then the sum of
                         exp(y - max)), 4 the mean and 1 / sqrt(biased variance + eps) (float64 sums, the variance
                         of y - mean: no E[y^2] - E[y]^2 cancellation); st_a (M,) and st_b (M,)
-  kf_rows_kernel        a thread per row: the per-row functor on st_a
+  kf_rows_kernel        a thread per row: the per-row functor on st_a, its per-column operands at m % columns (1 for a
+                        GEMM's rows; C for a convolution's (sample, channel) means: the row's channel)
   kf_rows_apply_kernel  a thread per column and a chunk of rows per block: the full-width functor on y's elements
   kf_pool_kernel        a pool over a row's features (kfuse/cuda/pool.py): each window of k consecutive features
                         (stride k, the last N % k dropped, as torch's floor mode) reduced to its max (NaN
@@ -125,15 +126,15 @@ int kf_row_stats(const float* y, long long M, long long N, double divisor, float
 }
 
 template <class Row>
-__global__ void kf_rows_kernel(long long M, const float* __restrict__ st_a, Row row) {
+__global__ void kf_rows_kernel(long long M, long long columns, const float* __restrict__ st_a, Row row) {
   const long long m = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (m < M) row(row.column(0), m, 0, st_a[m]);
+  if (m < M) row(row.column(m % columns), m, 0, st_a[m]);
 }
 
 template <class Row>
-int kf_rows(long long M, const float* st_a, const Row& row, cudaStream_t stream) {
+int kf_rows(long long M, const float* st_a, const Row& row, cudaStream_t stream, long long columns = 1) {
   if (M == 0) return 0;
-  kf_rows_kernel<Row><<<static_cast<unsigned>((M + 255) / 256), 256, 0, stream>>>(M, st_a, row);
+  kf_rows_kernel<Row><<<static_cast<unsigned>((M + 255) / 256), 256, 0, stream>>>(M, columns, st_a, row);
   return static_cast<int>(cudaGetLastError());
 }
 
