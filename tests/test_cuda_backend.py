@@ -173,16 +173,19 @@ def _balanced(src: str) -> bool:
     return not stack
 
 
+def emitted_constants(source: str) -> dict:
+    """A --backend cuda file's CUDA_SRC, CPP_SRC and CUDA_FUNCTIONS, read without running the file."""
+    return {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(source).body
+            if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
+            and n.targets[0].id in ("CUDA_SRC", "CPP_SRC", "CUDA_FUNCTIONS")}
+
+
 def check_emitted(source: str) -> None:
     tree = ast.parse(source)
     imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert not any("triton" in m for m in imported), imported
-    ns: dict = {}
-    for node in tree.body:  # the module-level constants, without running the file
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in (
-                "CUDA_SRC", "CPP_SRC", "CUDA_FUNCTIONS"):
-            ns[node.targets[0].id] = ast.literal_eval(node.value)
+    ns = emitted_constants(source)
     cu, cpp, functions = ns["CUDA_SRC"], ns["CPP_SRC"], ns["CUDA_FUNCTIONS"]
     assert _balanced(cu) and _balanced(cpp)
     assert "#include <torch" not in cu  # the CUDA file builds without torch's headers
@@ -376,9 +379,7 @@ def cpp_syntax_errors(cpp: str, functions, folder: Path) -> str:
 def test_cpp_glue_compiles_against_torch_headers(tmp_path):
     """The C++ translation unit of one file with a region of every kind, and its bindings."""
     compiled = compile_cuda(write_problem(tmp_path, *EVERY_KIND, name="every_kind"))
-    ns = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(compiled.source).body
-          if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id in
-          ("CPP_SRC", "CUDA_FUNCTIONS")}
+    ns = emitted_constants(compiled.source)
     assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
 
 

@@ -14,7 +14,6 @@ model (the direct tile: float64 rounded once).
 
 from __future__ import annotations
 
-import ast
 import math
 import re
 import shutil
@@ -38,6 +37,7 @@ from test_cuda_backend import (
     _detached,
     check_emitted,
     compile_cuda,
+    emitted_constants,
     region_fns,
     updating_batch_norms,
 )
@@ -133,11 +133,9 @@ def test_a_pool_after_the_convolution_stays_a_torch_call_and_the_conv_is_fused()
     assert any("conv_pool region; its CUDA version is off" in why for why in unfused_reasons(v).values())
 
 
-def _sources(name: str) -> dict:
-    source = compile_cuda(CONV / f"{name}.py").source
-    return {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(source).body
-            if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
-            and n.targets[0].id in ("CUDA_SRC", "CPP_SRC", "CUDA_FUNCTIONS")}
+def sources(path, overrides: dict | None = None) -> dict:
+    """The CUDA and C++ sources and the bound functions of a problem's --backend cuda file (`overrides`: its sizes)."""
+    return emitted_constants(compile_cuda(path, overrides).source)
 
 
 # problems/conv/02 (16 channels: the implicit-GEMM tile's instantiations, the pack) and 05 (depthwise: the direct
@@ -155,7 +153,7 @@ BUILDS = {"02_conv2d_bias_scale": ("kf_conv_fp16x3p_kernelILi3ELi4ELi64E",
 @pytest.mark.parametrize("name", sorted(BUILDS))
 def test_conv_source_compiles_without_spills(tmp_path, arch, name):
     """Each tile's instantiations and the pipeline depths for sm_80 and sm_90."""
-    entries = built_without_spills(_sources(name)["CUDA_SRC"], arch, tmp_path)
+    entries = built_without_spills(sources(CONV / f"{name}.py")["CUDA_SRC"], arch, tmp_path)
     for kernel in BUILDS[name]:
         assert any(kernel in e for e in entries), (kernel, entries)
 
@@ -177,7 +175,7 @@ def built_without_spills(cuda_src: str, arch: str, tmp_path) -> list[str]:
 def test_conv_cpp_glue_compiles_against_torch_headers(tmp_path, name):
     from test_cuda_backend import cpp_syntax_errors
 
-    ns = _sources(name)
+    ns = sources(CONV / f"{name}.py")
     assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
 
 

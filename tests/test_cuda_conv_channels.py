@@ -12,7 +12,6 @@ the accuracy contract on both tiles.
 
 from __future__ import annotations
 
-import ast
 import math
 import shutil
 
@@ -21,7 +20,7 @@ import torch
 
 from kfuse_testing import ROOT, requires_cuda
 from test_cuda_backend import _contract, check_emitted, compile_cuda
-from test_cuda_conv import built_without_spills, torch_in_place_gradients
+from test_cuda_conv import built_without_spills, sources, torch_in_place_gradients
 
 CONV = ROOT / "problems" / "conv"
 # a min over 136 channels (keepdim), a softmax on a batch of one (3-d), a logsumexp of a grouped convolution, two
@@ -29,13 +28,6 @@ CONV = ROOT / "problems" / "conv"
 CHANNEL_FILES = ["40_conv2d_wide_scale_channel_min_tanh", "41_conv3d_batch1_softmax_bias_sigmoid",
                  "42_conv2d_grouped_logsumexp_hardswish_clamp", "43_conv3d_two_branches_channel_max_sum"]
 PACKED = {"in_channels": 24}  # 24 input channels (8 a group in 42): the implicit-GEMM tile
-
-
-def _sources(path, overrides: dict | None = None) -> dict:
-    source = compile_cuda(path, overrides or {}).source
-    return {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(source).body
-            if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
-            and n.targets[0].id in ("CUDA_SRC", "CPP_SRC", "CUDA_FUNCTIONS")}
 
 
 @pytest.mark.parametrize("overrides", [{}, PACKED], ids=["direct", "packed"])
@@ -129,16 +121,13 @@ def test_the_modelled_pass_agrees_with_torch_nan_and_infinities_too(stat, refere
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
-def _reads(name: str, overrides: dict) -> str:
-    return _sources(CONV / f"{name}.py", overrides)["CUDA_SRC"]
-
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
 @pytest.mark.parametrize("arch", ["80", "90"])
 @pytest.mark.parametrize("overrides", [{}, PACKED], ids=["direct", "packed"])
 def test_channel_source_compiles_without_spills(tmp_path, arch, overrides):
     """problems/conv/41 (a softmax: the statistic, then the post functor) on each tile."""
-    entries = built_without_spills(_reads("41_conv3d_batch1_softmax_bias_sigmoid", overrides), arch, tmp_path)
+    source = sources(CONV / "41_conv3d_batch1_softmax_bias_sigmoid.py", overrides)["CUDA_SRC"]
+    entries = built_without_spills(source, arch, tmp_path)
     tile = "kf_conv_fp16x3p_kernel" if overrides else "kf_conv_direct_kernel"
     for kernel in ("kf_channel_reduce_kernelILi3E", tile):
         assert any(kernel in e for e in entries), (kernel, entries)
@@ -149,7 +138,7 @@ def test_channel_source_compiles_without_spills(tmp_path, arch, overrides):
 def test_channel_cpp_glue_compiles_against_torch_headers(tmp_path, name):
     from test_cuda_backend import cpp_syntax_errors
 
-    ns = _sources(CONV / f"{name}.py", PACKED)
+    ns = sources(CONV / f"{name}.py", PACKED)
     assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
 
 

@@ -11,7 +11,6 @@ contract. With a GPU: the problems/conv norm files meet the accuracy contract on
 
 from __future__ import annotations
 
-import ast
 import shutil
 
 import pytest
@@ -19,7 +18,7 @@ import pytest
 from kfuse.cuda.regions import unfused_reasons
 from kfuse_testing import ROOT, requires_cuda
 from test_cuda_backend import _contract, check_emitted, compile_cuda
-from test_cuda_conv import built_without_spills, torch_in_place_gradients
+from test_cuda_conv import built_without_spills, sources, torch_in_place_gradients
 
 CONV = ROOT / "problems" / "conv"
 SWITCH = "KFUSE_CUDA_CONV_NORMS"
@@ -61,19 +60,12 @@ def test_switched_on_the_region_is_one_and_the_file_complete(on, name, overrides
         assert "return kf_conv(g, epi, stream);" in compiled.source
 
 
-def _sources(name: str, overrides: dict) -> dict:
-    source = compile_cuda(CONV / f"{name}.py", overrides).source
-    return {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(source).body
-            if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
-            and n.targets[0].id in ("CUDA_SRC", "CPP_SRC", "CUDA_FUNCTIONS")}
-
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
 @pytest.mark.parametrize("arch", ["80", "90"])
 @pytest.mark.parametrize("overrides", [{}, PACKED], ids=["direct", "packed"])
 def test_norm_source_compiles_without_spills(on, tmp_path, arch, overrides):
     """problems/conv/38 (a transposed convolution, ReLU, GroupNorm, HardSwish) on each tile."""
-    source = _sources("38_conv_transpose3d_relu_groupnorm_hardswish", overrides)["CUDA_SRC"]
+    source = sources(CONV / "38_conv_transpose3d_relu_groupnorm_hardswish.py", overrides)["CUDA_SRC"]
     entries = built_without_spills(source, arch, tmp_path)
     tile = "kf_conv_fp16x3p_kernel" if overrides else "kf_conv_direct_kernel"
     for kernel in ("kf_conv_norm_apply_kernel", "kf_chunk_stats_kernel", "kf_bn_finalize_kernel", tile):
@@ -85,7 +77,7 @@ def test_norm_source_compiles_without_spills(on, tmp_path, arch, overrides):
 def test_norm_cpp_glue_compiles_against_torch_headers(on, tmp_path, name):
     from test_cuda_backend import cpp_syntax_errors
 
-    ns = _sources(name, PACKED)
+    ns = sources(CONV / f"{name}.py", PACKED)
     assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
 
 
@@ -128,7 +120,7 @@ def test_batchnorm_region_is_one_and_the_file_complete(name, overrides):
 @pytest.mark.parametrize("overrides", [{}, PACKED], ids=["own", "packed"])
 def test_batchnorm_source_compiles_without_spills(tmp_path, arch, overrides):
     """problems/conv/33 (a transposed 3-d convolution, BatchNorm3d) on each tile."""
-    source = _sources("33_conv_transpose3d_batchnorm_subtract_mean", overrides)["CUDA_SRC"]
+    source = sources(CONV / "33_conv_transpose3d_batchnorm_subtract_mean.py", overrides)["CUDA_SRC"]
     entries = built_without_spills(source, arch, tmp_path)
     for kernel in ("kf_chunk_stats_kernel", "kf_bn_finalize_kernel", "kf_bn_running_kernel",
                    "kf_conv_norm_apply_kernel"):
@@ -139,7 +131,7 @@ def test_batchnorm_source_compiles_without_spills(tmp_path, arch, overrides):
 def test_batchnorm_cpp_glue_compiles_against_torch_headers(tmp_path):
     from test_cuda_backend import cpp_syntax_errors
 
-    ns = _sources("32_conv2d_batchnorm_scale_odd", PACKED)
+    ns = sources(CONV / "32_conv2d_batchnorm_scale_odd.py", PACKED)
     assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
 
 

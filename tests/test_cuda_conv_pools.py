@@ -13,7 +13,6 @@ contract.
 
 from __future__ import annotations
 
-import ast
 import itertools
 import math
 import shutil
@@ -26,7 +25,7 @@ from kfuse.kernels.conv_geometry import conv_geometry
 from kfuse.kernels.pool_geometry import pool_geometry
 from kfuse_testing import ROOT, requires_cuda
 from test_cuda_backend import _contract, check_emitted, compile_cuda
-from test_cuda_conv import built_without_spills, torch_in_place_gradients
+from test_cuda_conv import built_without_spills, sources, torch_in_place_gradients
 
 CONV = ROOT / "problems" / "conv"
 SWITCH = "KFUSE_CUDA_CONV_POOLS"
@@ -157,22 +156,15 @@ def test_the_modelled_pool_agrees_with_torch(geometry):
             assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6), (count_pad, divisor)
 
 
-def _sources(path, overrides: dict | None = None) -> dict:
-    source = compile_cuda(path, overrides or {}).source
-    return {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(source).body
-            if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
-            and n.targets[0].id in ("CUDA_SRC", "CPP_SRC", "CUDA_FUNCTIONS")}
-
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
 @pytest.mark.parametrize("arch", ["80", "90"])
 def test_pool_source_compiles_without_spills(on, tmp_path, arch):
     """A max pool then a mean of its values (both passes), and problems/conv/45's avg pool on the packed tile."""
-    source = _sources(pool_then_mean_problem(tmp_path))["CUDA_SRC"]
+    source = sources(pool_then_mean_problem(tmp_path))["CUDA_SRC"]
     entries = built_without_spills(source, arch, tmp_path)
     for kernel in ("kf_window_pool_kernelILb1E", "kf_row_stats_kernelILi0E", "kf_rows_kernel"):
         assert any(kernel in e for e in entries), (kernel, entries)
-    avg = _sources(CONV / "45_conv3d_avgpool3d_sigmoid_bias.py", PACKED)["CUDA_SRC"]
+    avg = sources(CONV / "45_conv3d_avgpool3d_sigmoid_bias.py", PACKED)["CUDA_SRC"]
     assert any("kf_window_pool_kernelILb0E" in e for e in built_without_spills(avg, arch, tmp_path))
 
 
@@ -181,7 +173,7 @@ def test_pool_source_compiles_without_spills(on, tmp_path, arch):
 def test_pool_cpp_glue_compiles_against_torch_headers(on, tmp_path, name):
     from test_cuda_backend import cpp_syntax_errors
 
-    ns = _sources(CONV / f"{name}.py", PACKED)
+    ns = sources(CONV / f"{name}.py", PACKED)
     assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
 
 
