@@ -37,11 +37,10 @@ from kfuse.cuda.conv import (
 )
 from kfuse.cuda.epilogue import CudaRegion
 from kfuse.cuda.glue import Member, bound_name, c_param, cpp_arg, cpp_param, inputs, launcher_head
-from kfuse.cuda.norms import NormPlan, _vector, batch_norm_call, norm_plan, output_tensors, post_args, post_struct
+from kfuse.cuda.norms import NormPlan, affine_vector, batch_norm_call, norm_plan, output_tensors, post_args, post_struct
 from kfuse.ir import Graph, Node, Region
 
-GROUP_NORMS = ("group_norm", "instance_norm")  # the kind after a convolution that KFUSE_CUDA_CONV_NORMS switches
-NORMS = (*GROUP_NORMS, "batch_norm")
+NORMS = ("group_norm", "instance_norm", "batch_norm")  # where a region of these kinds is cut (norm_plan)
 SWITCH = "KFUSE_CUDA_CONV_NORMS"  # "0": the GroupNorm / InstanceNorm kind is off (when a file is generated)
 
 
@@ -71,10 +70,10 @@ def group_norm_call(norm: Node) -> ConvNormCall:
     """GroupNorm, or InstanceNorm as one channel a group (groups None)."""
     if norm.op == "group_norm":
         _x, groups, w, b, eps = norm.args
-        values = (f"int({groups.expr()})", _vector(w), _vector(b), f"float({eps.expr()})")
+        values = (f"int({groups.expr()})", affine_vector(w), affine_vector(b), f"float({eps.expr()})")
     else:
         _x, w, b, eps = norm.args
-        values = ("None", _vector(w), _vector(b), f"float({eps.expr()})")
+        values = ("None", affine_vector(w), affine_vector(b), f"float({eps.expr()})")
     lines = ["norm_g = geo.out_shape[1] if norm_groups is None else norm_groups  # InstanceNorm: one channel a group"]
     if norm.op == "instance_norm":  # torch's F.instance_norm check
         lines += ["if torch.Size(geo.out_shape[2:]).numel() == 1:",

@@ -103,7 +103,7 @@ class NormCall:
     values: tuple[str, ...]  # what the Function's launch passes for py_params
 
 
-def _vector(p) -> str:
+def affine_vector(p) -> str:
     """An optional affine vector for the C++ side: the tensor, or an empty one (nullptr) where absent."""
     return f"as_vector({p.expr()})" if isinstance(p, Param) else "x.new_empty(0)"
 
@@ -123,7 +123,7 @@ def group_norm_call(norm: Node) -> NormCall:
         py_lines=(),
         py_args=("groups", "gamma", "beta", "eps"),
         py_after=(),
-        values=(f"int({groups.expr()})", _vector(w), _vector(b), f"float({eps.expr()})"),
+        values=(f"int({groups.expr()})", affine_vector(w), affine_vector(b), f"float({eps.expr()})"),
     )
 
 
