@@ -118,27 +118,25 @@ def test_cuda_spellings_compute_what_torch_computes(tmp_path):
 # ---- partition ---------------------------------------------------------------------------------------------------
 # a product of two values (no weight parameter to cache a split of) and an op after it
 TWO_VALUES = ("self.fc = nn.Linear(in_features, in_features)", "return torch.relu(torch.matmul(self.fc(x), x.t()))")
-# a batch of products (no CUDA kind takes it)
-BATCHED = ("self.fc = nn.Linear(in_features, in_features)",
-           "h = self.fc(x).view(1, x.shape[0], -1)\nreturn torch.relu(torch.bmm(h, h.transpose(1, 2)))")
+# F.linear with a value for its weight: the Triton kind takes it, no CUDA kind does
+LINEAR_OF_VALUES = ("self.fc = nn.Linear(in_features, in_features)", "return torch.relu(F.linear(self.fc(x), x))")
 
 
 def test_cuda_partition_fuses_what_triton_fuses_and_says_why_the_rest_is_torch(tmp_path):
-    """A row reduction after the GEMM (logsumexp) is fused with the ops around it, as the Triton backend fuses it; a
-    batch of products stays a torch call with the ops after it, each with the reason; a pool after a convolution
-    stays one by default (its CUDA version is off; tests/test_cuda_conv.py: the convolution's own)."""
+    """A row reduction after the GEMM (logsumexp) is fused with the ops around it, as the Triton backend fuses it;
+    F.linear of two values stays a torch call with the ops after it, each with the reason; a pool after a convolution
+    is in the convolution's region (tests/test_cuda_conv_pools.py: switched off, a torch call with its reason)."""
     prob = load_problem(GEMM / "06_matmul_scale_residual_clamp_logsumexp_mish.py", {})
     (v,) = variants(capture_problem(prob, "cpu"), KINDS)
     assert [r.kind for r in v.regions if r.fused] == ["gemm_rowreduce"] and not v.unfused
-    two = write_problem(tmp_path, *BATCHED, name="batched")
+    two = write_problem(tmp_path, *LINEAR_OF_VALUES, name="linear_of_values")
     (v,) = variants(capture_problem(load_problem(two, {}), "cpu"), KINDS)
     reasons = unfused_reasons(v)
     assert set(reasons) == set(v.unfused) and v.unfused
     assert any("fuses only a Linear or x @ W with a 2-d weight parameter" in why for why in reasons.values()), reasons
     conv = ROOT / "problems" / "conv" / "45_conv3d_avgpool3d_sigmoid_bias.py"
     (v,) = variants(capture_problem(load_problem(conv, {}), "cpu"), KINDS)
-    assert any("conv_pool" in why and "CUDA version is off" in why for why in unfused_reasons(v).values()), \
-        unfused_reasons(v)
+    assert [r.kind for r in v.regions if r.fused] == ["conv_pool"] and not v.unfused
 
 
 def test_cuda_partition_fuses_the_seeds_norms():
@@ -253,11 +251,11 @@ def test_emitted_file_imports_and_builds_modelnew_on_the_cpu(tmp_path):
 
 
 def test_header_names_the_unfused_ops_and_why(tmp_path):
-    """A batch of products: the Linear before it fused, the product and the op after it left with reasons."""
-    path = write_problem(tmp_path, *BATCHED, name="batched")
+    """F.linear of two values: the Linear before it fused, the product and the op after it left with reasons."""
+    path = write_problem(tmp_path, *LINEAR_OF_VALUES, name="linear_of_values")
     head = compile_cuda(path).source.split("\n\n")[0].replace("\n#     ", " ")
     assert "gemm_epilogue: nn.Linear fc" in head
-    assert "torch.bmm (--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter" in head
+    assert "torch._C._nn.linear (--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter" in head
     assert "torch.relu (--backend triton fuses it in a gemm_epilogue region, whose GEMM --backend cuda does not" in head
 
 

@@ -1,7 +1,7 @@
 """`--backend cuda`'s pool after a convolution (kfuse/cuda/conv_pools.py, conv_pools_source.py): convolution -> ops ->
 a windowed pool -> ops (-> a global mean of its values -> ops), or convolution -> ops -> a global mean -> ops, as the
 convolution's launches storing the pool's input, then kf_window_pool (a thread a pooled value) and the mean's
-kf_row_stats<0> and kf_rows. Off unless KFUSE_CUDA_CONV_POOLS=1 (compiled and checked here, on no GPU yet).
+kf_row_stats<0> and kf_rows. On unless KFUSE_CUDA_CONV_POOLS=0 (verified on an H200: gpu_sm90.sh OUT convpools).
 
 Without a GPU: the switch decides the partition and the reason given for the torch call; switched on, each file is
 one region and complete on both convolution tiles; the pool kernel's arithmetic, modelled in torch, agrees with
@@ -37,7 +37,12 @@ PACKED = {"in_channels": 16}  # 16 input channels: the implicit-GEMM tile
 
 @pytest.fixture
 def on(monkeypatch):
-    monkeypatch.setenv(SWITCH, "1")
+    monkeypatch.delenv(SWITCH, raising=False)  # on by default
+
+
+@pytest.fixture
+def off(monkeypatch):
+    monkeypatch.setenv(SWITCH, "0")
 
 
 def pool_then_mean_problem(tmp_path):
@@ -69,11 +74,11 @@ def get_init_inputs():
 
 
 @pytest.mark.parametrize("name", POOL_FILES)
-def test_off_by_default_the_pool_stays_a_torch_call_with_the_reason(name):
+def test_switched_off_the_pool_stays_a_torch_call_with_the_reason(off, name):
     (v,) = compile_cuda(CONV / f"{name}.py").variants
     assert [r.kind for r in v.regions if r.fused] == ["conv_epilogue"]
     reasons = list(unfused_reasons(v).values())
-    assert reasons and all(f"its CUDA version is off unless {SWITCH}=1" in why for why in reasons), reasons
+    assert reasons and all(f"its CUDA version is off ({SWITCH}=0)" in why for why in reasons), reasons
 
 
 @pytest.mark.parametrize("overrides", [{}, PACKED], ids=["own", "packed"])

@@ -43,8 +43,13 @@ def _weight_expr(region: Region) -> str:
 
 
 def is_product(region: Region) -> bool:
-    """A product of two values (`x @ y`, y a 2-d value): y is the launcher's and the Function's second input."""
+    """A product of two values (`x @ y`, y a value): y is the launcher's and the Function's second input."""
     return isinstance(region.anchor.args[1], str)
+
+
+def is_batched(region: Region) -> bool:
+    """A batched product x[..., M, K] @ y[..., K, N], the same leading dims: one launch of all the products."""
+    return bool(region.anchor.attrs.get("batched"))
 
 
 def launcher_source(region: Region, g: Graph, stem: str, members: list) -> str:
@@ -61,10 +66,15 @@ def launcher_source(region: Region, g: Graph, stem: str, members: list) -> str:
            f"(the GEMM tile with the epilogue struct Epi_{stem}). {gemm_cost(region, g)} save_z: also return z = "
            + ("x @ y (kept for backward); y is split on every call (a value: nothing to cache)." if product else
               "x W^T + b (kept for backward)."))
+    if is_batched(region):
+        operands = ["ops, scheme = batched_gemm_operands(ext, x, y, GEMM_SCHEME)"]
+    else:
+        operands = ["x2 = x.reshape(-1, x.shape[-1])",
+                    f"ops, scheme = gemm_operands(ext, x2, {second}, {kn}, GEMM_SCHEME"
+                    f"{', cached=False' if product else ''})"]
     body = ["ext = cuda_module()",
             "lead = x.shape[:-1]",
-            "x2 = x.reshape(-1, x.shape[-1])",
-            f"ops, scheme = gemm_operands(ext, x2, {second}, {kn}, GEMM_SCHEME{', cached=False' if product else ''})",
+            *operands,
             f"got = ext.{bound_name(stem)}(*ops, scheme, {''.join(n + ', ' for n in names)}save_z)",
             "outs = [o.reshape(*lead, o.shape[-1]).to(x.dtype) for o in got]",
             "if save_z:",
@@ -146,7 +156,7 @@ def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaR
         operands = [x]
     struct = f"Epi_{stem}"
     struct_src, members = epilogue_struct(region, struct)
-    cu, cpp = region_sources(stem, struct, members)
+    cu, cpp = region_sources(stem, struct, members, is_batched(region))
     cls = class_name(stem, classes)
     values = [m.value for m in members if m.kind not in ("out", "z")]
     python = launcher_source(region, g, stem, members) + "\n\n" + function_source(region, stem, cls, values)
@@ -154,18 +164,20 @@ def region_code(region: Region, g: Graph, stem: str, classes: set[str]) -> CudaR
     return CudaRegion(bound_name(stem), struct_src + "\n" + cu, cpp, python, forward)
 
 
-def region_sources(stem: str, struct: str, members: list[Member]) -> tuple[str, str]:
+def region_sources(stem: str, struct: str, members: list[Member], batched: bool = False) -> tuple[str, str]:
     """The CUDA launcher `kf_launch_<stem>` running the GEMM with epilogue `struct`, and the C++ function
     `kf_<stem>` (bound to Python) that checks the tensors, allocates the outputs (and z when store_z) and calls
-    it; returns [out0, out1, ..., z if store_z]."""
+    it; returns [out0, out1, ..., z if store_z], each (batch x M, N) (`batched`: the operands of a batched
+    product)."""
     outs = [m for m in members if m.kind == "out"]
     launch = ["const KfGemmArgs& g", *[c_param(m) for m in members], "cudaStream_t stream"]
     sets = "\n".join(f"  epi.{m.name} = {m.name};" for m in members)
     cu = (f"{launcher_head(stem, launch)} {{\n  {struct} epi;\n{sets}\n  epi.N = g.N;\n"
           "  return kf_gemm(g, epi, stream);\n}\n")
-    lines = bound_opening(stem, launch, [cpp_param(m) for m in inputs(members)])
-    lines += [f"  torch::Tensor {m.name} = torch::empty({{g.M, g.N}}, options);" for m in outs]
-    lines.append("  torch::Tensor z = store_z ? torch::empty({g.M, g.N}, options) : torch::Tensor();")
+    lines = bound_opening(stem, launch, [cpp_param(m) for m in inputs(members)], batched=batched)
+    rows = "g.batch * g.M" if batched else "g.M"
+    lines += [f"  torch::Tensor {m.name} = torch::empty({{{rows}, g.N}}, options);" for m in outs]
+    lines.append(f"  torch::Tensor z = store_z ? torch::empty({{{rows}, g.N}}, options) : torch::Tensor();")
     args = [f"{m.name}.data_ptr<float>()" if m.kind == "out" else "store_z ? z.data_ptr<float>() : nullptr"
             if m.kind == "z" else cpp_arg(m) for m in members]
     return cu, "\n".join(lines + launch_and_return(stem, args, [m.name for m in outs])) + "\n"

@@ -54,7 +54,9 @@ COMMON = r"""
 
 // The operands of one GEMM out = a @ b^T: scheme 0 (fp16x3p): a (M, 2K) and b (N, 2K) = [hi | lo], the fp16 parts
 // of x and W (kf_split_rows) with per-row power-of-two scales, K = CP a multiple of KF_PAD_K; schemes 1 and 2 (fp64
-// sums): a (M, K) and b (N, K) fp32, the scales unused. All row-major and contiguous.
+// sums): a (M, K) and b (N, K) fp32, the scales unused. All row-major and contiguous. `batch` independent products
+// (a batched product x @ y): a holds batch x M rows and b batch x N rows, product p's rows after p's predecessors'
+// (its scales likewise), and out's rows p M .. p M + M - 1 are product p's (the epilogue sees those row numbers).
 struct KfGemmArgs {
   int scheme;
   long long M, N, K;
@@ -62,6 +64,7 @@ struct KfGemmArgs {
   const float* a_scale;
   const void* b;
   const float* b_scale;
+  long long batch = 1;
 };
 
 int kf_split_rows(const float* x, long long stride_r, long long stride_c, long long R, long long C, long long CP,
@@ -289,10 +292,17 @@ __global__ void __launch_bounds__(KF_THREADS) kf_gemm_fp16x3p_kernel(
   extern __shared__ __align__(128) unsigned char kf_smem[];
   __half* smem = reinterpret_cast<__half*>(kf_smem);
 
-  // grouped tile order (as the Triton tile's _tile_ids)
+  // grouped tile order (as the Triton tile's _tile_ids) within a product; a batch's products one after another
   const int tiles_m = (M + KF_BM - 1) / KF_BM, tiles_n = (N + KF_BN - 1) / KF_BN;
+  const long long product = blockIdx.x / (tiles_m * tiles_n);
+  const int pid = blockIdx.x % (tiles_m * tiles_n);
+  a_hi += product * M * 2 * K;
+  a_lo += product * M * 2 * K;
+  a_scale += product * M;
+  b_hi += product * N * 2 * K;
+  b_lo += product * N * 2 * K;
+  b_scale += product * N;
   const int width = KF_GROUP_M * tiles_n;
-  const int pid = blockIdx.x;
   const int first_m = (pid / width) * KF_GROUP_M;
   const int group_m = min(tiles_m - first_m, KF_GROUP_M);
   const int pid_m = first_m + (pid % width) % group_m;
@@ -342,7 +352,7 @@ __global__ void __launch_bounds__(KF_THREADS) kf_gemm_fp16x3p_kernel(
     const int m0 = row0 + wm * KF_WM;
     for (int r = 0; r < KF_WM && m0 + r < M; ++r) {
       const int m = m0 + r;
-      epi(col, m, n, tile[r * KF_WN + lane] * kf_pow2_inv(a_scale[m]) * inv_b);
+      epi(col, product * M + m, n, tile[r * KF_WN + lane] * kf_pow2_inv(a_scale[m]) * inv_b);
     }
   }
 }
@@ -358,8 +368,12 @@ __global__ void __launch_bounds__(256) kf_gemm_cuda_core_kernel(const float* __r
                                                                 long long K, Epi epi) {
   __shared__ double as[KF_CK][KF_CB + 1];  // + 1: the staging stores (k fastest) hit distinct banks
   __shared__ double bs[KF_CK][KF_CB + 1];
-  const int tiles_n = (N + KF_CB - 1) / KF_CB;
-  const int row0 = (blockIdx.x / tiles_n) * KF_CB, col0 = (blockIdx.x % tiles_n) * KF_CB;
+  const int tiles_n = (N + KF_CB - 1) / KF_CB, tiles = (M + KF_CB - 1) / KF_CB * tiles_n;
+  const long long product = blockIdx.x / tiles;  // a batch's products one after another (KfGemmArgs)
+  const int tile = blockIdx.x % tiles;
+  const int row0 = (tile / tiles_n) * KF_CB, col0 = (tile % tiles_n) * KF_CB;
+  a += product * M * K;
+  b += product * N * K;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   double acc[4][4];
 #pragma unroll
@@ -397,7 +411,7 @@ __global__ void __launch_bounds__(256) kf_gemm_cuda_core_kernel(const float* __r
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int m = row0 + ty + 16 * i;
-      if (m < M) epi(col, m, n, static_cast<float>(acc[i][j]));
+      if (m < M) epi(col, product * M + m, n, static_cast<float>(acc[i][j]));
     }
   }
 }
@@ -421,7 +435,11 @@ __global__ void __launch_bounds__(KF_GV_THREADS) kf_gemv_kernel(const float* __r
                                                                 long long K, int KC, Epi epi) {
   extern __shared__ __align__(16) float kf_xs[];  // MT x KC: x[:, k0:k0 + KC], rows M..MT-1 zero
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n0 = (blockIdx.x * KF_GV_WARPS + warp) * KF_GV_R;
+  const int blocks = (N + KF_GV_WARPS * KF_GV_R - 1) / (KF_GV_WARPS * KF_GV_R);
+  const long long product = blockIdx.x / blocks;  // a batch's products one after another (KfGemmArgs)
+  x += product * M * K;
+  w += product * N * K;
+  const int n0 = (blockIdx.x % blocks * KF_GV_WARPS + warp) * KF_GV_R;
   const float* wr[KF_GV_R];
 #pragma unroll
   for (int r = 0; r < KF_GV_R; ++r) wr[r] = w + (long long)min(n0 + r, N - 1) * K;  // past N: never stored
@@ -489,7 +507,8 @@ __global__ void __launch_bounds__(KF_GV_THREADS) kf_gemv_kernel(const float* __r
 #pragma unroll
     for (int r = 0; r < KF_GV_R; ++r) {
       const int n = n0 + r;
-      if (lane == (m * KF_GV_R + r) % 32 && m < M && n < N) epi(epi.column(n), m, n, static_cast<float>(acc[m][r]));
+      if (lane == (m * KF_GV_R + r) % 32 && m < M && n < N)
+        epi(epi.column(n), product * M + m, n, static_cast<float>(acc[m][r]));
     }
 }
 
@@ -499,7 +518,7 @@ cudaError_t kf_launch_fp16x3p(const KfGemmArgs& g, const Epi& epi, cudaStream_t 
   const size_t smem = kf_smem_bytes(STAGES);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
-  const long long tiles = ((g.M + KF_BM - 1) / KF_BM) * ((g.N + KF_BN - 1) / KF_BN);
+  const long long tiles = ((g.M + KF_BM - 1) / KF_BM) * ((g.N + KF_BN - 1) / KF_BN) * g.batch;
   const __half* a = static_cast<const __half*>(g.a);  // [hi | lo]
   const __half* b = static_cast<const __half*>(g.b);
   kernel<<<(unsigned)tiles, KF_THREADS, smem, stream>>>(a, a + g.K, g.a_scale, b, b + g.K, g.b_scale, (int)g.M,
@@ -509,7 +528,7 @@ cudaError_t kf_launch_fp16x3p(const KfGemmArgs& g, const Epi& epi, cudaStream_t 
 
 template <class Epi>
 cudaError_t kf_launch_cuda_core(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
-  const long long tiles = ((g.M + KF_CB - 1) / KF_CB) * ((g.N + KF_CB - 1) / KF_CB);
+  const long long tiles = ((g.M + KF_CB - 1) / KF_CB) * ((g.N + KF_CB - 1) / KF_CB) * g.batch;
   kf_gemm_cuda_core_kernel<Epi><<<(unsigned)tiles, 256, 0, stream>>>(
       static_cast<const float*>(g.a), static_cast<const float*>(g.b), (int)g.M, (int)g.N, g.K, epi);
   return cudaGetLastError();
@@ -527,7 +546,7 @@ template <int MT, int VEC, class Epi>
 cudaError_t kf_launch_gemv_t(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
   const long long kc = kf_gemv_chunk(MT, VEC, g.K);
   const long long rows = (long long)KF_GV_WARPS * KF_GV_R;
-  kf_gemv_kernel<MT, VEC, Epi><<<(unsigned)((g.N + rows - 1) / rows), KF_GV_THREADS, MT * kc * sizeof(float),
+  kf_gemv_kernel<MT, VEC, Epi><<<(unsigned)((g.N + rows - 1) / rows * g.batch), KF_GV_THREADS, MT * kc * sizeof(float),
                                  stream>>>(static_cast<const float*>(g.a), static_cast<const float*>(g.b), (int)g.M,
                                            (int)g.N, g.K, (int)kc, epi);
   return cudaGetLastError();
@@ -549,12 +568,12 @@ cudaError_t kf_launch_gemv(const KfGemmArgs& g, const Epi& epi, cudaStream_t str
 
 GEMM_SM90_SOURCE
 
-// The GEMM of `g` with epilogue `epi` on `stream`. fp16x3p: the Hopper kernel where it was built (KF_SM90) and the
-// GPU is sm_90; else the WMMA tile with 3 pipeline stages where the GPU lets a block have their shared memory
-// (sm_80, sm_90: 120 KiB), else 2 (80 KiB).
+// The GEMM of `g` with epilogue `epi` on `stream`. fp16x3p: the Hopper kernel where it was built (KF_SM90), the
+// GPU is sm_90 and there is one product (it has no batch); else the WMMA tile with 3 pipeline stages where the GPU
+// lets a block have their shared memory (sm_80, sm_90: 120 KiB), else 2 (80 KiB).
 template <class Epi>
 int kf_gemm(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
-  if (g.M == 0 || g.N == 0) return 0;
+  if (g.M == 0 || g.N == 0 || g.batch == 0) return 0;
   if (g.scheme != 0 && g.M <= KF_GEMV_M) return (int)kf_launch_gemv(g, epi, stream);
   if (g.scheme != 0) return (int)kf_launch_cuda_core(g, epi, stream);
   int dev = 0, optin = 0, major = 0;
@@ -563,7 +582,7 @@ int kf_gemm(const KfGemmArgs& g, const Epi& epi, cudaStream_t stream) {
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (err != cudaSuccess) return (int)err;
 #if defined(KF_SM90)
-  if (major == 9) return (int)kf_launch_sm90(g, epi, stream);
+  if (major == 9 && g.batch == 1) return (int)kf_launch_sm90(g, epi, stream);
 #endif
   if ((size_t)optin >= kf_smem_bytes(3)) return (int)kf_launch_fp16x3p<3>(g, epi, stream);
   return (int)kf_launch_fp16x3p<2>(g, epi, stream);

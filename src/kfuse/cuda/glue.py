@@ -65,26 +65,31 @@ std::vector<torch::Tensor> split_rows(torch::Tensor x) {
   return {parts, scale};
 }
 
-// The GEMM operands as the Python launcher passes them (runtime.gemm_operands), checked.
+// The GEMM operands as the Python launcher passes them (runtime.gemm_operands), checked; `batched`: a batched
+// product's (runtime.batched_gemm_operands), a (B, M, .) and b (B, N, .) with scales (B, M) and (B, N).
 static KfGemmArgs kf_gemm_args(const torch::Tensor& a, const torch::Tensor& a_scale, const torch::Tensor& b,
-                               const torch::Tensor& b_scale, int64_t scheme) {
+                               const torch::Tensor& b_scale, int64_t scheme, bool batched = false) {
   TORCH_CHECK(scheme >= 0 && scheme <= 2, "kfuse: unknown GEMM scheme ", scheme);
   const bool split = scheme == 0;
   const auto dtype = split ? torch::kFloat16 : torch::kFloat32;
-  kf_expect(a, "x", dtype, 2, a);
-  kf_expect(b, "the weight", dtype, 2, a);
-  TORCH_CHECK(a.size(1) == b.size(1), "kfuse: GEMM operands disagree on K: ", a.size(1), " and ", b.size(1));
-  TORCH_CHECK(a.size(0) <= KF_INT_MAX && b.size(0) <= KF_INT_MAX, "kfuse: GEMM too large for int row indices");
-  KfGemmArgs g{static_cast<int>(scheme), a.size(0), b.size(0), a.size(1), a.data_ptr(), nullptr, b.data_ptr(),
-               nullptr};
+  const int64_t dim = batched ? 3 : 2;
+  kf_expect(a, "x", dtype, dim, a);
+  kf_expect(b, "the weight", dtype, dim, a);
+  const int64_t batch = batched ? a.size(0) : 1;
+  TORCH_CHECK(!batched || b.size(0) == batch, "kfuse: a batched product's operands disagree on the batch: ",
+              a.size(0), " and ", b.size(0));
+  const int64_t M = a.size(-2), N = b.size(-2), K = a.size(-1);
+  TORCH_CHECK(b.size(-1) == K, "kfuse: GEMM operands disagree on K: ", K, " and ", b.size(-1));
+  TORCH_CHECK(M <= KF_INT_MAX && N <= KF_INT_MAX, "kfuse: GEMM too large for int row indices");
+  KfGemmArgs g{static_cast<int>(scheme), M, N, K, a.data_ptr(), nullptr, b.data_ptr(), nullptr, batch};
   if (split) {  // [hi | lo], CP columns each (split_rows)
-    TORCH_CHECK(a.size(1) % (2 * KF_PAD_K) == 0, "kfuse: split operands must be two segments padded to ",
-                KF_PAD_K, " columns");
-    kf_expect(a_scale, "x's row scales", torch::kFloat32, 1, a);
-    kf_expect(b_scale, "the weight's row scales", torch::kFloat32, 1, a);
-    TORCH_CHECK(a_scale.size(0) == a.size(0) && b_scale.size(0) == b.size(0),
+    TORCH_CHECK(K % (2 * KF_PAD_K) == 0, "kfuse: split operands must be two segments padded to ", KF_PAD_K,
+                " columns");
+    kf_expect(a_scale, "x's row scales", torch::kFloat32, dim - 1, a);
+    kf_expect(b_scale, "the weight's row scales", torch::kFloat32, dim - 1, a);
+    TORCH_CHECK(a_scale.numel() == batch * M && b_scale.numel() == batch * N,
                 "kfuse: split parts and their scales of different lengths");
-    g.K = a.size(1) / 2;
+    g.K = K / 2;
     g.a_scale = a_scale.data_ptr<float>();
     g.b_scale = b_scale.data_ptr<float>();
   }
@@ -194,12 +199,13 @@ GEMM_OPERANDS = ("torch::Tensor a", "torch::Tensor a_scale", "torch::Tensor b", 
                  "int64_t scheme")  # a GEMM region's bound function takes these first (runtime.gemm_operands)
 
 
-def bound_opening(stem: str, launch: list[str], params: list[str], checks=()) -> list[str]:
+def bound_opening(stem: str, launch: list[str], params: list[str], checks=(), batched: bool = False) -> list[str]:
     """The start of a GEMM region's bound C++ function: the CUDA launcher's declaration (its parameters `launch`),
-    the signature (the GEMM's operands, `params`, store_z), the operands checked, the device guard, `checks`."""
+    the signature (the GEMM's operands, `params`, store_z), the operands checked (`batched`: a batched product's),
+    the device guard, `checks`."""
     return [launcher_head(stem, launch) + ";", "",
             f"std::vector<torch::Tensor> {bound_name(stem)}({', '.join([*GEMM_OPERANDS, *params, 'bool store_z'])}) {{",
-            "  const KfGemmArgs g = kf_gemm_args(a, a_scale, b, b_scale, scheme);",
+            f"  const KfGemmArgs g = kf_gemm_args(a, a_scale, b, b_scale, scheme{', true' if batched else ''});",
             "  const c10::cuda::CUDAGuard guard(a.device());",
             "  const auto options = a.options().dtype(torch::kFloat32);",
             *[f"  {c}" for c in checks]]

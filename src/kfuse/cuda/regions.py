@@ -3,10 +3,11 @@
 The backend's kinds are the registry's GEMM kinds (`family == "gemm"`), each made a CUDA twin by a mixin found by
 the ops it takes a region over at (`at_ops`): the twin admits what the registry's kind admits where the CUDA code
 can run it, and its `cuda_code` writes the region's code:
-  the plain epilogue   nn.Linear / F.linear / `x @ W` with W a 2-d parameter (not batched products) and the
-                       pointwise chain after it (kfuse/cuda/epilogue.py), and `x @ y` of two values, y 2-d (split
-                       on every call: nothing to cache; KFUSE_CUDA_PRODUCTS=0 leaves them to torch) unless K >=
-                       LONG_K (no split-K in CUDA: long_k).
+  the plain epilogue   nn.Linear / F.linear / `x @ W` with W a 2-d parameter and the pointwise chain after it
+                       (kfuse/cuda/epilogue.py), and `x @ y` of two values, y 2-d or a batch of products (bmm,
+                       x[..., M, K] @ y[..., K, N] with the same leading dims: one launch), split on every call
+                       (nothing to cache; KFUSE_CUDA_PRODUCTS=0 leaves them to torch) unless K >= LONG_K (no split-K
+                       in CUDA: long_k).
                        (the other kinds take over only a weight GEMM's walk: their CUDA code reads W)
   the row sum          the sum or mean over a GEMM's features rewritten to a GEMV (rewrite.py), W a 2-d parameter,
                        and the per-row ops after it (kfuse/cuda/rowsum.py)
@@ -25,7 +26,7 @@ can run it, and its `cuda_code` writes the region's code:
   over the channels     a reduction or softmax over a convolution's channels, its ops before and after
                         (kfuse/cuda/conv_channels.py)
   a pool after a conv   a windowed pool or global mean after a convolution, its ops and a mean of the pooled
-                        values (kfuse/cuda/conv_pools.py), when KFUSE_CUDA_CONV_POOLS=1
+                        values (kfuse/cuda/conv_pools.py), unless KFUSE_CUDA_CONV_POOLS=0
 The kinds that launch nothing of kfuse's (host values and views, torch calls) are the registry's own. Kinds are
 found in the registry by what they are, never by name (tests/unit/test_region_kinds.py).
 """
@@ -72,10 +73,9 @@ def weight_gemm(n: Node, g: Graph) -> bool:
 
 
 def value_product(n: Node, g: Graph) -> bool:
-    """`x @ y` of two values, y 2-d, no batch of products and K short of LONG_K (x may have leading dimensions:
-    EPILOGUE.starts checks both shapes)."""
-    return (EPILOGUE.starts(n, g) and n.op == "matmul" and not n.attrs.get("batched") and isinstance(n.args[1], str)
-            and not long_k(n, g))
+    """`x @ y` of two values, y 2-d or a batch of products (EPILOGUE.starts checks the shapes: x may have leading
+    dimensions, a batch's are the same on both sides), K short of LONG_K."""
+    return EPILOGUE.starts(n, g) and n.op == "matmul" and isinstance(n.args[1], str) and not long_k(n, g)
 
 
 def products_on() -> bool:
@@ -168,7 +168,7 @@ class ConvBatchNorm:
 
 
 class ConvPool:
-    """A pool after a convolution (kfuse/cuda/conv_pools.py), when KFUSE_CUDA_CONV_POOLS=1."""
+    """A pool after a convolution (kfuse/cuda/conv_pools.py), unless KFUSE_CUDA_CONV_POOLS=0."""
 
     cuda_code = staticmethod(conv_pools.region_code)
 
@@ -203,7 +203,7 @@ KINDS: tuple[RegionKind, ...] = (*FUSED, *[k for k in REGISTRY if not k.fused])
 FUSED_KINDS = tuple(k.name for k in FUSED)
 
 
-PRODUCTS_NOTE = f" (or x @ y of two values: not with {PRODUCTS_SWITCH}=0)"
+PRODUCTS_NOTE = f" (or x @ y of two values, batched too: not with {PRODUCTS_SWITCH}=0)"
 
 
 def unfused_reasons(v: Variant) -> dict[str, str]:
@@ -228,9 +228,8 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
                        f"(--backend triton: {kind})")
             elif kind == CONV_NORM.name:  # its CUDA version is off (or the convolution left it)
                 why = f"--backend triton fuses it in a {kind} region; its CUDA version is off ({conv_norms.SWITCH}=0)"
-            elif kind == CONV_POOL.name:  # its CUDA version is off
-                why = (f"--backend triton fuses it in a {kind} region; its CUDA version is off unless "
-                       f"{conv_pools.SWITCH}=1 (compiled, not yet run on a GPU)")
+            elif kind == CONV_POOL.name:  # its CUDA version is off (or the convolution left it)
+                why = f"--backend triton fuses it in a {kind} region; its CUDA version is off ({conv_pools.SWITCH}=0)"
             elif kind in FUSED_KINDS:  # the kind has a CUDA version, but not for this region's GEMM
                 why = (f"--backend triton fuses it in a {kind} region, whose GEMM --backend cuda does not take (not a "
                        f"Linear or x @ W with a 2-d weight parameter)")

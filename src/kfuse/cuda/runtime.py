@@ -206,6 +206,26 @@ def gemm_operands(ext, x2: torch.Tensor, weight: torch.Tensor, kn: bool, scheme:
     return (a, a, b, b), SCHEME_IDS[scheme]
 
 
+def batched_gemm_operands(ext, x: torch.Tensor, y: torch.Tensor, scheme: str) -> tuple:
+    """((a, a_scale, b, b_scale), scheme id) for the B products x[..., M, K] @ y[..., K, N] (the same leading dims,
+    B their count) in one launch: a (B, M, .) and b (B, N, .), y's rows being its columns (its (N, K) transpose,
+    copied), split as gemm_operands splits two values (scales (B, M) and (B, N)) or fp32 for the double-sum
+    kernels: the GEMV where a product has at most SKINNY_M rows, the CUDA-core tile for at most CUDA_CORE_MNK
+    multiply-adds in all."""
+    M, K, N = x.shape[-2], x.shape[-1], y.shape[-1]
+    x3 = x.float().reshape(-1, M, K)
+    b3 = y.detach().float().reshape(-1, K, N).transpose(1, 2)  # (B, N, K)
+    B = x3.shape[0]
+    if M <= SKINNY_M or B * M * N * K <= CUDA_CORE_MNK:
+        scheme = "fp64"
+    if scheme == "fp16x3p":
+        a, a_scale = ext.split_rows(x3.reshape(B * M, K))
+        b, b_scale = ext.split_rows(b3.reshape(B * N, K))
+        return (a.view(B, M, -1), a_scale.view(B, M), b.view(B, N, -1), b_scale.view(B, N)), SCHEME_IDS[scheme]
+    a, b = x3.contiguous(), b3.contiguous()
+    return (a, a, b, b), SCHEME_IDS[scheme]
+
+
 def as_vector(t: torch.Tensor) -> torch.Tensor:
     """A parameter as the contiguous fp32 vector the epilogues index by column."""
     if t is None:
@@ -329,10 +349,11 @@ class CudaGemmFn(CudaRegionFn):
 
 
 class CudaProductFn(CudaGemmFn):
-    """Autograd for one fused region z = x @ y of two values (y 2-d, (K, N)) followed by its epilogue. Subclasses
-    (one per region, generated) define launch(model, x, y, save_z=False), params(model), state(model) and
-    epilogue(model, fwd_state, cast, z) as for CudaGemmFn; y is an input, so there is no gemm(model). Backward: the
-    epilogue in float64 from z, then dX = dZ y^T and dY = X^T dZ as fp32 torch matmuls (TF32 off)."""
+    """Autograd for one fused region z = x @ y of two values (y 2-d, (K, N), or a batch of products: y (..., K, N)
+    with x's leading dims) followed by its epilogue. Subclasses (one per region, generated) define launch(model, x,
+    y, save_z=False), params(model), state(model) and epilogue(model, fwd_state, cast, z) as for CudaGemmFn; y is an
+    input, so there is no gemm(model). Backward: the epilogue in float64 from z, then dX = dZ y^T and dY = X^T dZ
+    (per product) as fp32 torch matmuls (TF32 off)."""
 
     @staticmethod
     def forward(ctx, cls, model, x, y, *params):
@@ -349,16 +370,18 @@ class CudaProductFn(CudaGemmFn):
         params = list(distinct_tensors(*cls.params(model)))
         need_x, need_y, need = ctx.needs_input_grad[2], ctx.needs_input_grad[3], list(ctx.needs_input_grad[4:])
         dz, epi = cls.epilogue_grads(model, ctx.fwd_state, z, grads, params, need)
-        dz32 = dz.reshape(-1, dz.shape[-1]).to(x.dtype)  # rounded once, as eager's dZ is
-        x2 = x.detach().reshape(-1, x.shape[-1])
-        dx = dy = None
+        xd, yd = x.detach(), y.detach().to(x.dtype)
         with no_tf32():
-            if need_x:
-                dx = (dz32 @ y.detach().to(x.dtype).t()).reshape(x.shape)
-            if need_y:
-                dy = (x2.t() @ dz32).to(y.dtype)
+            if y.dim() > 2:  # a batch of products (x's leading dims): each product's gradients
+                dz32 = dz.reshape(*x.shape[:-1], dz.shape[-1]).to(x.dtype)  # rounded once, as eager's dZ is
+                dx = dz32 @ yd.transpose(-1, -2) if need_x else None
+                dy = xd.transpose(-1, -2) @ dz32 if need_y else None
+            else:
+                dz32 = dz.reshape(-1, dz.shape[-1]).to(x.dtype)
+                dx = (dz32 @ yd.t()).reshape(x.shape) if need_x else None
+                dy = xd.reshape(-1, x.shape[-1]).t() @ dz32 if need_y else None
         got = [None if g is None else g.to(p.dtype) for p, g in zip(params, epi)]
-        return (None, None, dx, dy, *got)
+        return (None, None, dx, None if dy is None else dy.to(y.dtype), *got)
 
 
 class CudaRecomputeFn(CudaRegionFn):
