@@ -1,7 +1,8 @@
 """`--backend cuda`'s pool after a convolution (kfuse/cuda/conv_pools.py, conv_pools_source.py): convolution -> ops ->
 a windowed pool -> ops (-> a global mean of its values -> ops), or convolution -> ops -> a global mean -> ops, as the
 convolution's launches storing the pool's input, then kf_window_pool (a thread a pooled value) and the mean's
-kf_row_stats<0> and kf_rows. On unless KFUSE_CUDA_CONV_POOLS=0 (verified on an H200: gpu_sm90.sh OUT convpools).
+kf_row_stats<0> and kf_rows. Off unless KFUSE_CUDA_CONV_POOLS=1 (it met the contract on an H200, gpu_sm90.sh OUT
+convpools, and lost its A/B against the pool as a torch call).
 
 Without a GPU: the switch decides the partition and the reason given for the torch call; switched on, each file is
 one region and complete on both convolution tiles; the pool kernel's arithmetic, modelled in torch, agrees with
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import shutil
+import subprocess
 
 import pytest
 import torch
@@ -37,12 +40,12 @@ PACKED = {"in_channels": 16}  # 16 input channels: the implicit-GEMM tile
 
 @pytest.fixture
 def on(monkeypatch):
-    monkeypatch.delenv(SWITCH, raising=False)  # on by default
+    monkeypatch.setenv(SWITCH, "1")
 
 
 @pytest.fixture
 def off(monkeypatch):
-    monkeypatch.setenv(SWITCH, "0")
+    monkeypatch.delenv(SWITCH, raising=False)  # off by default
 
 
 def pool_then_mean_problem(tmp_path):
@@ -74,11 +77,11 @@ def get_init_inputs():
 
 
 @pytest.mark.parametrize("name", POOL_FILES)
-def test_switched_off_the_pool_stays_a_torch_call_with_the_reason(off, name):
+def test_off_by_default_the_pool_stays_a_torch_call_with_the_reason(off, name):
     (v,) = compile_cuda(CONV / f"{name}.py").variants
     assert [r.kind for r in v.regions if r.fused] == ["conv_epilogue"]
     reasons = list(unfused_reasons(v).values())
-    assert reasons and all(f"its CUDA version is off ({SWITCH}=0)" in why for why in reasons), reasons
+    assert reasons and all(f"its CUDA version is off unless {SWITCH}=1" in why for why in reasons), reasons
 
 
 @pytest.mark.parametrize("overrides", [{}, PACKED], ids=["own", "packed"])
@@ -158,6 +161,100 @@ def test_the_modelled_pool_agrees_with_torch(geometry):
                 continue  # avg_pool1d takes no divisor_override
             ref = getattr(f, f"avg_pool{dims}d")(y, k, s, p, **kwargs)
             got = window_pool(y3, pool, False, divisor, count_pad).reshape(pool.out_shape)
+            assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6), (count_pad, divisor)
+
+
+# kf_window_pool_at (the kernel's whole per-value work) compiled by nvcc for the host, run over every pooled value
+HOST_MAIN = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+struct KfHostPost {  // the pooled value v of channel n at m = b C Q + q into out (N, C, Q)
+  float* out;
+  long long Q;
+  struct Col {};
+  Col column(long long) const { return Col{}; }
+  void operator()(const Col&, long long m, long long n, float v) const { out[m + n * Q] = v; }
+};
+template <bool MAX, class I>
+void kf_host_pool(const std::vector<float>& y, std::vector<float>& out, long long C, const KfPoolGeo& g) {
+  const KfHostPost post{out.data(), g.QD * g.QH * g.QW};
+  for (long long i = 0; i < (long long)out.size(); ++i) kf_window_pool_at<MAX, I>(y.data(), (I)C, (I)i, g, post);
+}
+// argv: y.bin out.bin max(0/1) bits(32/64) B C OD OH OW, then PoolGeometry.args()[1:] (15), divisor, count_pad
+int main(int argc, char** argv) {
+  if (argc != 27) return 2;
+  long long v[24];
+  for (int k = 0; k < 24; ++k) v[k] = atoll(argv[3 + k]);
+  const long long B = v[2], C = v[3];
+  long long geo[16] = {0};
+  for (int k = 1; k < 16; ++k) geo[k] = v[6 + k];
+  const KfPoolGeo g = kf_pool_geo(v[4], v[5], v[6], geo, (int)v[22], v[23] != 0);
+  std::vector<float> y(B * C * v[4] * v[5] * v[6]), out(B * C * g.QD * g.QH * g.QW);
+  FILE* f = fopen(argv[1], "rb");
+  if (!f || fread(y.data(), sizeof(float), y.size(), f) != y.size()) return 3;
+  fclose(f);
+  if (v[0]) v[1] == 32 ? kf_host_pool<true, int>(y, out, C, g) : kf_host_pool<true, long long>(y, out, C, g);
+  else v[1] == 32 ? kf_host_pool<false, int>(y, out, C, g) : kf_host_pool<false, long long>(y, out, C, g);
+  f = fopen(argv[2], "wb");
+  fwrite(out.data(), sizeof(float), out.size(), f);
+  fclose(f);
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def host_pool(tmp_path_factory):
+    """The pool's per-value CUDA function, built for the CPU: (y, pool, max?, bits, divisor, count_pad) -> pooled."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc (the CUDA toolkit)")
+    from kfuse.cuda.conv_pools_source import CONV_POOLS
+    from kfuse.cuda.rows_source import ROWS
+
+    folder = tmp_path_factory.mktemp("host_pool")
+    nan_ops = re.search(r"__host__ __device__ __forceinline__ float kf_nan_max.*?\n}\n", ROWS, re.S).group(0)
+    (folder / "pool.cu").write_text("#include <cuda_runtime.h>\n" + nan_ops + CONV_POOLS + HOST_MAIN)
+    r = subprocess.run(["nvcc", "-std=c++17", "-O1", "pool.cu", "-o", "pool"], cwd=folder, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+
+    def run(y: torch.Tensor, pool, is_max: bool, bits: int, divisor: int, count_pad: bool) -> torch.Tensor:
+        (folder / "y.bin").write_bytes(y.float().contiguous().numpy().tobytes())
+        sizes = [int(is_max), bits, *y.shape[:2], *y.shape[2:], *pool.args()[1:], divisor, int(count_pad)]
+        subprocess.run([str(folder / "pool"), "y.bin", "out.bin", *map(str, sizes)], cwd=folder, check=True)
+        out = torch.frombuffer(bytearray((folder / "out.bin").read_bytes()), dtype=torch.float32)
+        return out.reshape(pool.out_shape)
+
+    return run
+
+
+@pytest.mark.parametrize("bits", [32, 64])
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
+def test_the_pool_code_run_on_the_cpu_agrees_with_torch(host_pool, geometry, bits):
+    """kf_window_pool_at itself (both index types) against torch's max and avg pools: NaN, padding, dilation,
+    ceil_mode, count_include_pad, divisor_override."""
+    dims, k, s, p, d, ceil = geometry
+    spatial = (7, 9, 8)[3 - dims:]
+    y = torch.randn(2, 3, *spatial)
+    y[(0, 1, *(0,) * dims)] = math.nan
+    geo = conv_geometry((2, 3, *spatial), (3, 3, *(1,) * dims), 1, 0, 1, 1)
+    pool = pool_geometry(geo, k, s, p, d, ceil)
+    y3 = y.reshape(2, 3, *(1,) * (3 - dims), *spatial)
+    f = torch.nn.functional
+    max_ref = getattr(f, f"max_pool{dims}d")(y, k, s, p, d, ceil_mode=ceil)
+    got = host_pool(y3, pool, True, bits, 0, True)
+    assert got.shape == max_ref.shape and torch.allclose(got, max_ref, equal_nan=True)
+    if d == 1:  # avg pools have no dilation
+        y = torch.nan_to_num(y)
+        for count_pad, divisor in ((True, 0), (False, 0), (True, 5)):
+            kwargs = {"ceil_mode": ceil, "count_include_pad": count_pad}
+            if divisor and dims > 1:
+                kwargs["divisor_override"] = divisor
+            elif divisor:
+                continue  # avg_pool1d takes no divisor_override
+            ref = getattr(f, f"avg_pool{dims}d")(y, k, s, p, **kwargs)
+            got = host_pool(y.reshape(y3.shape), pool, False, bits, divisor, count_pad)
             assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6), (count_pad, divisor)
 
 

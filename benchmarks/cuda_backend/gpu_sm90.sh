@@ -42,10 +42,10 @@
 #           (default 17 23 61) with KFUSE_CUDA_CONV_NORMS=0 (the convolution's region, then the norm as torch calls)
 #   convbn  the BatchNorm after a convolution (kfuse/cuda/conv_norms.py): kfuse optimize --backend cuda of
 #           tests/test_cuda_conv_norms.py's BN_FILES, 5 at a time, then that file's GPU tests of them (both tiles)
-#   convpools  the pool after a convolution (kfuse/cuda/conv_pools.py, on unless KFUSE_CUDA_CONV_POOLS=0): kfuse
-#           optimize --backend cuda of tests/test_cuda_conv_pools.py's POOL_FILES, 4 at a time, then that file's GPU
-#           tests (both tiles, a mean of pooled values); KernelBench level 2's pools: convkb (e.g. CONVKB="35 46 65 67
-#           82"; the A/B with KFUSE_CUDA_CONV_POOLS=0 exported)
+#   convpools  the pool after a convolution (kfuse/cuda/conv_pools.py, off unless KFUSE_CUDA_CONV_POOLS=1): with the
+#           switch on, kfuse optimize --backend cuda of tests/test_cuda_conv_pools.py's POOL_FILES, 4 at a time, then
+#           that file's GPU tests (both tiles, a mean of pooled values); KernelBench level 2's pools: convkb with the
+#           switch exported (e.g. CONVKB="35 46 65 67 82"), and without it for the A/B
 #   convchannels  the reduction over a convolution's channels (kfuse/cuda/conv_channels.py): kfuse optimize
 #           --backend cuda of tests/test_cuda_conv_channels.py's CHANNEL_FILES, 4 at a time, then that file's GPU tests
 #           (both tiles, each reduction)
@@ -216,12 +216,14 @@ print(*BN_FILES, sep='\n')" | sed 's|^|problems/conv/|; s|$|.py|' | xargs -P 5 -
         grep -E "^FAILED|Error" "$out/pytest-convbn.log" | head -20;;
     convpools)
         mkdir -p "$out/convpools"
+        export KFUSE_CUDA_CONV_POOLS=1
         python3 -c "import sys; sys.path[:0] = ['tests']; from test_cuda_conv_pools import POOL_FILES; \
 print(*POOL_FILES, sep='\n')" | sed 's|^|problems/conv/|; s|$|.py|' | xargs -P 4 -I{} bash -c 'optimize_one {} '"$out/convpools"
         TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_conv_pools.py \
             > "$out/pytest-convpools.log" 2>&1
         echo "pytest: exit $? $(tail -1 "$out/pytest-convpools.log")"
-        grep -E "^FAILED|Error" "$out/pytest-convpools.log" | head -20;;
+        grep -E "^FAILED|Error" "$out/pytest-convpools.log" | head -20
+        unset KFUSE_CUDA_CONV_POOLS;;
     convchannels)
         mkdir -p "$out/convchannels"
         python3 -c "import sys; sys.path[:0] = ['tests']; from test_cuda_conv_channels import CHANNEL_FILES; \

@@ -1,8 +1,9 @@
 """The CUDA code of the registry's pool-after-convolution kind: convolution -> pointwise ops -> a windowed pool
 (MaxPool / AvgPool 1d-3d at any geometry torch takes, or max_pool1d / avg_pool1d of non-overlapping windows) -> ops
 -> at most one global mean of its values -> ops, or convolution -> ops -> a global mean (AdaptiveAvgPool to one
-pixel, a mean over every spatial dim) -> ops. On unless KFUSE_CUDA_CONV_POOLS=0 when a file is generated (then
-cuda/regions.py leaves the pool a torch call, with that reason); verified on an H200 (benchmarks/cuda_backend/NOTES.md).
+pixel, a mean over every spatial dim) -> ops. Off unless KFUSE_CUDA_CONV_POOLS=1 when a file is generated
+(cuda/regions.py leaves the pool a torch call otherwise, with that reason): it met the contract on an H200, but lost
+its A/B against the pool as a torch call (benchmarks/cuda_backend/NOTES.md).
 
 One bound function `kf_<stem>`:
   1. the convolution's launches (conv.py: either tile) with the ops before the pool as the functor `Pre_<stem>`,
@@ -40,13 +41,13 @@ from kfuse.cuda.rowreduce import row_args, row_struct
 from kfuse.ir import Graph, Node, Region
 from kfuse.regions.conv_common import WINDOWED, is_max, mean_at, pool_at, pool_code
 
-SWITCH = "KFUSE_CUDA_CONV_POOLS"  # "0": the kind is off (when a file is generated)
+SWITCH = "KFUSE_CUDA_CONV_POOLS"  # "1": the kind is on (when a file is generated)
 POOL_PARAMS = ["kernel_size", "pool_stride", "pool_padding", "pool_dilation", "ceil_mode", "count_include_pad",
                "divisor_override"]
 
 
 def switched_on() -> bool:
-    return os.environ.get(SWITCH, "1") != "0"
+    return os.environ.get(SWITCH, "0") == "1"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ can run it, and its `cuda_code` writes the region's code:
   over the channels     a reduction or softmax over a convolution's channels, its ops before and after
                         (kfuse/cuda/conv_channels.py)
   a pool after a conv   a windowed pool or global mean after a convolution, its ops and a mean of the pooled
-                        values (kfuse/cuda/conv_pools.py), unless KFUSE_CUDA_CONV_POOLS=0
+                        values (kfuse/cuda/conv_pools.py), when KFUSE_CUDA_CONV_POOLS=1
 The kinds that launch nothing of kfuse's (host values and views, torch calls) are the registry's own. Kinds are
 found in the registry by what they are, never by name (tests/unit/test_region_kinds.py).
 """
@@ -168,7 +168,7 @@ class ConvBatchNorm:
 
 
 class ConvPool:
-    """A pool after a convolution (kfuse/cuda/conv_pools.py), unless KFUSE_CUDA_CONV_POOLS=0."""
+    """A pool after a convolution (kfuse/cuda/conv_pools.py), when KFUSE_CUDA_CONV_POOLS=1."""
 
     cuda_code = staticmethod(conv_pools.region_code)
 
@@ -228,8 +228,9 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
                        f"(--backend triton: {kind})")
             elif kind == CONV_NORM.name:  # its CUDA version is off (or the convolution left it)
                 why = f"--backend triton fuses it in a {kind} region; its CUDA version is off ({conv_norms.SWITCH}=0)"
-            elif kind == CONV_POOL.name:  # its CUDA version is off (or the convolution left it)
-                why = f"--backend triton fuses it in a {kind} region; its CUDA version is off ({conv_pools.SWITCH}=0)"
+            elif kind == CONV_POOL.name:  # its CUDA version is off
+                why = (f"--backend triton fuses it in a {kind} region; its CUDA version is off unless "
+                       f"{conv_pools.SWITCH}=1 (it met the contract on an H200 but lost its A/B to a torch pool)")
             elif kind in FUSED_KINDS:  # the kind has a CUDA version, but not for this region's GEMM
                 why = (f"--backend triton fuses it in a {kind} region, whose GEMM --backend cuda does not take (not a "
                        f"Linear or x @ W with a 2-d weight parameter)")

@@ -49,9 +49,14 @@ int kf_row_dot(const float* x, long long M, long long K, const double* w, const 
 ROWS = r"""
 constexpr int KF_ROW_THREADS = 256;
 
-// NaN-propagating max / min of two values (either NaN gives NaN), as torch's amax / amin reduce
-__device__ __forceinline__ float kf_nan_max(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
-__device__ __forceinline__ float kf_nan_min(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
+// NaN-propagating max / min of two values (either NaN gives NaN), as torch's amax / amin reduce (host too: the pool's
+// per-value function runs on the CPU in tests)
+__host__ __device__ __forceinline__ float kf_nan_max(float a, float b) {
+  return (a != a || b != b) ? a + b : fmaxf(a, b);
+}
+__host__ __device__ __forceinline__ float kf_nan_min(float a, float b) {
+  return (a != a || b != b) ? a + b : fminf(a, b);
+}
 
 // The block's reduction of v (op 0 sum, 1 max, 2 min): every thread gets the result. `scratch` holds 32 values.
 template <int OP, class T>
