@@ -134,6 +134,41 @@ def test_pool_problem(tmp_path, stem):
     assert not long_lines(result.compiled.source)
 
 
+AVG_POOL_1D = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(4, 6, 3)
+        self.pool = nn.AvgPool1d(3, stride=2, padding=1, count_include_pad=False)
+
+    def forward(self, x):
+        return self.pool(self.conv(x)) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(2, 4, 17)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_avg_pool1d_module_has_no_divisor_override(tmp_path):
+    """nn.AvgPool1d (unlike AvgPool2d / 3d) has no divisor_override attribute: the generated call passes None
+    instead of reading it from the module (which raised, and optimize fell back to Model's forward)."""
+    path = tmp_path / "avg1d.py"
+    path.write_text(AVG_POOL_1D)
+    result = optimize(load_problem(path), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert [r.kind for r in result.compiled.regions] == ["conv_pool"]
+    assert "self.pool.divisor_override" not in result.compiled.source
+
+
 @pytest.mark.parametrize("stem", ["45_conv3d_avgpool3d_sigmoid_bias", "46_conv2d_gelu_global_avgpool_scale"])
 def test_pool_problem_trains(tmp_path, stem):
     """problems/conv/45 (Conv3d, AvgPool3d, a channel bias after it) and 46 (a global mean, a (C,) scale after it):

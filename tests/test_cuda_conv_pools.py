@@ -26,7 +26,9 @@ import torch
 from kfuse.cuda.regions import unfused_reasons
 from kfuse.kernels.conv_geometry import conv_geometry
 from kfuse.kernels.pool_geometry import pool_geometry
+from kfuse.regions.conv_pool import TRANSPOSED_SWITCH
 from kfuse_testing import ROOT, requires_cuda
+from test_conv_pool_transposed import problem as transposed_problem
 from test_cuda_backend import _contract, check_emitted, compile_cuda
 from test_cuda_conv import built_without_spills, sources, torch_in_place_gradients
 
@@ -256,6 +258,18 @@ def test_the_pool_code_run_on_the_cpu_agrees_with_torch(host_pool, geometry, bit
             ref = getattr(f, f"avg_pool{dims}d")(y, k, s, p, **kwargs)
             got = host_pool(y.reshape(y3.shape), pool, False, bits, divisor, count_pad)
             assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6), (count_pad, divisor)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
+def test_a_pool_after_a_transposed_convolution_compiles(on, tmp_path, monkeypatch):
+    """With the registry kind's KFUSE_TRANSPOSED_POOLS=1 too: the convolution's phase launches store y, then the
+    pool pass (complete, built by nvcc for sm_90 without spills; not run on a GPU)."""
+    monkeypatch.setenv(TRANSPOSED_SWITCH, "1")
+    compiled = compile_cuda(transposed_problem(tmp_path, "2d_max_overlap"))
+    assert [r.kind for v in compiled.variants for r in v.regions if r.fused] == ["conv_pool"]
+    check_emitted(compiled.source)
+    entries = built_without_spills(sources(transposed_problem(tmp_path, "2d_max_overlap"))["CUDA_SRC"], "90", tmp_path)
+    assert any("kf_window_pool_kernel" in e for e in entries), entries
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")

@@ -307,6 +307,8 @@ def pool_code(n: Node) -> list[str]:
         return [base[f] for f in fields]
     mode = n.attrs["mode"]
     owned = ("dilation",) if mode == "max" else ("count_include_pad", "divisor_override")
+    if n.attrs["dims"] == 1:  # nn.AvgPool1d has no divisor_override (AvgPool2d / 3d have): the call's value (None)
+        owned = tuple(f for f in owned if f != "divisor_override")
     return [f"self.{n.module}.{f}" if n.module and (f in owned or f in fields[:3] or f == "ceil_mode")
             else repr(n.attrs[f]) for f in fields]
 

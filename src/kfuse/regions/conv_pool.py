@@ -8,7 +8,10 @@ Windowed pools: one kernel whose rows are pooled pixels, looping over each windo
 pool run on each conv pixel, then max / sum), then the ops after the pool on the pooled tile, stored as NC(D)HW.
 Global means: two kernels, per-(sample, pixel tile, channel) float64 sums of the ops before the mean, then a finalize
 that adds a sample's tiles, divides, and runs the ops after the mean.
-Anchors: a (non-transposed) convolution's pointwise region; the kind takes its walk over at the pool, where
+A transposed convolution's windowed pool (with KFUSE_TRANSPOSED_POOLS=1; its stride-phase tile cannot be recomputed
+per window position): two passes, the phase tiles storing y (the pool's input, after the ops before the pool), then
+`<name>_kernel` over y in the same pooled-pixel rows, its window loop loading y, and the ops after the pool.
+Anchors: a convolution's pointwise region (a transposed one's as above); the kind takes its walk over at the pool, where
 nothing outside the region reads a value before the pool (the pool's rows never see the whole conv output, so such a
 value could not be stored). The ops after the pool read the pooled values, numbers and per-channel parameters; after
 a global mean, views that keep one value per (sample, channel) join too (`.squeeze(-1)`, `.flatten(1)`).
@@ -16,6 +19,8 @@ Backward: the region recomputed in float64 torch (the pool by its own call, as w
 """
 
 from __future__ import annotations
+
+import os
 
 from kfuse.ir import Graph, Node, Region, Scalar
 from kfuse.ops import CONV_OPS, VIEW_OPS
@@ -39,10 +44,14 @@ from kfuse.regions.conv_common import (
     MEANS,
     PACKED_COST,
     TILE_LAUNCH,
+    TRANSPOSED,
     WINDOWED,
     channel_operand,
     conv_bias,
+    conv_kernel,
+    conv_launch,
     depthwise,
+    form_of,
     geometry_code,
     is_max,
     mean_at,
@@ -59,6 +68,9 @@ TILE_AT = call("acc = conv_tile_at", ["x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr
                                       "od", "oh", "ow", "valid", "pid_n", "g"],
                ["C_in", "D", "H", "W", "OD", "OH", "OW", "CIN_G", "COUT_G", "KD", "KH", "KW", "SD", "SH", "SW", "PD",
                 "PH", "PW", "DD", "DH", "DW", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME", "DENSE"], width=112, indent=8)
+# a window position w of each row's pooled pixel: its conv pixel and whether it lies in the conv output
+WINDOW_PIXEL = ("od, oh, ow, inside = window_pixel(qd, qh, qw, w, OD, OH, OW, PKH, PKW, PSD, PSH, PSW, PPD, PPH, "
+                "PPW, PDD, PDH, PDW)")
 COLUMNS = ["offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # channels within group g",
            "offs_n = g * COUT_G + offs_c  # the output channels",
            "mask_n = offs_c < COUT_G",
@@ -96,14 +108,24 @@ def read_only_inside(members: list[Node], n: Node, g: Graph) -> bool:
     return all(m.name not in g.outputs and all(u.name in inside for u in g.users(m.name)) for m in members)
 
 
+TRANSPOSED_SWITCH = "KFUSE_TRANSPOSED_POOLS"  # "1": a transposed convolution's windowed pool joins its region
+
+
+def transposed_pools_on() -> bool:
+    """Opt-in until a GPU has run the two passes (CPU: the Triton interpreter checks them)."""
+    return os.environ.get(TRANSPOSED_SWITCH, "0") == "1"
+
+
 def pool_after_conv(walk: Walk, n: Node) -> bool:
-    """A pool of a value of the walk (at the conv's shape), nothing before it read outside the region."""
+    """A pool of a value of the walk (at the conv's shape), nothing before it read outside the region; after a
+    transposed convolution, a windowed pool (when switched on)."""
     anchor, g = walk.anchor, walk.g
-    if anchor.op not in CONV_OPS or depthwise(anchor) or not n.args or n.args[0] not in walk.values:
+    transposed = anchor.op == TRANSPOSED and transposed_pools_on()
+    if not (anchor.op in CONV_OPS or transposed) or depthwise(anchor) or not n.args or n.args[0] not in walk.values:
         return False
     if g.shape_of(n.args[0]) != anchor.shape or numel(n.shape) == 0:
         return False
-    if not (is_windowed(n, anchor.attrs.get("dims", 0)) or is_global_mean(n, g)):
+    if not (is_windowed(n, anchor.attrs.get("dims", 0)) or (not transposed and is_global_mean(n, g))):
         return False
     return read_only_inside(walk.members, n, g)
 
@@ -124,21 +146,10 @@ def windowed_kernel(region: Region, stem: str, doc: str, outs: list[str],
     at, m_at = pool_at(nodes), mean_at(nodes)
     pool = nodes[at]
     pre = conv_bias(region.anchor, env, args) + pointwise_lines(nodes[1:at], env, args)
-    y = env[pool.args[0]]
-    if is_max(pool):
-        start = "pooled = tl.full((BLOCK_M, BLOCK_N), float('-inf'), tl.float32)"
-        combine = [f"y = tl.where(inside[:, None], {y}, float('-inf'))  # the pool's padding: -inf",
-                   "pooled = tl.maximum(pooled, y, propagate_nan=tl.PropagateNan.ALL)  # a NaN wins, as in torch"]
-        finish = [f"{var(pool.name)} = pooled  # {pool.origin}"]
-    else:
-        start = "pooled = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)"
-        combine = [f"pooled += tl.where(inside[:, None], {y}, 0.0)"]
-        finish = [f"{var(pool.name)} = pooled / avg_divisor(qd, qh, qw, OD, OH, OW, PKD, PKH, PKW, PSD, PSH, PSW, "
-                  f"PPD, PPH, PPW, DIVISOR, COUNT_PAD)[:, None]  # {pool.origin}"]
+    start, combine, finish = pooling(pool, env[pool.args[0]])
     env[pool.name] = var(pool.name)
     post = pointwise_lines(nodes[at + 1:m_at], env, args)
-    window = ["od, oh, ow, inside = window_pixel(qd, qh, qw, w, OD, OH, OW, PKH, PKW, PSD, PSH, PSW, PPD, PPH, PPW, "
-              "PDD, PDH, PDW)", "valid = mask_m & inside  # pool padding: no conv pixel, nothing read",
+    window = [WINDOW_PIXEL, "valid = mask_m & inside  # pool padding: no conv pixel, nothing read",
               *TILE_AT.splitlines(), *pre, *combine]
     if m_at is None:
         rows = ["offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # pooled pixels", "mask_m = offs_m < PM"]
@@ -155,6 +166,86 @@ def windowed_kernel(region: Region, stem: str, doc: str, outs: list[str],
              *[f"    {ln}" for ln in window], *finish, *post, *tail]
     extra = (*POOL_SIZES, constexpr("COUNT_PAD"), *((constexpr("P"),) if m_at is not None else ()))
     return frame(f"{stem}_kernel", doc, outs, args, extra, lines), args
+
+
+def pooling(pool: Node, y: str) -> tuple[str, list[str], list[str]]:
+    """(the start, the combination of one window position's values `y`, the pooled value's line) of a max or avg
+    pool over rows of pooled pixels (`inside`: the position lies in the conv output)."""
+    if is_max(pool):
+        return ("pooled = tl.full((BLOCK_M, BLOCK_N), float('-inf'), tl.float32)",
+                [f"y = tl.where(inside[:, None], {y}, float('-inf'))  # the pool's padding: -inf",
+                 "pooled = tl.maximum(pooled, y, propagate_nan=tl.PropagateNan.ALL)  # a NaN wins, as in torch"],
+                [f"{var(pool.name)} = pooled  # {pool.origin}"])
+    return ("pooled = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)",
+            [f"pooled += tl.where(inside[:, None], {y}, 0.0)"],
+            [f"{var(pool.name)} = pooled / avg_divisor(qd, qh, qw, OD, OH, OW, PKD, PKH, PKW, PSD, PSH, PSW, PPD, PPH, "
+             f"PPW, DIVISOR, COUNT_PAD)[:, None]  # {pool.origin}"])
+
+
+# the stored y's value at each row's window position (od, oh, ow) of sample n_idx, every column's channel
+Y_AT = ("plane = n_idx.to(tl.int64)[:, None] * C_out + offs_n[None, :]  # (sample, channel) planes of y",
+        "pixel = ((od * OH + oh) * OW + ow)[:, None]",
+        "y = tl.load(y_ptr + plane * (OD * OH * OW) + pixel, mask=valid[:, None] & mask_n[None, :], other=0.0)")
+
+
+def stored_pool_kernel(region: Region, stem: str, doc: str, outs: list[str],
+                       registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+    """The second pass after a transposed convolution: rows = pooled pixels, columns = channels; each window
+    position's values loaded from the stored y, max / sum; then the ops after the pool, stored as NC(D)HW."""
+    nodes, args, env = list(region.nodes), KernelArgs(registry), {}
+    at = pool_at(nodes)
+    pool = nodes[at]
+    start, combine, finish = pooling(pool, "y")
+    env[pool.name] = var(pool.name)
+    post = pointwise_lines(nodes[at + 1:], env, args)
+    lines = ["offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # pooled pixels",
+             "offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # channels",
+             "mask_m = offs_m < PM",
+             "mask_n = offs_n < C_out",
+             "mask = mask_m[:, None] & mask_n[None, :]",
+             "n_idx, qd, qh, qw = pool_rows(offs_m, QD, QH, QW)", *args.loads, start,
+             "for w in range(0, PKD * PKH * PKW):  # the window's conv pixels",
+             *[f"    {ln}" for ln in (WINDOW_PIXEL, "valid = mask_m & inside  # pool padding: nothing read", *Y_AT,
+                                      *combine)],
+             *finish, *post, "out_offs = conv_out_offsets(offs_m, offs_n, QD, QH, QW, C_out)",
+             *[f"tl.store({o}_ptr + out_offs, {env[v]}, mask=mask)" for o, v in zip(outs, region.outputs)]]
+    decls = (*plain("y_ptr", *[f"{o}_ptr" for o in outs]), *args.decls(), *POOL_SIZES,
+             *plain("OD", "OH", "OW", "C_out"), constexpr("COUNT_PAD"), constexpr("BLOCK_M"), constexpr("BLOCK_N"))
+    return "\n".join(["@triton.jit", f"def {stem}_kernel({signature(decls)}):", docstring(doc),
+                      *[f"    {ln}" for ln in lines]]) + "\n", args
+
+
+def transposed_generate(region: Region, g: Graph, stem: str) -> RegionCode:
+    """A transposed convolution's windowed pool: the phase tiles storing y (the ops before the pool applied), then
+    stored_pool_kernel over y."""
+    anchor, nodes = region.anchor, list(region.nodes)
+    at = pool_at(nodes)
+    pool = nodes[at]
+    outs = [f"out{i}" for i in range(len(region.outputs))]
+    doc = f"Fused: {', '.join(n.origin for n in nodes)}. {cost(region, g, pool)}"
+    registry: dict[str, tuple[str, bool]] = {}
+    a1, env = KernelArgs(registry), {}
+    body = conv_bias(anchor, env, a1) + pointwise_lines(nodes[1:at], env, a1)
+    body.append(f"tl.store(y_ptr + out_offs, {env[pool.args[0]]}, mask=mask)  # the pool's input")
+    form = form_of(anchor)
+    conv = conv_kernel(form, f"{stem}_conv", f"Pass 1 of: {doc}", ["y"], a1, body)
+    pooled, a2 = stored_pool_kernel(region, stem, f"Pass 2 of: {doc}", outs, registry)
+    lines = ["x = x.contiguous()",
+             f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
+             "y = torch.empty(geo.out_shape, device=x.device, dtype=torch.float32)  # the pool's input",
+             *conv_launch(form, f"{stem}_conv", ["y"], a1),
+             "pool = pool_geometry(geo, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode)",
+             *[f"{o} = torch.empty(pool.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
+             "if pool.M:",
+             *indented(call(f"{stem}_kernel[(cdiv(pool.M, 64), cdiv(geo.C_out, 32))]",
+                            ["y", *outs, *a2.params, "*pool.args()", "int(divisor_override or 0)", "geo.OD", "geo.OH",
+                             "geo.OW", "geo.C_out"],
+                            ["COUNT_PAD=bool(count_include_pad)", "BLOCK_M=64", "BLOCK_N=32"])),
+             f"return {', '.join(outs)}"]
+    params = [n for n, _ in registry.values()]
+    src = launcher(f"fused_{stem}", ["x", "weight", *params, *form.geometry, *POOL_PARAMS], lines, doc)
+    call_args = [anchor.args[0], operand_code(anchor.args[1]), *registry, *geometry_code(anchor), *pool_code(pool)]
+    return RegionCode((conv, pooled), src, (f"{', '.join(region.outputs)} = {call(f'fused_{stem}', call_args)}",))
 
 
 def partial_lines(y: str, origin: str, samples: str, pixels: str) -> list[str]:
@@ -256,6 +347,8 @@ def mean_launch(stem: str, kernel: str, a1: KernelArgs, a2: KernelArgs, outs: li
 
 def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     anchor, nodes = region.anchor, list(region.nodes)
+    if anchor.op == TRANSPOSED:
+        return transposed_generate(region, g, stem)
     pool, m_at = nodes[pool_at(nodes)], mean_at(nodes)
     outs = [f"out{i}" for i in range(len(region.outputs))]
     replaced = ", ".join(n.origin for n in region.nodes)
@@ -299,7 +392,7 @@ class ConvPool(RegionKind):
     name = "conv_pool"
     family = "conv"
     at_ops = (*WINDOWED, *MEANS)
-    kernel_modules = ("conv", "pooling")
+    kernel_modules = ("conv", "conv_transpose", "pooling")
 
     def enters(self, walk: Walk, n: Node) -> bool:
         return pool_after_conv(walk, n)
@@ -311,8 +404,9 @@ class ConvPool(RegionKind):
         members, at = walk.members, pool_at(walk.members)
         m_at = mean_at(members)
         if m_at is None and n.op in MEANS:  # a windowed pool's values, averaged whole per sample and channel
-            return (is_global_mean(n, walk.g) and n.args[0] in {m.name for m in members[at:]}
-                    and walk.g.shape_of(n.args[0]) == members[at].shape and read_only_inside(members[at:], n, walk.g))
+            return (walk.anchor.op != TRANSPOSED and is_global_mean(n, walk.g)
+                    and n.args[0] in {m.name for m in members[at:]} and walk.g.shape_of(n.args[0]) == members[at].shape
+                    and read_only_inside(members[at:], n, walk.g))
         head = members[at if m_at is None else m_at]
         readable = {m.name for m in members[members.index(head):]}
         if head.op in WINDOWED:
