@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kfuse.gradients import gradient_contract
 from kfuse.library import bound_names
 from kfuse.load import Problem, load_problem
 from kfuse.optimize import Compiled, Options, compile_problem, load_module
@@ -63,6 +64,48 @@ def write_problem(tmp_path: Path, init: str, forward: str, *, batch: int = 37, k
     path = tmp_path / f"{name}.py"
     path.write_text(body)
     return path
+
+
+# A convolution problem: Model() with the `init` and `forward` bodies, one input of shape (batch_size, x_shape)
+CONV_PROBLEM = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+{init}
+
+    def forward(self, x):
+{forward}
+
+
+batch_size = {batch}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, {x_shape})]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def write_conv_problem(tmp_path: Path, name: str, init: str, forward: str, x_shape: str, batch: int = 3) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(CONV_PROBLEM.format(init=textwrap.indent(init, " " * 8), forward=textwrap.indent(forward, " " * 8),
+                                        batch=batch, x_shape=x_shape))
+    return path
+
+
+def gradient_verdict(prob: Problem, compiled: Compiled, tmp_path: Path):
+    """The gradient contract (one draw) of the compiled problem's ModelNew."""
+    out = tmp_path / f"{prob.name}_new.py"
+    out.write_text(compiled.source)
+    return gradient_contract(prob, load_module(out).ModelNew, draws=1)
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

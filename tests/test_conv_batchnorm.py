@@ -6,7 +6,6 @@ the contract's bound (2 x eager fp32's own error), and the fold's cache followin
 from __future__ import annotations
 
 import copy
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,31 +15,7 @@ from kfuse.gradients import gradient_contract
 from kfuse.kernels.conv_norm import conv_bn_fold, conv_bn_stats_ref
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module
-
-TEMPLATE = '''
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-{init}
-
-    def forward(self, x):
-{forward}
-
-
-batch_size = 3
-
-
-def get_inputs():
-    return [torch.randn(batch_size, {x_shape})]
-
-
-def get_init_inputs():
-    return []
-'''
+from kfuse_testing import write_conv_problem
 
 # (name, __init__ body, forward body, x's shape after the batch, whether eval folds the norm into the weights)
 CASES = [
@@ -67,10 +42,7 @@ CPU = Options(device="cpu", trials=2)
 
 def build(tmp_path: Path, name: str, init: str, forward: str, x_shape: str):
     """(problem, the regions' kinds, the ModelNew module) of a problem written from the case."""
-    path = tmp_path / f"{name}.py"
-    path.write_text(TEMPLATE.format(init=textwrap.indent(init, " " * 8), forward=textwrap.indent(forward, " " * 8),
-                                    x_shape=x_shape))
-    prob = load_problem(path)
+    prob = load_problem(write_conv_problem(tmp_path, name, init, forward, x_shape))
     compiled = compile_problem(prob, CPU)
     out = tmp_path / f"{name}_new.py"
     out.write_text(compiled.source)

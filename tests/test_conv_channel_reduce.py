@@ -6,7 +6,6 @@ in several column tiles, so the two-phase merge is what is tested, not a single-
 from __future__ import annotations
 
 import copy
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,32 +14,7 @@ import torch
 from kfuse.gradients import gradient_contract
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module, optimize
-from kfuse_testing import ROOT, requires_cuda
-
-TEMPLATE = '''
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-{init}
-
-    def forward(self, x):
-{forward}
-
-
-batch_size = {batch}
-
-
-def get_inputs():
-    return [torch.randn(batch_size, {x_shape})]
-
-
-def get_init_inputs():
-    return []
-'''
+from kfuse_testing import ROOT, requires_cuda, write_conv_problem
 
 # (name, __init__ body, forward body, batch, x's shape after the batch)
 CASES = [
@@ -75,10 +49,7 @@ CPU = Options(device="cpu", trials=2)
 
 def build(tmp_path: Path, name: str, init: str, forward: str, batch: int, x_shape: str):
     """(problem, compiled, the ModelNew module) of a problem written from the case."""
-    path = tmp_path / f"{name}.py"
-    path.write_text(TEMPLATE.format(init=textwrap.indent(init, " " * 8), forward=textwrap.indent(forward, " " * 8),
-                                    batch=batch, x_shape=x_shape))
-    prob = load_problem(path)
+    prob = load_problem(write_conv_problem(tmp_path, name, init, forward, x_shape, batch))
     compiled = compile_problem(prob, CPU)
     out = tmp_path / f"{name}_new.py"
     out.write_text(compiled.source)

@@ -7,7 +7,6 @@ against their torch reference from partials of uneven segments."""
 from __future__ import annotations
 
 import copy
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,33 +16,7 @@ from kfuse.gradients import gradient_contract
 from kfuse.kernels.conv_norm import conv_gn_stats, conv_gn_stats_ref
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module, optimize
-from kfuse_testing import ROOT, requires_cuda
-
-TEMPLATE = '''
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-{init}
-
-    def forward(self, x):
-{forward}
-
-
-batch_size = {batch}
-
-
-def get_inputs():
-    return [torch.randn(batch_size, {x_shape})]
-
-
-def get_init_inputs():
-    return []
-'''
+from kfuse_testing import ROOT, requires_cuda, write_conv_problem
 
 # (name, __init__ body, forward body, batch, x's shape after the batch)
 CASES = [
@@ -78,10 +51,7 @@ GROUPNORM_PROBLEMS = ["36_conv2d_groupnorm_tanh_residual", "37_conv2d_instanceno
 
 def build(tmp_path: Path, name: str, init: str, forward: str, batch: int, x_shape: str):
     """(problem, compiled, the ModelNew module) of a problem written from the case."""
-    path = tmp_path / f"{name}.py"
-    path.write_text(TEMPLATE.format(init=textwrap.indent(init, " " * 8), forward=textwrap.indent(forward, " " * 8),
-                                    batch=batch, x_shape=x_shape))
-    prob = load_problem(path)
+    prob = load_problem(write_conv_problem(tmp_path, name, init, forward, x_shape, batch))
     compiled = compile_problem(prob, CPU)
     out = tmp_path / f"{name}_new.py"
     out.write_text(compiled.source)

@@ -7,13 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kfuse.gradients import gradient_contract
 from kfuse.kernels.conv import ConvConfig
 from kfuse.kernels.pool_geometry import pooled_size
 from kfuse.kernels.pooling import conv_mean_forward, conv_pool_forward, conv_pool_ref
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module, optimize
-from kfuse_testing import ROOT, long_lines
+from kfuse_testing import ROOT, gradient_verdict, long_lines
 
 CONV = ROOT / "problems" / "conv"
 SMALL_TILE = ConvConfig(16, 16, 16, 4, 1)  # several row and column tiles at these sizes (slow in the interpreter)
@@ -177,9 +176,7 @@ def test_pool_problem_trains(tmp_path, stem):
     prob = load_problem(path)
     compiled = compile_problem(prob, CPU)
     assert [r.kind for r in compiled.regions] == ["conv_pool"]
-    out = tmp_path / "new.py"
-    out.write_text(compiled.source)
-    verdict = gradient_contract(prob, load_module(out).ModelNew, draws=1)
+    verdict = gradient_verdict(prob, compiled, tmp_path)
     assert verdict.correct, verdict.failures
 
 

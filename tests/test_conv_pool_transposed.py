@@ -10,62 +10,36 @@ from pathlib import Path
 
 import pytest
 
-from kfuse.gradients import gradient_contract
 from kfuse.load import load_problem
-from kfuse.optimize import Options, compile_problem, load_module, optimize
+from kfuse.optimize import Options, compile_problem, optimize
 from kfuse.regions.conv_pool import TRANSPOSED_SWITCH
-from kfuse_testing import long_lines
+from kfuse_testing import gradient_verdict, long_lines, write_conv_problem
 
 CPU = Options(device="cpu", trials=2)
-TEMPLATE = '''
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def __init__(self, in_channels={cin}, out_channels={cout}):
-        super().__init__()
-        self.conv = {conv}
-        self.pool = {pool}
-        self.bias = nn.Parameter(torch.randn(out_channels, {ones}))
-
-    def forward(self, x):
-        {forward}
-
-
-batch_size = 3
-
-
-def get_inputs():
-    return [torch.randn(batch_size, {x_shape})]
-
-
-def get_init_inputs():
-    return []
-'''
-# id -> (in, out channels, the conv module, the pool module, spatial dims, x's shape after the batch, forward)
+# id -> (the Model's __init__ body, its forward, x's shape after the batch)
 CASES = {
-    "2d_max_overlap": (5, 7, "nn.ConvTranspose2d(in_channels, out_channels, 3, stride=2, padding=1, output_padding=1)",
-                       "nn.MaxPool2d(3, stride=2, padding=1)", 2, "5, 9, 11",
-                       "x = self.pool(torch.relu(self.conv(x)) * 0.5)\n        return torch.relu(x + self.bias) * 2.0"),
-    "1d_avg_ceil_nocount_groups": (4, 6, "nn.ConvTranspose1d(in_channels, out_channels, 4, stride=3, groups=2)",
-                                   "nn.AvgPool1d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)",
-                                   1, "4, 13", "return self.pool(self.conv(x) - 0.25) * 3.0 + self.bias"),
-    "3d_max_dilated": (3, 5, "nn.ConvTranspose3d(in_channels, out_channels, 2, stride=2)",
-                       "nn.MaxPool3d(2, stride=1, dilation=2)", 3, "3, 4, 5, 3",
-                       "return torch.nn.functional.hardswish(self.pool(self.conv(x))) + self.bias"),
-    "2d_avg_divisor": (6, 4, "nn.ConvTranspose2d(in_channels, out_channels, (3, 2), stride=(2, 3), padding=(1, 0))",
-                       "nn.AvgPool2d(2, padding=1, divisor_override=3)", 2, "6, 7, 5",
-                       "return self.pool(self.conv(x)) * self.bias"),
+    "2d_max_overlap": ("self.conv = nn.ConvTranspose2d(5, 7, 3, stride=2, padding=1, output_padding=1)\n"
+                       "self.pool = nn.MaxPool2d(3, stride=2, padding=1)\n"
+                       "self.bias = nn.Parameter(torch.randn(7, 1, 1))",
+                       "x = self.pool(torch.relu(self.conv(x)) * 0.5)\nreturn torch.relu(x + self.bias) * 2.0",
+                       "5, 9, 11"),
+    "1d_avg_ceil_nocount_groups": ("self.conv = nn.ConvTranspose1d(4, 6, 4, stride=3, groups=2)\n"
+                                   "self.pool = nn.AvgPool1d(3, stride=2, padding=1, ceil_mode=True, "
+                                   "count_include_pad=False)\nself.bias = nn.Parameter(torch.randn(6, 1))",
+                                   "return self.pool(self.conv(x) - 0.25) * 3.0 + self.bias", "4, 13"),
+    "3d_max_dilated": ("self.conv = nn.ConvTranspose3d(3, 5, 2, stride=2)\n"
+                       "self.pool = nn.MaxPool3d(2, stride=1, dilation=2)\n"
+                       "self.bias = nn.Parameter(torch.randn(5, 1, 1, 1))",
+                       "return torch.nn.functional.hardswish(self.pool(self.conv(x))) + self.bias", "3, 4, 5, 3"),
+    "2d_avg_divisor": ("self.conv = nn.ConvTranspose2d(6, 4, (3, 2), stride=(2, 3), padding=(1, 0))\n"
+                       "self.pool = nn.AvgPool2d(2, padding=1, divisor_override=3)\n"
+                       "self.bias = nn.Parameter(torch.randn(4, 1, 1))",
+                       "return self.pool(self.conv(x)) * self.bias", "6, 7, 5"),
 }
 
 
 def problem(tmp_path: Path, name: str) -> Path:
-    cin, cout, conv, pool, dims, x_shape, forward = CASES[name]
-    path = tmp_path / f"{name}.py"
-    path.write_text(TEMPLATE.format(cin=cin, cout=cout, conv=conv, pool=pool, ones=", ".join(["1"] * dims),
-                                    x_shape=x_shape, forward=forward))
-    return path
+    return write_conv_problem(tmp_path, name, *CASES[name])
 
 
 @pytest.fixture
@@ -102,7 +76,5 @@ def test_the_two_passes_train(on, tmp_path):
     prob = load_problem(problem(tmp_path, "1d_avg_ceil_nocount_groups"))
     compiled = compile_problem(prob, CPU)
     assert [r.kind for r in compiled.regions] == ["conv_pool"]
-    out = tmp_path / "new.py"
-    out.write_text(compiled.source)
-    verdict = gradient_contract(prob, load_module(out).ModelNew, draws=1)
+    verdict = gradient_verdict(prob, compiled, tmp_path)
     assert verdict.correct, verdict.failures

@@ -139,8 +139,9 @@ GEOMETRIES = [  # (dims, kernel_size, stride, padding, dilation, ceil_mode)
     (3, 2, None, 0, 1, False), (3, (3, 2, 3), (2, 2, 1), (1, 1, 0), 1, True)]
 
 
-@pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
-def test_the_modelled_pool_agrees_with_torch(geometry):
+def agrees_with_torch(pool_fn, geometry) -> None:
+    """pool_fn(y (N, C, OD, OH, OW), pool, is_max, divisor, count_pad) against torch's max and avg pools at the
+    geometry: NaN, padding, dilation, ceil_mode, count_include_pad, divisor_override."""
     dims, k, s, p, d, ceil = geometry
     spatial = (7, 9, 8)[3 - dims:]
     y = torch.randn(2, 3, *spatial)
@@ -150,11 +151,10 @@ def test_the_modelled_pool_agrees_with_torch(geometry):
     y3 = y.reshape(2, 3, *(1,) * (3 - dims), *spatial)
     f = torch.nn.functional
     max_ref = getattr(f, f"max_pool{dims}d")(y, k, s, p, d, ceil_mode=ceil)
-    got = window_pool(y3, pool, True, 0, True).reshape(pool.out_shape)
+    got = pool_fn(y3, pool, True, 0, True).reshape(pool.out_shape)
     assert got.shape == max_ref.shape and torch.allclose(got, max_ref, equal_nan=True)
     if d == 1:  # avg pools have no dilation
         y = torch.nan_to_num(y)
-        y3 = y.reshape(y3.shape)
         for count_pad, divisor in ((True, 0), (False, 0), (True, 5)):
             kwargs = {"ceil_mode": ceil, "count_include_pad": count_pad}
             if divisor and dims > 1:
@@ -162,8 +162,13 @@ def test_the_modelled_pool_agrees_with_torch(geometry):
             elif divisor:
                 continue  # avg_pool1d takes no divisor_override
             ref = getattr(f, f"avg_pool{dims}d")(y, k, s, p, **kwargs)
-            got = window_pool(y3, pool, False, divisor, count_pad).reshape(pool.out_shape)
+            got = pool_fn(y.reshape(y3.shape), pool, False, divisor, count_pad).reshape(pool.out_shape)
             assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6), (count_pad, divisor)
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
+def test_the_modelled_pool_agrees_with_torch(geometry):
+    agrees_with_torch(window_pool, geometry)
 
 
 # kf_window_pool_at (the kernel's whole per-value work) compiled by nvcc for the host, run over every pooled value
@@ -234,30 +239,9 @@ def host_pool(tmp_path_factory):
 @pytest.mark.parametrize("bits", [32, 64])
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
 def test_the_pool_code_run_on_the_cpu_agrees_with_torch(host_pool, geometry, bits):
-    """kf_window_pool_at itself (both index types) against torch's max and avg pools: NaN, padding, dilation,
-    ceil_mode, count_include_pad, divisor_override."""
-    dims, k, s, p, d, ceil = geometry
-    spatial = (7, 9, 8)[3 - dims:]
-    y = torch.randn(2, 3, *spatial)
-    y[(0, 1, *(0,) * dims)] = math.nan
-    geo = conv_geometry((2, 3, *spatial), (3, 3, *(1,) * dims), 1, 0, 1, 1)
-    pool = pool_geometry(geo, k, s, p, d, ceil)
-    y3 = y.reshape(2, 3, *(1,) * (3 - dims), *spatial)
-    f = torch.nn.functional
-    max_ref = getattr(f, f"max_pool{dims}d")(y, k, s, p, d, ceil_mode=ceil)
-    got = host_pool(y3, pool, True, bits, 0, True)
-    assert got.shape == max_ref.shape and torch.allclose(got, max_ref, equal_nan=True)
-    if d == 1:  # avg pools have no dilation
-        y = torch.nan_to_num(y)
-        for count_pad, divisor in ((True, 0), (False, 0), (True, 5)):
-            kwargs = {"ceil_mode": ceil, "count_include_pad": count_pad}
-            if divisor and dims > 1:
-                kwargs["divisor_override"] = divisor
-            elif divisor:
-                continue  # avg_pool1d takes no divisor_override
-            ref = getattr(f, f"avg_pool{dims}d")(y, k, s, p, **kwargs)
-            got = host_pool(y.reshape(y3.shape), pool, False, bits, divisor, count_pad)
-            assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6), (count_pad, divisor)
+    """kf_window_pool_at itself, in either index type."""
+    agrees_with_torch(lambda y, pool, is_max, divisor, count_pad: host_pool(y, pool, is_max, bits, divisor, count_pad),
+                      geometry)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
