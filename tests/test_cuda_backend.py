@@ -355,12 +355,13 @@ def test_every_kind_problem_has_one_region_of_each_kind(tmp_path):
                                                 "gemm_rowreduce", "gemm_rowsum"] and not v.unfused
 
 
-def cpp_syntax_errors(cpp: str, functions, folder: Path) -> str:
-    """g++'s errors (empty where none) on the C++ translation unit `cpp` and the bindings load_inline adds for
-    `functions`, syntax-checked against this torch's headers (the CUDA toolkit's runtime header where installed; a
-    CPU-only torch lacks one generated c10 header, stubbed here)."""
-    binds = "\n".join(f'm.def("{f}", torch::wrap_pybind_function({f}), "{f}");' for f in functions)
-    (folder / "main.cpp").write_text(cpp + "\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n" + binds + "\n}\n")
+def cpp_syntax_errors(emitted: dict, folder: Path) -> str:
+    """g++'s errors (empty where none) on a file's C++ translation unit (`emitted`: its emitted_constants, CPP_SRC)
+    and the bindings load_inline adds for its CUDA_FUNCTIONS, syntax-checked against this torch's headers (the CUDA
+    toolkit's runtime header where installed; a CPU-only torch lacks one generated c10 header, stubbed here)."""
+    binds = "\n".join(f'm.def("{f}", torch::wrap_pybind_function({f}), "{f}");' for f in emitted["CUDA_FUNCTIONS"])
+    bindings = "\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n" + binds + "\n}\n"
+    (folder / "main.cpp").write_text(emitted["CPP_SRC"] + bindings)
     stub = folder / "stub" / "c10" / "cuda" / "impl"
     stub.mkdir(parents=True, exist_ok=True)
     (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
@@ -379,7 +380,7 @@ def test_cpp_glue_compiles_against_torch_headers(tmp_path):
     """The C++ translation unit of one file with a region of every kind, and its bindings."""
     compiled = compile_cuda(write_problem(tmp_path, *EVERY_KIND, name="every_kind"))
     ns = emitted_constants(compiled.source)
-    assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
+    assert cpp_syntax_errors(ns, tmp_path) == ""
 
 
 # ---- runtime -----------------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from test_cuda_backend import (
     _detached,
     check_emitted,
     compile_cuda,
+    cpp_syntax_errors,
     emitted_constants,
     region_fns,
     updating_batch_norms,
@@ -173,10 +174,8 @@ def built_without_spills(cuda_src: str, arch: str, tmp_path) -> list[str]:
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 @pytest.mark.parametrize("name", sorted(BUILDS))
 def test_conv_cpp_glue_compiles_against_torch_headers(tmp_path, name):
-    from test_cuda_backend import cpp_syntax_errors
-
     ns = sources(CONV / f"{name}.py")
-    assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
+    assert cpp_syntax_errors(ns, tmp_path) == ""
 
 
 # ---- the kernel's arithmetic, modelled in torch on the CPU ---------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from kfuse_testing import ROOT, requires_cuda
-from test_cuda_backend import _contract, check_emitted, compile_cuda
+from test_cuda_backend import _contract, check_emitted, compile_cuda, cpp_syntax_errors
 from test_cuda_conv import built_without_spills, sources, torch_in_place_gradients
 
 CONV = ROOT / "problems" / "conv"
@@ -136,10 +136,8 @@ def test_channel_source_compiles_without_spills(tmp_path, arch, overrides):
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 @pytest.mark.parametrize("name", ["40_conv2d_wide_scale_channel_min_tanh", "43_conv3d_two_branches_channel_max_sum"])
 def test_channel_cpp_glue_compiles_against_torch_headers(tmp_path, name):
-    from test_cuda_backend import cpp_syntax_errors
-
     ns = sources(CONV / f"{name}.py", PACKED)
-    assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
+    assert cpp_syntax_errors(ns, tmp_path) == ""
 
 
 @pytest.mark.parametrize("name", CHANNEL_FILES)

@@ -17,7 +17,7 @@ import pytest
 
 from kfuse.cuda.regions import unfused_reasons
 from kfuse_testing import ROOT, requires_cuda
-from test_cuda_backend import _contract, check_emitted, compile_cuda
+from test_cuda_backend import _contract, check_emitted, compile_cuda, cpp_syntax_errors
 from test_cuda_conv import built_without_spills, sources, torch_in_place_gradients
 
 CONV = ROOT / "problems" / "conv"
@@ -75,10 +75,8 @@ def test_norm_source_compiles_without_spills(on, tmp_path, arch, overrides):
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 @pytest.mark.parametrize("name", ["36_conv2d_groupnorm_tanh_residual", "37_conv2d_instancenorm2d_divide_batch1"])
 def test_norm_cpp_glue_compiles_against_torch_headers(on, tmp_path, name):
-    from test_cuda_backend import cpp_syntax_errors
-
     ns = sources(CONV / f"{name}.py", PACKED)
-    assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
+    assert cpp_syntax_errors(ns, tmp_path) == ""
 
 
 @pytest.mark.parametrize("name", NORM_FILES)
@@ -129,10 +127,8 @@ def test_batchnorm_source_compiles_without_spills(tmp_path, arch, overrides):
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_batchnorm_cpp_glue_compiles_against_torch_headers(tmp_path):
-    from test_cuda_backend import cpp_syntax_errors
-
     ns = sources(CONV / "32_conv2d_batchnorm_scale_odd.py", PACKED)
-    assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
+    assert cpp_syntax_errors(ns, tmp_path) == ""
 
 
 @pytest.mark.parametrize("name", BN_FILES)

@@ -29,7 +29,7 @@ from kfuse.kernels.pool_geometry import pool_geometry
 from kfuse.regions.conv_pool import TRANSPOSED_SWITCH
 from kfuse_testing import ROOT, requires_cuda
 from test_conv_pool_transposed import problem as transposed_problem
-from test_cuda_backend import _contract, check_emitted, compile_cuda
+from test_cuda_backend import _contract, check_emitted, compile_cuda, cpp_syntax_errors
 from test_cuda_conv import built_without_spills, sources, torch_in_place_gradients
 
 CONV = ROOT / "problems" / "conv"
@@ -271,10 +271,8 @@ def test_pool_source_compiles_without_spills(on, tmp_path, arch):
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 @pytest.mark.parametrize("name", [POOL_FILES[0], POOL_FILES[2]])
 def test_pool_cpp_glue_compiles_against_torch_headers(on, tmp_path, name):
-    from test_cuda_backend import cpp_syntax_errors
-
     ns = sources(CONV / f"{name}.py", PACKED)
-    assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
+    assert cpp_syntax_errors(ns, tmp_path) == ""
 
 
 @pytest.mark.parametrize("name", POOL_FILES)

@@ -100,7 +100,7 @@ def test_a_batch_of_products_is_one_fused_region(tmp_path, which):
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_batched_cpp_glue_compiles_against_torch_headers(tmp_path):
     ns = emitted_constants(compile_cuda(_batched(tmp_path, "four_d")).source)
-    assert cpp_syntax_errors(ns["CPP_SRC"], ns["CUDA_FUNCTIONS"], tmp_path) == ""
+    assert cpp_syntax_errors(ns, tmp_path) == ""
 
 
 @pytest.mark.parametrize("kernel", BMM_SIZES)
