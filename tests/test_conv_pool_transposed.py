@@ -1,8 +1,8 @@
-"""A windowed pool after a transposed convolution (regions/conv_pool.py's two passes, on with
-KFUSE_TRANSPOSED_POOLS=1): the stride-phase tiles store y, the ops before the pool applied, then a pass over y pools
+"""A windowed pool after a transposed convolution (regions/conv_pool.py's two passes, on unless
+KFUSE_TRANSPOSED_POOLS=0): the stride-phase tiles store y, the ops before the pool applied, then a pass over y pools
 it and runs the ops after the pool. At odd sizes in the interpreter: 1-d, 2-d and 3-d, groups, max and avg pools
 with padding, dilation, ceil_mode, count_include_pad and divisor_override, through the accuracy contract; one through
-the gradient contract; off by default (the pool a torch call), and a global mean after the pool left to torch."""
+the gradient contract; switched off, the pool a torch call; and a global mean after the pool left to torch."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def problem(tmp_path: Path, name: str) -> Path:
 
 
 @pytest.fixture
-def on(monkeypatch):
+def on(monkeypatch):  # the default, set so that a KFUSE_TRANSPOSED_POOLS=0 in the environment does not skip them
     monkeypatch.setenv(TRANSPOSED_SWITCH, "1")
 
 
@@ -55,8 +55,8 @@ def test_the_two_passes_meet_the_contract(on, tmp_path, name):
     assert "_conv_kernel[" in result.compiled.source and not long_lines(result.compiled.source)
 
 
-def test_off_by_default_the_pool_stays_a_torch_call(monkeypatch, tmp_path):
-    monkeypatch.delenv(TRANSPOSED_SWITCH, raising=False)
+def test_switched_off_the_pool_stays_a_torch_call(monkeypatch, tmp_path):
+    monkeypatch.setenv(TRANSPOSED_SWITCH, "0")
     compiled = compile_problem(load_problem(problem(tmp_path, "2d_max_overlap")), CPU)
     assert [r.kind for r in compiled.regions if r.fused] == ["conv_epilogue"]
     assert "nn.MaxPool2d pool" in compiled.unfused
