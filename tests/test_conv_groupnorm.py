@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from kfuse.gradients import gradient_contract
-from kfuse.kernels import conv as cv
 from kfuse.kernels.conv_norm import conv_gn_stats, conv_gn_stats_ref
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module, optimize
@@ -186,16 +185,17 @@ def compile_sm90(path: str, name: str, tile: tuple[int, ...]) -> dict:
 
 def test_kernels_compile_for_sm90(tmp_path):
     """Compiled for sm_90 without a GPU: a transposed convolution's stats kernel (the per-sample loop of float64
-    partials after the tile) at the GPU's default tile for 128 channels (64 x 128 x 16, 3 stages, conv_warps' warps:
-    8 with the chained K loop), the apply pass at its launch tile and the two merge kernels lower. At 4 warps the
-    stats kernel sat at 255 registers and spilled 196 bytes with the fresh partial per K block (496 with the chained
-    loop's four accumulators); the bound keeps a spill from growing unnoticed."""
+    partials after the tile) at the GPU's default tile for 128 channels (64 x 128 x 16, 3 stages), the apply pass at
+    its launch tile and the two merge kernels lower. The stats kernel sits at 255 registers and spills 196 bytes on
+    the packed tile with the launch's divisibility hints (140 on the element-gather tile without them; conv_batchnorm's,
+    without the loop, none; at 64 x 64 or 8 warps none): a speed matter for a GPU run to weigh (level 2 problem 60,
+    ConvTranspose3d + GroupNorm, ran at 1.45x eager on an H100 with it), bounded here so that it does not grow
+    unnoticed."""
     _, compiled, _ = build(tmp_path, *CASES[1])
     path = str(tmp_path / "generated.py")
     Path(path).write_text(compiled.source)
     stem = "conv_transpose_instance_norm_relu"
-    warps = cv.conv_warps(64, 128, 4, "fp16x3p")
-    assert compile_sm90(path, f"{stem}_stats_kernel", (64, 128, 16, warps, 3))["spill"] <= 200
+    assert compile_sm90(path, f"{stem}_stats_kernel", (64, 128, 16, 4, 3))["spill"] <= 200
     assert compile_sm90(path, f"{stem}_apply_kernel", (64, 32, 32, 4, 1))["spill"] == 0
     for merge in ("conv_gn_channel_kernel", "conv_gn_group_kernel"):
         assert compile_sm90("kfuse.kernels.conv_norm", merge, (0, 0, 0, 4, 1))["spill"] == 0

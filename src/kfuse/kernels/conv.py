@@ -35,15 +35,8 @@ Precision: the scheme comes from the same switch as the GEMM's (conv_scheme -> r
             is split by pack_input, scaled by one power of two per SAMPLE (conv_x_scales: its max |x| lands in
             [2^14, 2^15), so fp16 neither overflows nor loses lo below its normal range for any value within
             2^-17 of the sample's largest; the bits lost below that are under 2^-38 of it, far below the fp32
-            sum's own rounding). Three fp16 products per K block (lo*hi + hi*lo + hi*hi). CHAINED (KFUSE_CONV_CHAINED=1,
-            an experiment: 1.1-1.5x slower on an H200 and up to 2.7x less accurate, benchmarks/conv/NOTES.md):
-            three tensor-core accumulators, each a chain of one dot per K block, so Triton keeps the wgmmas in
-            flight across blocks: the two cross products over all of K (their terms are 2^-11 of the result, so
-            the tensor core's truncating sums cost nothing: kernels/gemm_sm90.py), hi*hi over PROMOTE_K of K at a
-            time, then added to the fp32 register accumulator with a round-to-nearest FADD ("promotion"; the
-            Gluon GEMM's 4 x 64). Four accumulators: 8 warps where a tile has 8192 elements (conv_warps). The
-            default: the three products of each block into a fresh partial added at once (Triton drains the
-            tensor cores after every dot).
+            sum's own rounding). Three fp16 products per K block (lo*hi + hi*lo + hi*hi) go into a fresh
+            tensor-core partial that is added to the fp32 register accumulator (gemm_core's "promotion").
             A per-pixel scale, as the GEMM's per-row one, would need the max over each pixel's patch.
   "tf32x3"  Triton's three-pass TF32 dot.
   "ieee"    fp32 FMA dots (Triton's interpreter ignores input_precision; its fp16 dots are numpy's fp32 sums of
@@ -63,7 +56,6 @@ once per row tile, the output written once.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 import triton
@@ -89,9 +81,6 @@ from kfuse.kernels.runtime import GEMM_SCHEME, SETTINGS, TUNER, _kernel_hash, _k
 # the scheme and the operands (packed by kernels/conv_pack.py)
 # ----------------------------------------------------------------------------------------------------------------
 DIRECT_SCHEMES = ("direct64", "direct32")  # the direct tile (kernels/conv_direct.py): float64 or fp32 sums
-# fp16x3p's K loop (module docstring): three chained accumulators, hi*hi promoted every PROMOTE_K of K
-CHAINED: tl.constexpr = tl.constexpr(os.environ.get("KFUSE_CONV_CHAINED", "0") == "1")
-PROMOTE_K: tl.constexpr = tl.constexpr(256)
 
 
 def conv_scheme(x: torch.Tensor, geo: ConvGeometry | None = None) -> str:
@@ -179,19 +168,9 @@ def conv_config(geo: ConvGeometry, scheme: str, interpret: bool) -> ConvConfig:
         block_n = min(block_n, 64)
         rows = min(max(triton.next_power_of_2(geo.M), 16), INTERPRETER_ELEMENTS // max(block_n, 32))
         return ConvConfig(rows, block_n, 16 if scheme == "fp64" else k_block(geo, 64), 4, 1)
-    # 64 x 128: on an H100 within 8% of the best tile on the problems timed (CONV_TUNE_TILES: the tuner's other
-    # choices), at 4 warps before CHAINED (conv_warps)
-    return ConvConfig(64, block_n, k_block(geo, 32), conv_warps(64, block_n, 4, scheme),
-                      3 if scheme == "fp16x3p" else 2)
-
-
-def conv_warps(block_m: int, block_n: int, warps: int, scheme: str) -> int:
-    """`warps`, or more where fp16x3p's CHAINED loop needs them: its four fp32 accumulators (the promoted sum,
-    hi*hi, two cross products) take 4 x block_m x block_n / (32 warps) registers a thread, kept at 128 (sm_90 builds
-    of 64 x 128 at 4 warps spill 456 bytes; at 8 warps they take 190 registers, no spill)."""
-    if scheme != "fp16x3p" or not CHAINED:
-        return warps
-    return max(warps, block_m * block_n // 1024)
+    # 64 x 128 at 4 warps: two fp32 accumulators of 64 registers each per thread; on an H100 within 8% of the
+    # best tile on the problems timed (CONV_TUNE_TILES: the tuner's other choices)
+    return ConvConfig(64, block_n, k_block(geo, 32), 4, 3 if scheme == "fp16x3p" else 2)
 
 
 def direct_config(geo: ConvGeometry, interpret: bool) -> ConvConfig:
@@ -230,9 +209,8 @@ def conv_candidates(geo: ConvGeometry, default: ConvConfig, scheme: str = "") ->
                 out.append(cfg)
         return out
     for m, n, k, warps, stages in CONV_TUNE_TILES:
-        n = min(n, default.block_n)
-        cfg = ConvConfig(m, n, k_block(geo, k), conv_warps(m, n, warps, scheme), stages)
-        if cfg not in out and cfg.num_warps <= 8:
+        cfg = ConvConfig(m, min(n, default.block_n), k_block(geo, k), warps, stages)
+        if cfg not in out:
             out.append(cfg)
     return out
 
@@ -348,11 +326,6 @@ def conv_gemm_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # fp16x3p CHAINED: hi*hi of the current PROMOTE_K of K, and the two cross products over all of K
-    hi_part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    cross_a = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    cross_b = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    CHUNK: tl.constexpr = max(PROMOTE_K.value // BLOCK_K, 1)  # K blocks between promotions (an int: the interpreter)
     for it in range(0, n_blocks):
         if DENSE:
             k0 = it * BLOCK_K
@@ -379,25 +352,15 @@ def conv_gemm_at(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, stride_wn, n_
         if SCHEME == "fp16x3p":
             a_lo = tl.load(a_ptrs + CP, mask=a_mask, other=0.0)
             b_lo = tl.load(w_lo_ptr + b_off)
-            if CHAINED:  # one dot per accumulator per block: no wait inside a block (module docstring)
-                hi_part = tl.dot(a, b, hi_part)
-                cross_a = tl.dot(a_lo, b, cross_a)
-                cross_b = tl.dot(a, b_lo, cross_b)
-                if it % CHUNK == CHUNK - 1:  # promotion: waits for hi*hi only, the cross products run on
-                    acc = acc + hi_part
-                    hi_part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            else:
-                part = tl.dot(a_lo, b)
-                part = tl.dot(a, b_lo, part)
-                part = tl.dot(a, b, part)
-                acc = acc + part  # a fresh partial per K block, added with a round-to-nearest FADD (gemm_core)
+            part = tl.dot(a_lo, b)
+            part = tl.dot(a, b_lo, part)
+            part = tl.dot(a, b, part)
+            acc = acc + part  # a fresh partial per K block, added with a round-to-nearest FADD (gemm_core)
         elif SCHEME == "fp64":  # each K block's fp32 dot promoted into the float64 sum (Triton has no fp64 dot)
             acc += tl.dot(a, b, input_precision="ieee").to(tl.float64)
         else:
             acc = tl.dot(a, b, acc, input_precision=SCHEME)
     if SCHEME == "fp16x3p":  # undo the per-sample and per-channel powers of two (exact)
-        if CHAINED:
-            acc = (acc + hi_part) + (cross_a + cross_b)
         b_s = tl.load(w_scale_ptr + g * COUT_G + tl.minimum(offs_c, COUT_G - 1))
         acc = acc * _pow2_inv(a_s)[:, None] * _pow2_inv(b_s)[None, :]
     return acc.to(tl.float32)
