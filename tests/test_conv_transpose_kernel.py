@@ -173,3 +173,21 @@ def test_generated_region_compiles_for_sm90(tmp_path):
     cfg = ct.conv_transpose_config(GPU_GEOMETRIES["128ch"], "fp16x3p", interpret=False)
     build = compile_sm90(str(path), "conv_transpose_relu_kernel", "fp16x3p", cfg)
     assert build["spill"] == 0, build
+
+
+def test_transposed_region_tunes_its_tile():
+    """A transposed conv_epilogue region's launch goes through tuned_conv (regions/conv_common.conv_launcher), whose
+    candidates on a transposed geometry start with conv_transpose_config's default and hold 128 x 64 x 32 (the tile
+    that won most often on an H200: benchmarks/conv/NOTES.md)."""
+    from kfuse.load import load_problem
+    from kfuse.optimize import Options, compile_problem
+    from kfuse_testing import ROOT
+    for geo in GPU_GEOMETRIES.values():
+        default = ct.conv_transpose_config(geo, "fp16x3p", interpret=False)
+        candidates = cv.conv_candidates(geo, default, "fp16x3p")
+        assert candidates[0] == default and len(set(candidates)) == len(candidates)
+        assert cv.ConvConfig(128, 64, 32, 4, 3) in candidates
+    prob = load_problem(ROOT / "problems" / "conv" / "19_conv_transpose2d_output_padding_relu.py",
+                        {"batch_size": 2, "height": 5, "width": 4})
+    source = compile_problem(prob, Options(device="cpu")).source
+    assert "launch(tuned_conv(conv_transpose_relu_kernel, geo, scheme, cfg, x, launch))" in source

@@ -105,7 +105,10 @@ def conv_transpose_config(geo: TransposedGeometry, scheme: str, interpret: bool)
     """conv.py's conv_config on the largest phase's GEMM (it reads M, K and COUT_G), with 16-deep K blocks on a GPU
     where the column tile is 128 wide: at 64 x 128 x 32 (4 warps) this kernel spilled 112 bytes on fp16x3p (and 48
     on ieee) in ptxas for sm_90, its phase bookkeeping on top of conv's tile at the 255-register cap; 64 x 128 x 16
-    has no spill (tests/test_conv_transpose_kernel.py). 8 warps also fit but wait for a GPU test, as conv's do."""
+    has no spill (tests/test_conv_transpose_kernel.py). The plain transposed region's launch tunes it (conv.py's
+    tuned_conv: on an H200 a tuner candidate beat this default on 11 of 12 KernelBench transposed convolutions, by up
+    to 21%, benchmarks/conv/NOTES.md "The transposed tile's config"); the other kinds' launches run it as it is (at the
+    best candidate's 128 x 64 x 32 their sm_90 builds spill more: 328 bytes in conv_groupnorm's stats kernel)."""
     cfg = conv_config(geo, scheme, interpret)
     if not interpret and cfg.block_n >= 128:
         return dataclasses.replace(cfg, block_k=16)

@@ -234,7 +234,7 @@ def conv_launcher(form: ConvForm, name: str, outs: list[str], args: KernelArgs, 
     """fused_<name>(x, weight, <epilogue operands>, <geometry>): geometry, scheme, tile config and operands from the
     kernels module (conv_plan or conv_transpose_plan), one launch, the outputs in x's layout and dtype."""
     launch = call(f"{name}_kernel[{form.grid}(geo, cfg)]", ["*ops", *outs, *args.params, "*sizes"], TILE_LAUNCH)
-    if form.plan == "conv_plan":  # the tile config tuned on a GPU's first call at each geometry (kernels/conv.py)
+    if form.plan in ("conv_plan", "conv_transpose_plan"):  # the tile tuned on a GPU's first call at each geometry
         run = ["def launch(cfg):", *[f"    {ln}" for ln in launch.splitlines()],
                f"launch(tuned_conv({name}_kernel, geo, scheme, cfg, x, launch))"]
     else:
