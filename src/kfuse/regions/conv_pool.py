@@ -362,10 +362,12 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
         kernels: tuple[str, ...] = (kernel,)
         lines = ["x = x.contiguous()", POOL_PLAN,
                  *[f"{o} = torch.empty(pool.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
-                 "if pool.M:",
-                 *indented(call(f"{stem}_kernel[conv_pool_grid(geo, pool, cfg)]",
-                                ["*ops", *outs, *args.params, "*sizes", *pool_args[:2]],
-                                [pool_args[2], *TILE_LAUNCH]))]
+                 "if pool.M:  # the tile tuned on a GPU's first call at each geometry (kernels/conv.py tuned_conv)",
+                 "    def launch(cfg):",
+                 *indented("\n".join(indented(call(f"{stem}_kernel[conv_pool_grid(geo, pool, cfg)]",
+                                                  ["*ops", *outs, *args.params, "*sizes", *pool_args[:2]],
+                                                  [pool_args[2], *TILE_LAUNCH])))),
+                 f"    launch(tuned_conv({stem}_kernel, geo, scheme, cfg, x, launch))"]
     elif windowed:  # a windowed pool, then a global mean of its values: per-sample pooled rows, then a finalize
         kernel, a1 = windowed_kernel(region, stem, doc, outs, registry)
         finalize, a2 = finalize_kernel(region, stem, doc, outs, registry)
