@@ -233,3 +233,15 @@ def test_windowed_pool_then_global_mean(tmp_path):
             out, eager, exact = new(x), ref(x), f64(x.double())
         assert out.shape == eager.shape == (3, 6)
         assert err(out, exact) <= 2 * err(eager, exact) + 1e-7, (err(out, exact), err(eager, exact))
+
+
+def test_windowed_pool_launch_tunes_its_tile():
+    """The one-kernel windowed pool's launch goes through tuned_conv (on a GPU: timed on the first call at each
+    geometry; on the CPU the default, untimed); the global mean's partials keep their tile (sized buffers)."""
+    windowed = compile_problem(load_problem(CONV / "44_conv2d_hardswish_maxpool_overlapping_mish.py",
+                                            {"batch_size": 2}), Options(device="cpu")).source
+    assert "launch(tuned_conv(conv_sub_hardswish_pool_mish_kernel, geo, scheme, cfg, x, launch))" in windowed
+    mean = compile_problem(load_problem(CONV / "46_conv2d_gelu_global_avgpool_scale.py", {"batch_size": 2}),
+                           Options(device="cpu")).source
+    launcher = mean.split("def fused_", 1)[1].split("\nclass ", 1)[0]
+    assert "mean_plan(" in launcher and "tuned_conv(" not in launcher
