@@ -25,12 +25,13 @@ from kfuse.load import load_problem
 CONVS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 
 
-def first_conv(path: Path) -> tuple[torch.nn.Module, torch.Tensor]:
+def first_conv(path: Path, kinds: tuple = CONVS) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The model's first module of `kinds` and its input, captured from one eager call on the GPU."""
     problem = load_problem(path)
     torch.manual_seed(0)
     model = problem.build().cuda()
     inputs = [t.cuda() if isinstance(t, torch.Tensor) else t for t in problem.inputs()]
-    conv = next(m for m in model.modules() if isinstance(m, CONVS))
+    conv = next(m for m in model.modules() if isinstance(m, kinds))
     seen: list[torch.Tensor] = []
     hook = conv.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().contiguous()))
     with torch.no_grad():

@@ -19,26 +19,12 @@ from pathlib import Path
 import torch
 import triton
 
+from direct_bench import first_conv
 from kfuse.kernels import conv as cv
 from kfuse.kernels import conv_transpose as ct
-from kfuse.load import load_problem
 
 TRANSPOSED = (torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
 EXTRA = ((64, 128, 32, 8, 3), (128, 128, 32, 8, 3), (128, 64, 32, 8, 3), (64, 128, 64, 8, 3), (64, 64, 64, 4, 3))
-
-
-def first_conv(path: Path) -> tuple[torch.nn.Module, torch.Tensor]:
-    problem = load_problem(path)
-    torch.manual_seed(0)
-    model = problem.build().cuda()
-    inputs = [t.cuda() if isinstance(t, torch.Tensor) else t for t in problem.inputs()]
-    conv = next(m for m in model.modules() if isinstance(m, TRANSPOSED))
-    seen: list[torch.Tensor] = []
-    hook = conv.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().contiguous()))
-    with torch.no_grad():
-        model(*inputs)
-    hook.remove()
-    return conv, seen[0]
 
 
 def candidates(geo) -> list[cv.ConvConfig]:
@@ -59,7 +45,7 @@ def time_ms(fn) -> float:
 
 
 def row_for(path: Path) -> dict:
-    conv, x = first_conv(path)
+    conv, x = first_conv(path, TRANSPOSED)
     w, b = conv.weight.detach(), None if conv.bias is None else conv.bias.detach()
     args = (conv.stride, conv.padding, conv.output_padding, conv.groups, conv.dilation)
     geo = ct.conv_transpose_geometry(tuple(x.shape), tuple(w.shape), *args[:4], conv.dilation)
