@@ -163,3 +163,15 @@ def unreached_names(source: str, library: range, roots_from: range | None = None
             reached.add(name)
             todo.extend(reads_of.get(name, ()))
     return sorted(set(reads_of) - reached)
+
+
+def tuned_stats_launch(problem: str, stem: str) -> str:
+    """The generated source of problems/conv/<problem> (batch 2, CPU) checked for a statistics pass whose launch is
+    a function of the tile (regions/conv_common.tuned_launch: tuned, then run at the pick, returning its partials);
+    returns that function's body, where the partials must be allocated."""
+    source = compile_problem(load_problem(ROOT / "problems" / "conv" / problem, {"batch_size": 2}),
+                             Options(device="cpu")).source
+    head = source.index(f"def {stem}_launch(cfg):")
+    assert f"cfg = tuned_conv({stem}_kernel, geo, scheme, cfg, x," in source
+    assert f"mean_part, m2_part, count = {stem}_launch(cfg)" in source
+    return source[head:source.index("return mean_part, m2_part, count\n", head)]

@@ -16,7 +16,7 @@ from kfuse.gradients import gradient_contract
 from kfuse.kernels.conv_norm import conv_gn_stats, conv_gn_stats_ref
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module, optimize
-from kfuse_testing import ROOT, requires_cuda, write_conv_problem
+from kfuse_testing import ROOT, requires_cuda, tuned_stats_launch, write_conv_problem
 
 # (name, __init__ body, forward body, batch, x's shape after the batch)
 CASES = [
@@ -199,3 +199,11 @@ def test_kernels_compile_for_sm90(tmp_path):
     assert compile_sm90(path, f"{stem}_apply_kernel", (64, 32, 32, 4, 1))["spill"] == 0
     for merge in ("conv_gn_channel_kernel", "conv_gn_group_kernel"):
         assert compile_sm90("kfuse.kernels.conv_norm", merge, (0, 0, 0, 4, 1))["spill"] == 0
+
+
+def test_stats_launch_tunes_with_its_own_partials():
+    """The statistics pass's launch is a function of the tile (regions/conv_common.tuned_launch): the partials, sized
+    by the tile's rows, are allocated inside it, so each config the tuner times writes its own; then it runs at the
+    pick."""
+    body = tuned_stats_launch("36_conv2d_groupnorm_tanh_residual.py", "conv_group_norm_tanh_mul_add_stats")
+    assert "conv_gn_layout(geo, cfg.block_m)" in body and "mean_part = torch.zeros(" in body

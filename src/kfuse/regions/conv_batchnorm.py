@@ -49,6 +49,7 @@ from kfuse.regions.conv_common import (
     joins_after_norm,
     pixel_kernel,
     stores,
+    tuned_launch,
 )
 from kfuse.regions.kind import RegionKind, Walk, same_tile
 
@@ -202,14 +203,14 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
               "    raise ValueError(f'Expected more than 1 value per channel when training, got input size '"
               "\n                     f'{tuple(geo.out_shape)}')",
               "factor = batch_norm_momentum(bn)  # counts the batch, as torch does",
-              "grid = " + f"{form.grid}(geo, cfg)",
-              "tiles = grid[0] // cdiv(geo.COUT_G, cfg.block_n) * (grid[2] if len(grid) > 2 else 1)",
-              "mean_part = torch.empty((tiles, geo.C_out), device=x.device, dtype=torch.float64)",
-              "m2_part = torch.empty_like(mean_part)",
-              "count = torch.empty((tiles,), device=x.device, dtype=torch.float64)",
               empty(p.y, y_dtype), *[empty(v) for v in p.pre_outs if v != p.y],
-              *conv_launch(form, f"{stem}_stats", [f"buf_{v}" for v in dict.fromkeys([p.y, *p.pre_outs])]
-                           + ["mean_part", "m2_part", "count"], a1),
+              *tuned_launch(form, f"{stem}_stats", [f"buf_{v}" for v in dict.fromkeys([p.y, *p.pre_outs])]
+                            + ["mean_part", "m2_part", "count"], a1, ["mean_part", "m2_part", "count"],
+                            ["grid = " + f"{form.grid}(geo, cfg)  # partials by row tile",
+                             "tiles = grid[0] // cdiv(geo.COUT_G, cfg.block_n) * (grid[2] if len(grid) > 2 else 1)",
+                             "mean_part = torch.empty((tiles, geo.C_out), device=x.device, dtype=torch.float64)",
+                             "m2_part = torch.empty_like(mean_part)",
+                             "count = torch.empty((tiles,), device=x.device, dtype=torch.float64)"]),
               "mean, rstd = batch_norm_stats(mean_part, m2_part, M, count, bn, factor)  # count: each tile's rows",
               *[empty(v) for v in p.post_outs],
               "S = M // geo.out_shape[0]",

@@ -274,6 +274,21 @@ def conv_launch(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs) 
         TILE_LAUNCH).splitlines()]]
 
 
+def tuned_launch(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs, buffers: list[str],
+                 allocate: list[str]) -> list[str]:
+    """Launcher lines: conv_launch inside `<kernel>_launch(cfg)`, which first runs the `allocate` lines (the
+    `buffers` whose size follows the tile, e.g. per-tile partial statistics) and returns the buffers; the tuner times
+    it at each candidate tile (tuned_conv, on a GPU's first call at each geometry), then it runs at the pick and
+    `cfg` is rebound to that tile. Each timed call allocates its own buffers, so no call reads another's."""
+    names = ", ".join(buffers)
+    return [f"def {kernel}_launch(cfg):", *[f"    {ln}" for ln in (*allocate, *conv_launch(form, kernel, ptrs, args))],
+            f"    return {names}",
+            "if geo.M:",
+            *[f"    {ln}" for ln in call("cfg = tuned_conv", [f"{kernel}_kernel", "geo", "scheme", "cfg", "x",
+                                                               f"{kernel}_launch"], []).splitlines()],
+            f"{names} = {kernel}_launch(cfg)"]
+
+
 def row_shape_code(n: Node, anchor: Node) -> str:
     """A per-pixel value's shape at run time, from the convolution's output shape."""
     keep = len(n.shape) == len(anchor.shape)

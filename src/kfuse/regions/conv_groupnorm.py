@@ -46,7 +46,6 @@ from kfuse.regions.conv_common import (
     ConvForm,
     conv_bias,
     conv_cost,
-    conv_launch,
     depthwise,
     form_of,
     geometry_code,
@@ -54,6 +53,7 @@ from kfuse.regions.conv_common import (
     pixel_kernel,
     stores,
     tile_lines,
+    tuned_launch,
 )
 from kfuse.regions.kind import RegionKind, Walk, group_size, same_tile
 
@@ -168,13 +168,14 @@ def launcher_lines(region: Region, form: ConvForm, stem: str, p: Parts, a1: Kern
         lines += ["if S == 1:",
                   "    raise ValueError(f'Expected more than 1 spatial element when training, got input size "
                   "{tuple(geo.out_shape)}')"]
-    lines += ["phases, J, slots = conv_gn_layout(geo, cfg.block_m)",
-              "mean_part = torch.zeros((N, phases * J, C), device=x.device, dtype=torch.float64)",
-              "m2_part = torch.zeros_like(mean_part)",
-              "count = torch.zeros((N, phases * J), device=x.device, dtype=torch.float64)",
-              empty(p.y, y_dtype), *[empty(v) for v in p.pre_outs if v != p.y],
-              *conv_launch(form, f"{stem}_stats", [f"buf_{v}" for v in p.stored] + ["mean_part", "m2_part", "count",
-                                                                                      "slots", "J"], a1),
+    lines += [empty(p.y, y_dtype), *[empty(v) for v in p.pre_outs if v != p.y],
+              *tuned_launch(form, f"{stem}_stats", [f"buf_{v}" for v in p.stored] + ["mean_part", "m2_part", "count",
+                                                                                      "slots", "J"], a1,
+                            ["mean_part", "m2_part", "count"],
+                            ["phases, J, slots = conv_gn_layout(geo, cfg.block_m)  # partials by row tile",
+                             "mean_part = torch.zeros((N, phases * J, C), device=x.device, dtype=torch.float64)",
+                             "m2_part = torch.zeros_like(mean_part)",
+                             "count = torch.zeros((N, phases * J), device=x.device, dtype=torch.float64)"]),
               "g_mean, g_rstd = conv_gn_stats(mean_part, m2_part, count, norm_groups, norm_eps)",
               *[empty(v) for v in p.post_outs],
               "M = N * S",
