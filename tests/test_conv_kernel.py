@@ -330,6 +330,11 @@ def test_tuned_conv_candidates_and_untuned_paths():
     assert cands[0] == default and len(set(cands)) == len(cands) > 1
     assert all(c.block_n <= default.block_n and c.block_k == 16 and c.num_warps in (4, 8) for c in cands)
     assert all(c.block_m * c.block_n <= 128 * 128 for c in cands)
+    wide = kc.conv_geometry((2, 64, 9, 11), (128, 64, 3, 3), 1, 1, 1, 1)  # a 128-wide default: narrower candidates
+    wide_default = kc.conv_config(wide, "fp16x3p", interpret=False)
+    same = kc.conv_candidates(wide, wide_default, "fp16x3p", same_columns=True)
+    assert same[0] == wide_default and 1 < len(same) < len(kc.conv_candidates(wide, wide_default, "fp16x3p"))
+    assert all(c.block_n == wide_default.block_n == 128 for c in same)
     calls = []
     x = torch.randn(2, 3, 9, 11)
     assert kc.tuned_conv("k", geo, "fp16x3p", default, x, calls.append) == default and calls == []

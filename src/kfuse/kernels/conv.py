@@ -197,10 +197,13 @@ CONV_TUNE_TILES = ((128, 64, 32, 4, 3), (128, 128, 64, 8, 3), (128, 32, 32, 4, 3
 DIRECT_TUNE_TILES = ((128, 4), (256, 8), (64, 2), (512, 8))
 
 
-def conv_candidates(geo: ConvGeometry, default: ConvConfig, scheme: str = "") -> list[ConvConfig]:
+def conv_candidates(geo: ConvGeometry, default: ConvConfig, scheme: str = "",
+                    same_columns: bool = False) -> list[ConvConfig]:
     """The configs tuned_conv times: the default first, then CONV_TUNE_TILES clipped to the group's channels (no
     column tile wider than the default's) and to a tap's packed channels (k_block); the direct tile's
-    DIRECT_TUNE_TILES."""
+    DIRECT_TUNE_TILES. `same_columns`: only those as wide as the default."""
+    if same_columns:
+        return [c for c in conv_candidates(geo, default, scheme) if c.block_n == default.block_n]
     out = [default]
     if scheme in DIRECT_SCHEMES:
         for m, warps in DIRECT_TUNE_TILES:
@@ -215,10 +218,12 @@ def conv_candidates(geo: ConvGeometry, default: ConvConfig, scheme: str = "") ->
     return out
 
 
-def tuned_conv(kernel, geo: ConvGeometry, scheme: str, default: ConvConfig, x: torch.Tensor, launch) -> ConvConfig:
+def tuned_conv(kernel, geo: ConvGeometry, scheme: str, default: ConvConfig, x: torch.Tensor, launch,
+               same_columns: bool = False) -> ConvConfig:
     """The tile config of one convolution launch: `default` (conv_config's) where nothing is tuned, else TUNER's
     pick among conv_candidates, timed on the first call at each geometry and kept in the disk cache.
-    `launch(cfg)` must only write buffers it owns (tuning calls it several times)."""
+    `launch(cfg)` must only write buffers it owns (tuning calls it several times). `same_columns`: only candidates
+    as wide as the default (a kernel that needs every channel of a pixel in one column tile)."""
     if not x.is_cuda or SETTINGS.interpret or TUNER.mode == "off":
         return default
     key = (kernel, geo, scheme, x.dtype, x.device)
@@ -226,7 +231,8 @@ def tuned_conv(kernel, geo: ConvGeometry, scheme: str, default: ConvConfig, x: t
     if cfg is None:  # the GEMM tuner's timing and disk cache, under a key of the convolution's own
         disk_key = "|".join([torch.cuda.get_device_name(x.device), _kernel_name(kernel), _kernel_hash(kernel),
                              "conv:" + "x".join(map(str, geo.args())), str(x.dtype).replace("torch.", ""), scheme])
-        cfg = TUNER._pick(disk_key, conv_candidates(geo, default, scheme), launch, lambda d: ConvConfig(**d))[0]
+        candidates = conv_candidates(geo, default, scheme, same_columns)
+        cfg = TUNER._pick(disk_key, candidates, launch, lambda d: ConvConfig(**d))[0]
         _CONV_CONFIGS[key] = cfg
     return cfg
 

@@ -50,6 +50,7 @@ from kfuse.regions.conv_common import (
     geometry_code,
     pixel_kernel,
     row_shape_code,
+    tuned_launch,
 )
 from kfuse.regions.kind import RegionKind, Walk, per_row_operand, pointwise_with
 from kfuse.regions.rowstats import (
@@ -242,16 +243,24 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
              "P = geo.out_shape[0] * torch.Size(geo.out_shape[2:]).numel()  # output pixels",
              "C = geo.out_shape[1]",
              "T = geo.groups * cdiv(geo.COUT_G, cfg.block_n)  # column tiles over all groups",
-             "if T == 1:  # each pixel's channels in one tile: one kernel",
+             "if T == 1:  # each pixel's channels in one tile: one kernel, tuned among tiles as wide",
              *[f"    {alloc(v, p)}" for v in outputs],
-             *[f"    {ln}" for ln in conv_launch(form, f"{stem}_one_tile", [buffer(v, p) for v in outputs
-                                                                             if p.roles[v] in ("pre", "post")]
-                                             + [f"o_{v}" for v in outputs if p.roles[v] not in ("pre", "post")], a0)],
-             f"    return {rets}",
-             f"pa = torch.empty((P, T), device=x.device, dtype={PARTIAL_DTYPE[stat]})",
-             "pb = torch.empty_like(pa)" if stat in TWO_PARTIALS else "pb = pa"]
+             f"    def {stem}_one_tile_launch(cfg):",
+             *[f"        {ln}" for ln in conv_launch(form, f"{stem}_one_tile", [buffer(v, p) for v in outputs
+                                                                                 if p.roles[v] in ("pre", "post")]
+                                                 + [f"o_{v}" for v in outputs if p.roles[v] not in ("pre", "post")],
+                                                 a0)],
+             "    if geo.M:",
+             *[f"        {ln}" for ln in call("cfg = tuned_conv", [f"{stem}_one_tile_kernel", "geo", "scheme", "cfg",
+                                                                   "x", f"{stem}_one_tile_launch",
+                                                                   "same_columns=True"], []).splitlines()],
+             f"    {stem}_one_tile_launch(cfg)",
+             f"    return {rets}"]
     lines += [f"buf_{v} = torch.empty(geo.out_shape, device=x.device, dtype={dtype(v in outputs)})" for v in p.full]
-    lines += conv_launch(form, stem, [f"buf_{v}" for v in p.full] + ["pa", "pb"], a1)
+    lines += tuned_launch(form, stem, [f"buf_{v}" for v in p.full] + ["pa", "pb"], a1, ["pa", "pb", "T"],
+                          ["T = geo.groups * cdiv(geo.COUT_G, cfg.block_n)  # partials by column tile",
+                           f"pa = torch.empty((P, T), device=x.device, dtype={PARTIAL_DTYPE[stat]})",
+                           "pb = torch.empty_like(pa)" if stat in TWO_PARTIALS else "pb = pa"])
     lines += [f"{r} = torch.empty((P,), device=x.device, dtype={dtype(r.startswith('o_'))})" for r in row_stores]
     lines += ["fm = min(triton.next_power_of_2(P), 4096) if interpreting() else 64",
               "if P:",
