@@ -155,3 +155,17 @@ def test_transposed_softmax_kernels_compile_for_sm90(tmp_path):
     # the softmax, bias, scale and sigmoid on top of the tile's 255 registers: 24 bytes spilled (a speed matter)
     assert compile_sm90(str(path), f"{stem}_one_tile_kernel", "fp16x3p", gpu_tile)["spill"] <= 64
     assert compile_sm90(str(path), f"{stem}_apply_kernel", "fp16x3p", ConvConfig(128, 32, 32, 4, 1))["spill"] == 0
+
+
+def test_launches_tune_their_tile():
+    """Both forms' launches go through tuned_conv: the one-tile kernel among tiles as wide as the default (a pixel's
+    channels stay in one column tile), the two-phase partials with their (pixels, column tiles) buffers allocated
+    per tile (regions/conv_common.tuned_launch), T and cfg rebound for the merge."""
+    source = compile_problem(load_problem(ROOT / "problems" / "conv" / "40_conv2d_wide_scale_channel_min_tanh.py",
+                                          {"batch_size": 2}), Options(device="cpu")).source
+    stem = "conv_mul_amin_view_tanh"
+    assert f"{stem}_one_tile_launch, same_columns=True)" in source
+    head = source.index(f"def {stem}_launch(cfg):")
+    body = source[head:source.index("return pa, pb, T\n", head)]
+    assert "T = geo.groups * cdiv(geo.COUT_G, cfg.block_n)" in body and "pa = torch.empty((P, T)" in body
+    assert f"pa, pb, T = {stem}_launch(cfg)" in source
