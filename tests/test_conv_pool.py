@@ -237,11 +237,15 @@ def test_windowed_pool_then_global_mean(tmp_path):
 
 def test_windowed_pool_launch_tunes_its_tile():
     """The one-kernel windowed pool's launch goes through tuned_conv (on a GPU: timed on the first call at each
-    geometry; on the CPU the default, untimed); the global mean's partials keep their tile (sized buffers)."""
+    geometry; on the CPU the default, untimed); so does the global mean's partials kernel, its partials (one slot per
+    sample and pixel tile) allocated per launch and T rebound for the finalize."""
     windowed = compile_problem(load_problem(CONV / "44_conv2d_hardswish_maxpool_overlapping_mish.py",
                                             {"batch_size": 2}), Options(device="cpu")).source
     assert "launch(tuned_conv(conv_sub_hardswish_pool_mish_kernel, geo, scheme, cfg, x, launch))" in windowed
     mean = compile_problem(load_problem(CONV / "46_conv2d_gelu_global_avgpool_scale.py", {"batch_size": 2}),
                            Options(device="cpu")).source
-    launcher = mean.split("def fused_", 1)[1].split("\nclass ", 1)[0]
-    assert "mean_plan(" in launcher and "tuned_conv(" not in launcher
+    stem = "conv_gelu_mean_dims_mul_tanh_partial_kernel"
+    head = mean.index(f"def {stem}_launch(cfg):")
+    body = mean[head:mean.index("return part, T\n", head)]
+    assert "mean_plan(geo, S, scheme, cfg)" in body and "part = torch.empty((N * T, C)" in body
+    assert f"cfg = tuned_conv({stem}, geo, scheme, cfg, x," in mean and f"part, T = {stem}_launch(cfg)" in mean

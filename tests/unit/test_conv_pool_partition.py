@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from kfuse.capture import capture
 from kfuse.partition import partition
+from kfuse.regions.conv_pool import TRANSPOSED_SWITCH
 from kfuse.rewrite import rewrite
 
 
@@ -94,8 +95,13 @@ def test_value_before_the_pool_read_outside_keeps_the_pool_a_torch_call():
     assert "conv_pool" not in kinds and "torch" in kinds
 
 
-def test_transposed_conv_pool_is_left_to_torch():
+def test_transposed_conv_pool_joins_unless_switched_off(monkeypatch):
+    """A transposed convolution's windowed pool joins its region (two passes); KFUSE_TRANSPOSED_POOLS=0 leaves it
+    to torch."""
     m = Chain(nn.ConvTranspose2d(3, 4, 3, stride=2), lambda s, y: s.pool(y), pool=nn.MaxPool2d(2))
+    monkeypatch.delenv(TRANSPOSED_SWITCH, raising=False)
+    assert regions(m, X2) == [("conv_pool", ["conv_transpose", "pool"])]
+    monkeypatch.setenv(TRANSPOSED_SWITCH, "0")
     assert regions(m, X2) == [("conv_epilogue", ["conv_transpose"]), ("torch", ["pool"])]
 
 

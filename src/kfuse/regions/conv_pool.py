@@ -332,14 +332,22 @@ def mean_launch(stem: str, kernel: str, a1: KernelArgs, a2: KernelArgs, outs: li
     """Launcher lines of a global mean (after `geo`, `scheme`, `ops`, `sizes` and `S`, the pixels a mean covers):
     the partials of each sample's pixel tiles, then the finalize."""
     ranks = {n.name: len(n.shape) for n in region.nodes}
-    return ["cfg, P, T, grid = mean_plan(geo, S, scheme)",
+    return ["cfg = mean_plan(geo, S, scheme)[0]",
             "N, C = geo.out_shape[:2]",
-            "part = torch.empty((N * T, C), device=x.device, dtype=torch.float64)",
             *[f"{o} = torch.empty((N, C{', 1' * (ranks[v] - 2)}), device=x.device, dtype=x.dtype)"
               for o, v in zip(outs, region.outputs)],
+            "# the partials follow the tile (a slot per sample and pixel tile): allocated per launch, then tuned",
+            f"def {kernel}_launch(cfg):",
+            "    _, P, T, grid = mean_plan(geo, S, scheme, cfg)",
+            "    part = torch.empty((N * T, C), device=x.device, dtype=torch.float64)",
+            "    if geo.M:",
+            *indented("\n".join(indented(call(f"{kernel}[grid]", ["*ops", "part", *a1.params, "*sizes", *pool_args],
+                                               ["P=P", *TILE_LAUNCH])))),
+            "    return part, T",
             "if geo.M:",
-            *indented(call(f"{kernel}[grid]", ["*ops", "part", *a1.params, "*sizes", *pool_args],
-                           ["P=P", *TILE_LAUNCH])),
+            *indented(call("cfg = tuned_conv", [kernel, "geo", "scheme", "cfg", "x", f"{kernel}_launch"], [])),
+            f"part, T = {kernel}_launch(cfg)",
+            "if geo.M:",
             "    bm, bt = finalize_blocks(N, T)",
             *indented(call(f"{stem}_finalize_kernel[(cdiv(N, bm), cdiv(C, 64))]",
                            ["part", *outs, *a2.params, "N", "C", "T", "S"],
