@@ -53,6 +53,7 @@ def test_the_two_passes_meet_the_contract(on, tmp_path, name):
     assert result.contract.correct, result.contract.failures
     assert [r.kind for r in result.compiled.regions] == ["conv_pool"] and result.compiled.unfused == []
     assert "_conv_kernel[" in result.compiled.source and not long_lines(result.compiled.source)
+    assert "_conv_launch)" in result.compiled.source  # pass 1's tile tuned (tuned_launch) as the epilogue's
 
 
 def test_switched_off_the_pool_stays_a_torch_call(monkeypatch, tmp_path):

@@ -49,7 +49,6 @@ from kfuse.regions.conv_common import (
     channel_operand,
     conv_bias,
     conv_kernel,
-    conv_launch,
     depthwise,
     form_of,
     geometry_code,
@@ -58,6 +57,7 @@ from kfuse.regions.conv_common import (
     pool_at,
     pool_code,
     runs_direct,
+    tuned_launch,
 )
 from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with
 
@@ -233,8 +233,8 @@ def transposed_generate(region: Region, g: Graph, stem: str) -> RegionCode:
     pooled, a2 = stored_pool_kernel(region, stem, f"Pass 2 of: {doc}", outs, registry)
     lines = ["x = x.contiguous()",
              f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
-             "y = torch.empty(geo.out_shape, device=x.device, dtype=torch.float32)  # the pool's input",
-             *conv_launch(form, f"{stem}_conv", ["y"], a1),
+             *tuned_launch(form, f"{stem}_conv", ["y"], a1, ["y"],  # the tile tuned as the epilogue's
+                           ["y = torch.empty(geo.out_shape, device=x.device, dtype=torch.float32)  # pool input"]),
              "pool = pool_geometry(geo, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode)",
              *[f"{o} = torch.empty(pool.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
              "if pool.M:",
