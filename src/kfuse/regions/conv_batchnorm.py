@@ -42,7 +42,6 @@ from kfuse.regions.conv_common import (
     conv_bias,
     conv_cost,
     conv_kernel,
-    conv_launch,
     depthwise,
     form_of,
     geometry_code,
@@ -191,9 +190,10 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
             bias_name = registry[f"as_vector({bias.expr()})"][0] if isinstance(bias, Param) else "None"
             body.append(f"weight, fold_b = conv_bn_eval_fold(weight, {bias_name}, bn, {anchor.op == TRANSPOSED}, "
                         f"groups)  # {FOLD_RULE}: W'")
-        body += [plan, *[empty(v) for v in region.outputs],
-                 *conv_launch(form, f"{stem}_{'folded' if fold else 'eval'}",
-                              [f"buf_{v}" for v in region.outputs] + (["fold_b"] if fold else []), evalk[1]),
+        body += [plan,
+                 *tuned_launch(form, f"{stem}_{'folded' if fold else 'eval'}",
+                               [f"buf_{v}" for v in region.outputs] + (["fold_b"] if fold else []), evalk[1],
+                               [f"buf_{v}" for v in region.outputs], [empty(v) for v in region.outputs]),
                  f"return {outs}"]
         lines += [f"    {ln}" for ln in body]
     y_dtype = "x.dtype" if p.y in region.outputs else "torch.float32"  # y stays fp32 when only pass 3 reads it
