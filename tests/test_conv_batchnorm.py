@@ -15,7 +15,7 @@ from kfuse.gradients import gradient_contract
 from kfuse.kernels.conv_norm import conv_bn_fold, conv_bn_stats_ref
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module
-from kfuse_testing import tuned_stats_launch, write_conv_problem
+from kfuse_testing import ROOT, tuned_stats_launch, write_conv_problem
 
 # (name, __init__ body, forward body, x's shape after the batch, whether eval folds the norm into the weights)
 CASES = [
@@ -160,6 +160,12 @@ def test_stats_reference_is_per_channel():
 
 
 def test_stats_launch_tunes_with_its_own_partials():
-    """As conv_groupnorm's: the training statistics' per-tile partials are allocated inside the tuned launch."""
+    """As conv_groupnorm's: the training statistics' per-tile partials are allocated inside the tuned launch; the
+    eval launch (folded into the weights) is tuned too, its output allocated inside."""
     body = tuned_stats_launch("18_conv2d_batchnorm_relu.py", "conv_batch_norm_relu_stats")
     assert "tiles = grid[0]" in body and "mean_part = torch.empty((tiles, geo.C_out)" in body
+    source = compile_problem(load_problem(ROOT / "problems" / "conv" / "18_conv2d_batchnorm_relu.py",
+                                          {"batch_size": 2}), Options(device="cpu")).source
+    folded = source[source.index("def conv_batch_norm_relu_folded_launch(cfg):"):]
+    assert folded.index("buf_relu = torch.empty(") < folded.index("return buf_relu")
+    assert "buf_relu = conv_batch_norm_relu_folded_launch(cfg)" in source
