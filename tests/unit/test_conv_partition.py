@@ -60,11 +60,12 @@ class Residual(nn.Module):
         self.conv = nn.Conv2d(4, 4, 3, padding=1)
 
     def forward(self, x):
-        return torch.relu(self.conv(x) + x)  # x: a same-shape value from outside the region
+        return torch.relu(self.conv(x) + x)  # x: a same-shape value from outside the region (a forward input)
 
 
-def test_value_from_outside_the_region_does_not_join():
-    assert regions(Residual(), X2) == [("conv_epilogue", ["conv"]), ("torch", ["add"]), ("torch", ["relu"])]
+def test_a_forward_input_of_the_output_shape_joins():
+    """The residual x is read in the epilogue (tests/test_conv_outside_value.py has the rules)."""
+    assert regions(Residual(), X2) == [("conv_epilogue", ["conv", "add", "relu"])]
 
 
 def test_functional_conv_with_parameter_weight():

@@ -43,7 +43,7 @@ from kfuse.modes import Variant
 from kfuse.ops import CONV_OPS, POOL_OPS, REDUCE_OPS, ROW_NORM_OPS
 from kfuse.partition import partition
 from kfuse.regions import KINDS as REGISTRY
-from kfuse.regions.conv_common import TRANSPOSED, has_tile_operands
+from kfuse.regions.conv_common import TRANSPOSED, has_tile_operands, outside_value
 from kfuse.regions.kind import RegionKind, Walk
 
 BACKEND = "cuda"
@@ -146,6 +146,11 @@ class Conv:
         """Any convolution with a parameter weight (a parameter bias or none): the registry's kind also leaves a
         depthwise transposed one to torch."""
         return has_tile_operands(n)
+
+    def joins(self, walk: Walk, n: Node) -> bool:
+        """The registry kind's ops, except one reading a value computed outside the region (its CUDA code loads
+        region values, numbers and per-channel operands only)."""
+        return not any(outside_value(a, walk) for a in n.args) and super().joins(walk, n)
 
 
 class ConvNorm:

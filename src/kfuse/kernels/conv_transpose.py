@@ -108,7 +108,7 @@ def conv_transpose_config(geo: TransposedGeometry, scheme: str, interpret: bool)
     has no spill (tests/test_conv_transpose_kernel.py). The plain transposed region's launch tunes it (conv.py's
     tuned_conv: on an H200 a tuner candidate beat this default on 11 of 12 KernelBench transposed convolutions, by up
     to 21%, benchmarks/conv/NOTES.md "The transposed tile's config"); the other kinds' launches run it as it is (at the
-    best candidate's 128 x 64 x 32 their sm_90 builds spill more: 328 bytes in conv_groupnorm's stats kernel)."""
+    best candidate's 128 x 64 x 32 their sm_90 builds spill more: 328 bytes in the GroupNorm kind's stats kernel)."""
     cfg = conv_config(geo, scheme, interpret)
     if not interpret and cfg.block_n >= 128:
         return dataclasses.replace(cfg, block_k=16)

@@ -82,9 +82,17 @@ class KernelArgs:
         return next(v for n, v in self.registry.values() if n == name)
 
     def operand(self, a: Arg, env: dict[str, str]) -> str:
-        """A pointwise op's operand in kernel code: a tile variable, a scalar argument or a loaded vector."""
+        """A pointwise op's operand in kernel code: a tile variable, a scalar argument or a loaded vector; a value
+        the region does not compute (admitted by the plain convolution kind alone: conv_common.outside_value) is
+        loaded whole at the kernel's output offsets `out_offs` under `mask`."""
         if isinstance(a, str):
-            return env[a]
+            if a in env:
+                return env[a]
+            name = self.add("v_" + ident(a), f"{a}.contiguous()", True)
+            if name not in self.loaded:
+                self.loaded.add(name)
+                self.loads.append(f"{name} = tl.load({name}_ptr + out_offs, mask=mask, other=0.0).to(tl.float32)")
+            return name
         if isinstance(a, Scalar):
             # s_ / p_ prefixes keep user names (a parameter called `b`, a scalar called `N`) off kfuse's own
             stem = "s_" + (ident(a.attr) if a.attr else f"c{len(self.registry)}")

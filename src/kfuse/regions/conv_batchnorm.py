@@ -47,6 +47,7 @@ from kfuse.regions.conv_common import (
     geometry_code,
     joins_after_norm,
     pixel_kernel,
+    reads_outside,
     stores,
     tuned_launch,
 )
@@ -246,7 +247,7 @@ class ConvBatchNorm(RegionKind):
     kernel_modules = ("conv", "conv_transpose", "conv_norm")
 
     def enters(self, walk: Walk, n: Node) -> bool:
-        return norm_after_conv(walk, n)
+        return norm_after_conv(walk, n) and not reads_outside(walk)
 
     def joins(self, walk: Walk, n: Node) -> bool:
         return joins_after_norm(walk, n, ("batch_norm",), norm_input=False)

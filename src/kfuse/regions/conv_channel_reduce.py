@@ -49,6 +49,7 @@ from kfuse.regions.conv_common import (
     form_of,
     geometry_code,
     pixel_kernel,
+    reads_outside,
     row_shape_code,
     tuned_launch,
 )
@@ -298,7 +299,7 @@ class ConvChannelReduce(RegionKind):
         if anchor.op in CONV_OPS and depthwise(anchor):  # the direct tile (kernels/conv_depthwise.py): no reduction
             return False
         return (anchor.op in (*CONV_OPS, TRANSPOSED) and len(anchor.shape) >= 3 and reduction_of(walk.members) is None
-                and over_channels(n, walk.g, anchor) and n.args[0] in walk.values)
+                and over_channels(n, walk.g, anchor) and n.args[0] in walk.values and not reads_outside(walk))
 
     def joins(self, walk: Walk, n: Node) -> bool:
         return joins_channels(walk, n)

@@ -144,6 +144,25 @@ def channel_operand(a: Arg, shape: tuple[int, ...], values: set[str]) -> bool:
     return False
 
 
+def outside_value(a: Arg, walk: Walk) -> bool:
+    """A value the region does not compute, of the convolution's output shape, that exists before the convolution
+    runs (a forward input, or a node earlier in graph order, so the region's call can read it): the plain
+    convolution kind's kernel loads it at the tile's output offsets (KernelArgs.operand), e.g. a second input added
+    after the conv."""
+    if not isinstance(a, str) or a in walk.values or walk.g.shape_of(a) != walk.anchor.shape:
+        return False
+    if a in walk.g.inputs:
+        return True
+    names = [n.name for n in walk.g.nodes]
+    return a in names and names.index(a) < names.index(walk.anchor.name)
+
+
+def reads_outside(walk: Walk) -> bool:
+    """Does an op after the anchor read an outside_value? Only the plain convolution kind's kernel loads one, so the
+    kinds that take a walk over (norms, pools, channel reductions) leave such a walk to it."""
+    return any(outside_value(a, walk) for m in walk.members[1:] for a in m.args)
+
+
 def joins_after_norm(walk: Walk, n: Node, norm_ops: tuple[str, ...], norm_input: bool) -> bool:
     """Does n join a norm kind's walk after its norm? Pointwise ops on the output's shape that read the norm's
     value or what follows it (the apply pass holds nothing else; with `norm_input`, the norm's input too), numbers

@@ -9,7 +9,9 @@ kernels/conv_depthwise.py's direct tile (a loop over the taps, no tl.dot; a dept
 call).
 The tile is (output pixels, output channels of one group), so the ops after it join while every value they read is
 the region's own, a number, or a per-channel parameter (a (C, 1, 1) bias, a (1, C, 1, 1) scale, ... anything that
-broadcasts along the channel dim alone) or a one-element one.
+broadcasts along the channel dim alone) or a one-element one, or a value of the output's shape that exists before the
+convolution runs (a second forward input added to it, say: loaded at the tile's output offsets, a region input of
+the autograd Function, whose gradient the backward's recompute gives).
 
 Bytes (either form): x read once from memory (each value's reuse across the kernel window comes from L1/L2), the
 weight's fp16 hi and lo once per row tile, each stored value written once; without fusion each pointwise op would
@@ -32,6 +34,7 @@ from kfuse.regions.conv_common import (
     geometry_code,
     is_conv_anchor,
     is_depthwise_anchor,
+    outside_value,
 )
 from kfuse.regions.kind import RegionKind, Walk, pointwise_with, same_tile
 
@@ -46,14 +49,15 @@ class ConvEpilogue(RegionKind):
         return is_conv_anchor(n) or is_depthwise_anchor(n)
 
     def joins(self, walk: Walk, n: Node) -> bool:
-        """Pointwise ops of the table on the output's shape, reading region values, numbers, per-channel params."""
+        """Pointwise ops of the table on the output's shape, reading region values, numbers, per-channel params, and
+        values of the output's shape computed before the region (outside_value: loaded at the output offsets)."""
         shape = walk.anchor.shape
-        if n.shape != shape or not n.value_args():
+        if n.shape != shape or not any(a in walk.values for a in n.value_args()):
             return False
-        return pointwise_with(n, lambda a: channel_operand(a, shape, walk.values))
+        return pointwise_with(n, lambda a: channel_operand(a, shape, walk.values) or outside_value(a, walk))
 
     def finish(self, walk: Walk) -> list[Node]:
-        return same_tile(walk)
+        return same_tile(walk, lambda a: outside_value(a, walk))
 
     def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
         anchor = region.anchor

@@ -51,6 +51,7 @@ from kfuse.regions.conv_common import (
     geometry_code,
     joins_after_norm,
     pixel_kernel,
+    reads_outside,
     stores,
     tile_lines,
     tuned_launch,
@@ -234,7 +235,7 @@ class ConvGroupNorm(RegionKind):
     at_ops = NORMS
 
     def enters(self, walk: Walk, n: Node) -> bool:
-        return norm_after_conv(walk, n)
+        return norm_after_conv(walk, n) and not reads_outside(walk)
 
     def joins(self, walk: Walk, n: Node) -> bool:
         return joins_after_norm(walk, n, NORMS, norm_input=True)  # the apply pass may read the norm's input (y)

@@ -56,6 +56,7 @@ from kfuse.regions.conv_common import (
     mean_at,
     pool_at,
     pool_code,
+    reads_outside,
     runs_direct,
     tuned_launch,
 )
@@ -406,7 +407,7 @@ class ConvPool(RegionKind):
     kernel_modules = ("conv", "conv_transpose", "pooling")
 
     def enters(self, walk: Walk, n: Node) -> bool:
-        return pool_after_conv(walk, n)
+        return pool_after_conv(walk, n) and not reads_outside(walk)
 
     def joins(self, walk: Walk, n: Node) -> bool:
         """After the pool: pointwise ops on the pooled shape reading pooled values, numbers, per-channel params; after

@@ -126,12 +126,14 @@ def tile_joins(walk: Walk, n: Node, readable: set[str]) -> bool:
     return pointwise_with(n, lambda a: column_operand(a, anchor.shape[-1], readable))
 
 
-def same_tile(walk: Walk) -> list[Node]:
-    """The members stored as (M, N) tiles: views to other shapes (kept only for a reduction) stay torch calls."""
+def same_tile(walk: Walk, outside: Any = None) -> list[Node]:
+    """The members stored as (M, N) tiles: views to other shapes (kept only for a reduction) stay torch calls.
+    `outside(value)`: values from outside the region a member may read too (the plain convolution kind's
+    outside_value)."""
     kept: set[str] = set()
     anchor = walk.anchor
     return [m for m in walk.members if (m is anchor or (m.shape == anchor.shape and all(
-        a in kept for a in m.value_args()))) and not kept.add(m.name)]
+        a in kept or (outside is not None and outside(a)) for a in m.value_args()))) and not kept.add(m.name)]
 
 
 def norm_of_tile(walk: Walk, n: Node, op: str) -> bool:
