@@ -34,6 +34,17 @@ class TwoInputs(nn.Module):
         return self.then(self, self.conv(x), other)
 
 
+class Forward(TwoInputs):
+    """forward(x, other) = fn(self, x, other): the order of the ops is fn's."""
+
+    def __init__(self, fn):
+        super().__init__(None)
+        self.fn = fn
+
+    def forward(self, x, other):
+        return self.fn(self, x, other)
+
+
 def regions(model: nn.Module, *inputs: torch.Tensor, kinds=None) -> list[tuple[str, list[str]]]:
     g, _ = rewrite(capture(model, list(inputs)))
     return [(r.kind, r.ops()) for r in (partition(g) if kinds is None else partition(g, kinds))]
@@ -58,27 +69,10 @@ def test_which_outside_values_join():
     product = TwoInputs(lambda s, y, o: torch.relu(y * o))
     assert regions(product, X, SAME) == [("conv_epilogue", ["conv", "mul", "relu"])]
 
-    class Before(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv2d(3, 4, 3, padding=1)
-
-        def forward(self, x, other):
-            o = torch.tanh(other)
-            return self.conv(x) - o
-
-    assert regions(Before(), X, SAME) == [("torch", ["tanh"]), ("conv_epilogue", ["conv", "sub"])]
-
-    class After(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv2d(3, 4, 3, padding=1)
-
-        def forward(self, x, other):
-            y = self.conv(x)
-            return y + torch.tanh(other)
-
-    assert regions(After(), X, SAME) == [("conv_epilogue", ["conv"]), ("torch", ["tanh"]), ("torch", ["add"])]
+    before = Forward(lambda s, x, o: (lambda t: s.conv(x) - t)(torch.tanh(o)))  # tanh(o) traced before the conv
+    assert regions(before, X, SAME) == [("torch", ["tanh"]), ("conv_epilogue", ["conv", "sub"])]
+    after = Forward(lambda s, x, o: (lambda y: y + torch.tanh(o))(s.conv(x)))
+    assert regions(after, X, SAME) == [("conv_epilogue", ["conv"]), ("torch", ["tanh"]), ("torch", ["add"])]
     assert regions(TwoInputs(lambda s, y, o: y + o), X, ROW) == [("conv_epilogue", ["conv"]), ("torch", ["add"])]
 
 
