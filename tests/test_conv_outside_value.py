@@ -3,7 +3,8 @@ outside_value; KernelArgs.operand loads it at the tile's output offsets): Kernel
 input added after a ConvTranspose3d. In the interpreter: the accuracy and gradient contracts (the second input's
 gradient too, the backward's recompute reads it); device-free: which values qualify (forward inputs and values
 computed before the convolution, of exactly its shape), that the kinds taking a walk over leave such a walk to
-conv_epilogue, and that the CUDA backend leaves the op to torch."""
+conv_epilogue, and that the CUDA backend leaves the op to torch. And a detached copy of the convolution's own value
+(level 2 problem 20): a view in the epilogue, the gradient stopped there by the backward's recompute."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from kfuse.rewrite import rewrite
 from kfuse_testing import ROOT, gradient_verdict, long_lines
 
 PROBLEM = ROOT / "problems" / "conv" / "48_conv_transpose3d_add_second_input_hardswish.py"
+DETACHED = ROOT / "problems" / "conv" / "49_conv2d_detached_copy_residuals.py"
 CPU = Options(device="cpu", trials=2)
 
 
@@ -53,14 +55,27 @@ def regions(model: nn.Module, *inputs: torch.Tensor, kinds=None) -> list[tuple[s
 X, SAME, ROW = torch.randn(2, 3, 9, 7), torch.randn(2, 4, 9, 7), torch.randn(1, 4, 9, 7)
 
 
-def test_the_problem_meets_both_contracts_with_its_second_input_in_the_kernel(tmp_path):
-    result = optimize(load_problem(PROBLEM), CPU, workdir=tmp_path)
+def fused_whole(path, tmp_path):
+    """optimize's result for the problem file: both contracts met, one conv_epilogue region, nothing left to torch."""
+    result = optimize(load_problem(path), CPU, workdir=tmp_path)
     assert result.contract.correct, result.contract.failures
     assert [r.kind for r in result.compiled.regions] == ["conv_epilogue"] and result.compiled.unfused == []
-    source = result.compiled.source
-    assert "v_add_input = tl.load(v_add_input_ptr + out_offs, mask=mask" in source and not long_lines(source)
-    verdict = gradient_verdict(load_problem(PROBLEM), result.compiled, tmp_path)
+    assert not long_lines(result.compiled.source)
+    verdict = gradient_verdict(load_problem(path), result.compiled, tmp_path)
     assert verdict.correct, verdict.failures
+    return result.compiled.source
+
+
+def test_the_problem_meets_both_contracts_with_its_second_input_in_the_kernel(tmp_path):
+    source = fused_whole(PROBLEM, tmp_path)
+    assert "v_add_input = tl.load(v_add_input_ptr + out_offs, mask=mask" in source
+
+
+def test_a_detached_copy_is_a_view_in_the_epilogue_and_stops_the_gradient(tmp_path):
+    source = fused_whole(DETACHED, tmp_path)
+    assert "detach = clone.detach()" in source  # the backward's recompute, as eager's graph
+    assert regions(Forward(lambda s, x, o: (lambda y: y * y.detach())(s.conv(x))), X, SAME, kinds=CUDA_KINDS) == [
+        ("conv_epilogue", ["conv"]), ("torch", ["view"]), ("torch", ["mul"])]
 
 
 def test_which_outside_values_join():

@@ -40,7 +40,7 @@ from kfuse.cuda import conv, conv_channels, conv_norms, conv_pools, epilogue, no
 from kfuse.ir import Graph, Node, Param
 from kfuse.kernels.gemm_core import LONG_K
 from kfuse.modes import Variant
-from kfuse.ops import CONV_OPS, POOL_OPS, REDUCE_OPS, ROW_NORM_OPS
+from kfuse.ops import CONV_OPS, POOL_OPS, REDUCE_OPS, ROW_NORM_OPS, VIEW_OPS
 from kfuse.partition import partition
 from kfuse.regions import KINDS as REGISTRY
 from kfuse.regions.conv_common import TRANSPOSED, has_tile_operands, outside_value
@@ -149,8 +149,9 @@ class Conv:
 
     def joins(self, walk: Walk, n: Node) -> bool:
         """The registry kind's ops, except one reading a value computed outside the region (its CUDA code loads
-        region values, numbers and per-channel operands only)."""
-        return not any(outside_value(a, walk) for a in n.args) and super().joins(walk, n)
+        region values, numbers and per-channel operands only) and views (not run by its code yet)."""
+        return (n.op not in VIEW_OPS and not any(outside_value(a, walk) for a in n.args)
+                and super().joins(walk, n))
 
 
 class ConvNorm:

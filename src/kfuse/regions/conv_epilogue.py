@@ -24,6 +24,7 @@ differentiated (kfuse/backward.py's generic route): correct, not fast.
 from __future__ import annotations
 
 from kfuse.ir import Graph, Node, Region
+from kfuse.ops import VIEW_OPS
 from kfuse.regions.common import KernelArgs, RegionCode, call, operand_code, pointwise_lines, var
 from kfuse.regions.conv_common import (
     channel_operand,
@@ -50,10 +51,14 @@ class ConvEpilogue(RegionKind):
 
     def joins(self, walk: Walk, n: Node) -> bool:
         """Pointwise ops of the table on the output's shape, reading region values, numbers, per-channel params, and
-        values of the output's shape computed before the region (outside_value: loaded at the output offsets)."""
+        values of the output's shape computed before the region (outside_value: loaded at the output offsets); views
+        of a region value to the same shape (the kernel's identity; the backward's recompute runs the user's call, so
+        a `.detach()` still stops gradients there)."""
         shape = walk.anchor.shape
         if n.shape != shape or not any(a in walk.values for a in n.value_args()):
             return False
+        if n.op in VIEW_OPS:  # a view to the same shape (`.detach()`: capture keeps it a view): the same values
+            return n.args[0] in walk.values
         return pointwise_with(n, lambda a: channel_operand(a, shape, walk.values) or outside_value(a, walk))
 
     def finish(self, walk: Walk) -> list[Node]:
