@@ -44,7 +44,6 @@ from kfuse.regions.conv_common import (
     conv_bias,
     conv_cost,
     conv_kernel,
-    conv_launch,
     depthwise,
     form_of,
     geometry_code,
@@ -246,16 +245,10 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
              "T = geo.groups * cdiv(geo.COUT_G, cfg.block_n)  # column tiles over all groups",
              "if T == 1:  # each pixel's channels in one tile: one kernel, tuned among tiles as wide",
              *[f"    {alloc(v, p)}" for v in outputs],
-             f"    def {stem}_one_tile_launch(cfg):",
-             *[f"        {ln}" for ln in conv_launch(form, f"{stem}_one_tile", [buffer(v, p) for v in outputs
-                                                                                 if p.roles[v] in ("pre", "post")]
-                                                 + [f"o_{v}" for v in outputs if p.roles[v] not in ("pre", "post")],
-                                                 a0)],
-             "    if geo.M:",
-             *[f"        {ln}" for ln in call("cfg = tuned_conv", [f"{stem}_one_tile_kernel", "geo", "scheme", "cfg",
-                                                                   "x", f"{stem}_one_tile_launch",
-                                                                   "same_columns=True"], []).splitlines()],
-             f"    {stem}_one_tile_launch(cfg)",
+             *[f"    {ln}" for ln in tuned_launch(form, f"{stem}_one_tile", [buffer(v, p) for v in outputs
+                                                                                if p.roles[v] in ("pre", "post")]
+                                                  + [f"o_{v}" for v in outputs if p.roles[v] not in ("pre", "post")],
+                                                  a0, [], [], same_columns=True)],
              f"    return {rets}"]
     lines += [f"buf_{v} = torch.empty(geo.out_shape, device=x.device, dtype={dtype(v in outputs)})" for v in p.full]
     lines += tuned_launch(form, stem, [f"buf_{v}" for v in p.full] + ["pa", "pb"], a1, ["pa", "pb", "T"],

@@ -293,19 +293,26 @@ def conv_launch(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs) 
         TILE_LAUNCH).splitlines()]]
 
 
-def tuned_launch(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs, buffers: list[str],
-                 allocate: list[str]) -> list[str]:
-    """Launcher lines: conv_launch inside `<kernel>_launch(cfg)`, which first runs the `allocate` lines (the
-    `buffers` whose size follows the tile, e.g. per-tile partial statistics) and returns the buffers; the tuner times
-    it at each candidate tile (tuned_conv, on a GPU's first call at each geometry), then it runs at the pick and
-    `cfg` is rebound to that tile. Each timed call allocates its own buffers, so no call reads another's."""
+def tuned_lines(kernel: str, launch: str, body: list[str], buffers: list[str],
+                same_columns: bool = False) -> list[str]:
+    """Launcher lines: `<launch>(cfg)` runs `body` (allocating the `buffers` whose size follows the tile, e.g.
+    per-tile partial statistics, then launching `kernel` at cfg) and returns the buffers; the tuner times it at each
+    candidate tile (tuned_conv, on a GPU's first call at each geometry; `same_columns`: tuned_conv's), then it runs at
+    the pick and `cfg` is rebound to that tile. Each timed call allocates its own buffers, so no call reads
+    another's."""
     names = ", ".join(buffers)
-    return [f"def {kernel}_launch(cfg):", *[f"    {ln}" for ln in (*allocate, *conv_launch(form, kernel, ptrs, args))],
-            f"    return {names}",
-            "if geo.M:",
-            *[f"    {ln}" for ln in call("cfg = tuned_conv", [f"{kernel}_kernel", "geo", "scheme", "cfg", "x",
-                                                               f"{kernel}_launch"], []).splitlines()],
-            f"{names} = {kernel}_launch(cfg)"]
+    tune = call("cfg = tuned_conv", [kernel, "geo", "scheme", "cfg", "x", launch,
+                                     *(["same_columns=True"] if same_columns else [])], [])
+    return [f"def {launch}(cfg):", *[f"    {ln}" for ln in body], *([f"    return {names}"] if buffers else []),
+            "if geo.M:", *[f"    {ln}" for ln in tune.splitlines()],
+            f"{names} = {launch}(cfg)" if buffers else f"{launch}(cfg)"]
+
+
+def tuned_launch(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs, buffers: list[str],
+                 allocate: list[str], same_columns: bool = False) -> list[str]:
+    """tuned_lines of conv_launch (of `<kernel>_kernel`, in `<kernel>_launch(cfg)`) after the `allocate` lines."""
+    return tuned_lines(f"{kernel}_kernel", f"{kernel}_launch", [*allocate, *conv_launch(form, kernel, ptrs, args)],
+                       buffers, same_columns)
 
 
 def row_shape_code(n: Node, anchor: Node) -> str:

@@ -59,6 +59,7 @@ from kfuse.regions.conv_common import (
     reads_outside,
     runs_direct,
     tuned_launch,
+    tuned_lines,
 )
 from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with
 
@@ -338,16 +339,12 @@ def mean_launch(stem: str, kernel: str, a1: KernelArgs, a2: KernelArgs, outs: li
             *[f"{o} = torch.empty((N, C{', 1' * (ranks[v] - 2)}), device=x.device, dtype=x.dtype)"
               for o, v in zip(outs, region.outputs)],
             "# the partials follow the tile (a slot per sample and pixel tile): allocated per launch, then tuned",
-            f"def {kernel}_launch(cfg):",
-            "    _, P, T, grid = mean_plan(geo, S, scheme, cfg)",
-            "    part = torch.empty((N * T, C), device=x.device, dtype=torch.float64)",
-            "    if geo.M:",
-            *indented("\n".join(indented(call(f"{kernel}[grid]", ["*ops", "part", *a1.params, "*sizes", *pool_args],
-                                               ["P=P", *TILE_LAUNCH])))),
-            "    return part, T",
-            "if geo.M:",
-            *indented(call("cfg = tuned_conv", [kernel, "geo", "scheme", "cfg", "x", f"{kernel}_launch"], [])),
-            f"part, T = {kernel}_launch(cfg)",
+            *tuned_lines(kernel, f"{kernel}_launch",
+                         ["_, P, T, grid = mean_plan(geo, S, scheme, cfg)",
+                          "part = torch.empty((N * T, C), device=x.device, dtype=torch.float64)",
+                          "if geo.M:", *indented(call(f"{kernel}[grid]", ["*ops", "part", *a1.params, "*sizes",
+                                                                          *pool_args], ["P=P", *TILE_LAUNCH]))],
+                         ["part", "T"]),
             "if geo.M:",
             "    bm, bt = finalize_blocks(N, T)",
             *indented(call(f"{stem}_finalize_kernel[(cdiv(N, bm), cdiv(C, 64))]",
