@@ -65,6 +65,9 @@ class KernelArgs:
     values: list[str] = field(default_factory=list)
     loads: list[str] = field(default_factory=list)  # kernel lines loading vectors, emitted before the epilogue
     loaded: set[str] = field(default_factory=set)
+    # values the region does not compute that its kind admits, read whole at the output offsets (the plain
+    # convolution kind's: conv_common.outside_value); any other value missing from the kernel's env is an error
+    outside: frozenset[str] = frozenset()
 
     def add(self, stem: str, value: str, vector: bool) -> str:
         """The kernel parameter fed by `value` (a launcher expression); named after what it reads."""
@@ -82,11 +85,10 @@ class KernelArgs:
         return next(v for n, v in self.registry.values() if n == name)
 
     def operand(self, a: Arg, env: dict[str, str]) -> str:
-        """A pointwise op's operand in kernel code: a tile variable, a scalar argument or a loaded vector; a value
-        the region does not compute (admitted by the plain convolution kind alone: conv_common.outside_value) is
-        loaded whole at the kernel's output offsets `out_offs` under `mask`."""
+        """A pointwise op's operand in kernel code: a tile variable, a scalar argument or a loaded vector; one of
+        `outside` is loaded whole at the kernel's output offsets `out_offs` under `mask`."""
         if isinstance(a, str):
-            if a in env:
+            if a not in self.outside:
                 return env[a]
             name = self.add("v_" + ident(a), f"{a}.contiguous()", True)
             if name not in self.loaded:

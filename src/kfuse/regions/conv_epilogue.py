@@ -67,7 +67,8 @@ class ConvEpilogue(RegionKind):
     def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
         anchor = region.anchor
         env: dict[str, str] = {}
-        args = KernelArgs()
+        inside = {n.name for n in region.nodes}  # what else the ops read was admitted as an outside_value
+        args = KernelArgs(outside=frozenset(a for n in region.nodes[1:] for a in n.value_args() if a not in inside))
         bias = anchor.args[2]
         if bias is None:
             body = [f"{var(anchor.name)} = acc"]
