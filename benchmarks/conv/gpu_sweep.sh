@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# KernelBench's convolution problems at full size, one `kfuse bench` per file, on a GPU machine from the repository
+# root:
+#     KB=kb NUMS="1 2 3" BUDGET=500 benchmarks/conv/gpu_sweep.sh OUT
+# Each file writes OUT/LEVEL-N.json (the contract checked on one draw set plus the extra shape: --trials 1), so a
+# call cut by the device's limit keeps every file it finished; no file is started once BUDGET seconds have passed.
+# Merge the calls' files with benchmarks/merge_bench.py. LEVEL (default level2), BASELINES (default
+# eager,eager_strict), PER_FILE (seconds, default 150).
+set -uo pipefail
+out="${1:-out/sweep}"
+source "$(dirname "$0")/gpu_env.sh"
+level="${LEVEL:-level2}"
+start=$SECONDS
+{
+date; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+for n in ${NUMS:?NUMS: the problem numbers}; do
+    if (( SECONDS - start > ${BUDGET:-500} )); then echo "budget spent: not started $n"; continue; fi
+    f=$(ls "$kb/$level/${n}_"*.py)
+    t0=$SECONDS
+    timeout "${PER_FILE:-150}" python3 -m kfuse bench "$f" --baselines "${BASELINES:-eager,eager_strict}" --trials 1 \
+        --json "$out/$level-$n.json" > "$out/$level-$n.log" 2>&1
+    echo "$level $n: exit $? in $((SECONDS - t0)) s: $(grep -o 'contract [a-z]*' "$out/$level-$n.log" | tail -1)"
+done
+date
+} 2>&1 | tee -a "$out/sweep.log"
