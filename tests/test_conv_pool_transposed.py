@@ -2,7 +2,9 @@
 KFUSE_TRANSPOSED_POOLS=0): the stride-phase tiles store y, the ops before the pool applied, then a pass over y pools
 it and runs the ops after the pool. At odd sizes in the interpreter: 1-d, 2-d and 3-d, groups, max and avg pools
 with padding, dilation, ceil_mode, count_include_pad and divisor_override, through the accuracy contract; one through
-the gradient contract; switched off, the pool a torch call; and a global mean after the pool left to torch."""
+the gradient contract; switched off, the pool a torch call; and a global mean after the pool left to torch. A global
+mean of the transposed convolution's pixels (AdaptiveAvgPool to one, a mean over every spatial dim): 1-d, 2-d and 3-d,
+groups, dilation, uneven strides, samples smaller than a row tile, phases with no tap; in training too."""
 
 from __future__ import annotations
 
@@ -38,8 +40,26 @@ CASES = {
 }
 
 
+# a global mean after a transposed convolution: phase tiles' sums per (sample, phase, row tile), then the finalize
+MEANS = {
+    "2d_mean_keepdim": ("self.conv = nn.ConvTranspose2d(5, 7, 3, stride=2, padding=1, output_padding=1)\n"
+                        "self.bias = nn.Parameter(torch.randn(7, 1, 1))",
+                        "x = torch.mean(torch.relu(self.conv(x)) * 0.5, dim=(2, 3), keepdim=True)\n"
+                        "return torch.relu(x + self.bias) * 3.0", "5, 9, 11"),
+    "1d_mean_groups_dilated": ("self.conv = nn.ConvTranspose1d(4, 6, 3, stride=3, dilation=2, groups=2)\n"
+                               "self.scale = nn.Parameter(torch.randn(6))",
+                               "return self.conv(x).mean(2) * self.scale", "4, 13"),
+    "3d_adaptive_uneven_strides": ("self.conv = nn.ConvTranspose3d(3, 5, (2, 3, 2), stride=(2, 1, 3))\n"
+                                   "self.gap = nn.AdaptiveAvgPool3d(1)",
+                                   "return self.gap(torch.sigmoid(self.conv(x)))", "3, 3, 4, 2"),
+    # 2 x 2 output pixels a sample: a row tile holds many samples; stride 3 > kernel 1: phases without a tap
+    "2d_tiny_samples_tapless_phases": ("self.conv = nn.ConvTranspose2d(3, 4, 1, stride=3, padding=1)",
+                                       "return self.conv(x).mean((2, 3)) - 1.0", "3, 2, 2"),
+}
+
+
 def problem(tmp_path: Path, name: str) -> Path:
-    return write_conv_problem(tmp_path, name, *CASES[name])
+    return write_conv_problem(tmp_path, name, *{**CASES, **MEANS}[name])
 
 
 @pytest.fixture
@@ -54,6 +74,16 @@ def test_the_two_passes_meet_the_contract(on, tmp_path, name):
     assert [r.kind for r in result.compiled.regions] == ["conv_pool"] and result.compiled.unfused == []
     assert "_conv_kernel[" in result.compiled.source and not long_lines(result.compiled.source)
     assert "_conv_launch)" in result.compiled.source  # pass 1's tile tuned (tuned_launch) as the epilogue's
+
+
+@pytest.mark.parametrize("name", MEANS)
+def test_a_global_mean_meets_the_contract(on, tmp_path, name):
+    result = optimize(load_problem(problem(tmp_path, name)), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert [r.kind for r in result.compiled.regions] == ["conv_pool"] and result.compiled.unfused == []
+    source = result.compiled.source
+    assert "store_segment_sums(" in source and "_finalize_kernel[" in source and not long_lines(source)
+    assert "_partial_launch)" in source  # the phase tiles tuned with their partials
 
 
 def test_switched_off_the_pool_stays_a_torch_call(monkeypatch, tmp_path):
@@ -71,6 +101,14 @@ def test_a_global_mean_after_the_pool_stays_a_torch_call(on, tmp_path):
     compiled = compile_problem(load_problem(path), CPU)
     assert [r.kind for r in compiled.regions if r.fused] == ["conv_pool"]
     assert any(op.startswith("torch.mean") for op in compiled.unfused), compiled.unfused
+
+
+def test_a_global_mean_trains(on, tmp_path):
+    prob = load_problem(problem(tmp_path, "2d_mean_keepdim"))
+    compiled = compile_problem(prob, CPU)
+    assert [r.kind for r in compiled.regions] == ["conv_pool"]
+    verdict = gradient_verdict(prob, compiled, tmp_path)
+    assert verdict.correct, verdict.failures
 
 
 def test_the_two_passes_train(on, tmp_path):

@@ -105,6 +105,16 @@ def test_transposed_conv_pool_joins_unless_switched_off(monkeypatch):
     assert regions(m, X2) == [("conv_epilogue", ["conv_transpose"]), ("torch", ["pool"])]
 
 
+def test_transposed_conv_global_mean_joins_unless_switched_off(monkeypatch):
+    """A global mean of a transposed convolution's pixels joins (the phase tiles' partial sums), the ops after it
+    too; KFUSE_TRANSPOSED_POOLS=0 leaves it to torch."""
+    m = Chain(nn.ConvTranspose2d(3, 4, 3, stride=2), lambda s, y: torch.relu(y).mean((2, 3), keepdim=True) * 2.0)
+    monkeypatch.delenv(TRANSPOSED_SWITCH, raising=False)
+    assert regions(m, X2) == [("conv_pool", ["conv_transpose", "relu", "mean_dims", "mul"])]
+    monkeypatch.setenv(TRANSPOSED_SWITCH, "0")
+    assert regions(m, X2)[0] == ("conv_epilogue", ["conv_transpose", "relu"])
+
+
 def test_one_d_pool_after_conv1d_and_after_a_gemm():
     m = Chain(nn.Conv1d(3, 4, 3), lambda s, y: s.pool(y), pool=nn.MaxPool1d(2))
     assert regions(m, X1) == [("conv_pool", ["conv", "max_pool1d"])]

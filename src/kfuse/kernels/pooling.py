@@ -18,6 +18,10 @@ slot never straddles two samples and small samples share a tile; each stores its
 sums (a (BLOCK_M // P, P, BLOCK_N) reshape summed over its middle axis). A finalize kernel adds a sample's T = S / P
 tiles per channel in float64, divides by S and rounds once. Bytes beyond the conv: 8 * N * T * C_out written and
 read.
+After a transposed convolution the rows are its stride phases' pixels (kernels/conv_transpose.py), which no slot
+layout can regroup: the phase tiles keep their own rows and store, for each sample among a tile's rows, that
+sample's float64 sums under entry (sample, phase, j) (`store_segment_sums`; the entries of kernels/conv_norm.py's
+conv_gn_layout, zeros where no tile writes), and the same finalize adds a sample's phases * J entries.
 """
 
 from __future__ import annotations
@@ -122,6 +126,25 @@ def sample_rows(pid_m, N, S, BLOCK_M: tl.constexpr, P: tl.constexpr):
     n_row = tl.program_id(2) * (BLOCK_M // P) + r // P
     offs_s = pid_m * P + r % P
     return n_row, offs_s, (offs_s < S) & (n_row < N)
+
+
+@triton.jit
+def store_segment_sums(part_ptr, y, mask_m, offs_n, mask_n, pid_m, S_rows, SLOTS, J, C_out,
+                       BLOCK_M: tl.constexpr):
+    """For each sample among the tile's rows (rows n * S_rows + s of its phase, program_id(2); at most SLOTS
+    samples), the float64 column sums of y over that sample's rows, stored at entry (sample, phase, j) of the
+    (N, phases * J, C_out) partials, j = this tile's index among the row tiles touching the sample."""
+    r_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_row = r_m // S_rows
+    n_first = (pid_m * BLOCK_M) // S_rows
+    y64 = y.to(tl.float64)
+    for s in range(SLOTS):
+        n_s = n_first + s
+        in_s = mask_m & (n_row == n_s)
+        if tl.sum(in_s.to(tl.int32), axis=0) > 0:  # most tiles hold one sample's rows
+            sums = tl.sum(tl.where(in_s[:, None] & mask_n[None, :], y64, 0.0), axis=0)
+            entry = (n_s.to(tl.int64) * tl.num_programs(2) + tl.program_id(2)) * J + (pid_m - (n_s * S_rows) // BLOCK_M)
+            tl.store(part_ptr + entry * C_out + offs_n, sums, mask=mask_n)
 
 
 @triton.jit

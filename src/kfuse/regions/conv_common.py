@@ -207,6 +207,18 @@ def conv_cost(anchor: Node, g: Graph, outs: int) -> str:
             f"{moved / 2 ** 20:.3g} MiB moved ({x_text}, W once, {outs} output{plural} written once).")
 
 
+# Rows of the tile's GEMM a sample has (S_rows): the output's pixels, or the stride phase's (conv_transpose_tile's
+# td * th * tw), by the form's plan. Rows are n * S_rows + s, so a row tile may end in one sample and start the next.
+SAMPLE_ROWS = {
+    "conv_plan": ("S_rows = OD * OH * OW  # rows a sample has",),
+    "conv_transpose_plan": (
+        "ph = phase_ptr + tl.program_id(2) * 10  # this phase's row of the phase table: rd, rh, rw first",
+        "S_rows = ((OD - tl.load(ph) + SD - 1) // SD) * ((OH - tl.load(ph + 1) + SH - 1) // SH)",
+        "S_rows = tl.maximum(S_rows * ((OW - tl.load(ph + 2) + SW - 1) // SW), 1)  # rows a sample has in this phase",
+    ),
+}
+
+
 def tile_lines(form: ConvForm) -> list[str]:
     """Kernel lines: the tile's accumulator, its pixel and channel offsets and masks (the names KernelArgs' vector
     loads read: offs_n, mask_n), and the output offsets."""
@@ -241,9 +253,12 @@ def pixel_kernel(name: str, doc: str, pointers: list[str], args: KernelArgs, siz
                       *[f"    {ln}" for ln in (*PIXEL_TILE_LINES, *lines)]]) + "\n"
 
 
-def conv_kernel(form: ConvForm, name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str]) -> str:
-    decls: tuple[Decl, ...] = (*form.params, *plain(*[f"{o}_ptr" for o in outs]), *args.decls(), *form.sizes,
-                               *CONV_CONSTEXPRS)
+def conv_kernel(form: ConvForm, name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str],
+                extra: tuple[str, ...] = ()) -> str:
+    """`<name>_kernel`: the tile, the epilogue's loads, then `body`; its parameters the tile's operands, the `outs`
+    pointers, the `extra` sizes, the epilogue's operands, the tile's sizes and constexprs."""
+    decls: tuple[Decl, ...] = (*form.params, *plain(*[f"{o}_ptr" for o in outs]), *plain(*extra), *args.decls(),
+                               *form.sizes, *CONV_CONSTEXPRS)
     lines = ["@triton.jit", f"def {name}_kernel({signature(decls)}):", docstring(doc),
              *[f"    {ln}" for ln in (*tile_lines(form), *args.loads, *body)]]
     return "\n".join(lines) + "\n"

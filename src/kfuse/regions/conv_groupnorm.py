@@ -32,20 +32,18 @@ from kfuse.regions.common import (
     RegionCode,
     affine_lines,
     call,
-    docstring,
     launcher,
     operand_code,
-    plain,
     pointwise_lines,
-    signature,
     var,
 )
 from kfuse.regions.conv_common import (
-    CONV_CONSTEXPRS,
+    SAMPLE_ROWS,
     TRANSPOSED,
     ConvForm,
     conv_bias,
     conv_cost,
+    conv_kernel,
     depthwise,
     form_of,
     geometry_code,
@@ -53,7 +51,6 @@ from kfuse.regions.conv_common import (
     pixel_kernel,
     reads_outside,
     stores,
-    tile_lines,
     tuned_launch,
 )
 from kfuse.regions.kind import RegionKind, Walk, group_size, same_tile
@@ -61,16 +58,6 @@ from kfuse.regions.kind import RegionKind, Walk, group_size, same_tile
 NORMS = ("group_norm", "instance_norm")
 # stats-kernel sizes beyond the convolution's: samples a tile may touch, entries a sample has per phase
 LAYOUT = ("SLOTS", "J")
-
-# Rows of the tile's GEMM a sample has (S): the output's pixels, or the phase's (conv_transpose_tile's td * th * tw).
-SAMPLE_ROWS = {
-    "conv_plan": ("S_rows = OD * OH * OW  # rows a sample has",),
-    "conv_transpose_plan": (
-        "ph = phase_ptr + tl.program_id(2) * 10  # this phase's row of the phase table: rd, rh, rw first",
-        "S_rows = ((OD - tl.load(ph) + SD - 1) // SD) * ((OH - tl.load(ph + 1) + SH - 1) // SH)",
-        "S_rows = tl.maximum(S_rows * ((OW - tl.load(ph + 2) + SW - 1) // SW), 1)  # rows a sample has in this phase",
-    ),
-}
 
 # For each sample among the tile's rows: its rows' per-channel mean and centred M2 (float64) and their count, stored
 # under entry (sample, phase, j), j = this tile's index among the row tiles touching the sample. {y}: the norm's input.
@@ -127,11 +114,7 @@ def stats_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Parts,
     body = conv_bias(region.anchor, env, args) + pointwise_lines(p.before, env, args)
     body += stores(p.stored, env) + list(SAMPLE_ROWS[form.plan]) + [ln.format(y=env[p.y]) for ln in STATS_LINES]
     outs = [f"buf_{v}" for v in p.stored] + ["mean_part", "m2_part", "count"]
-    decls = (*form.params, *plain(*[f"{o}_ptr" for o in outs]), *plain(*LAYOUT), *args.decls(), *form.sizes,
-             *CONV_CONSTEXPRS)
-    lines = ["@triton.jit", f"def {name}_stats_kernel({signature(decls)}):", docstring(doc),
-             *[f"    {ln}" for ln in (*tile_lines(form), *args.loads, *body)]]
-    return "\n".join(lines) + "\n", args
+    return conv_kernel(form, f"{name}_stats", doc, outs, args, body, LAYOUT), args
 
 
 def apply_kernel(region: Region, name: str, doc: str, p: Parts,

@@ -8,9 +8,11 @@ Windowed pools: one kernel whose rows are pooled pixels, looping over each windo
 pool run on each conv pixel, then max / sum), then the ops after the pool on the pooled tile, stored as NC(D)HW.
 Global means: two kernels, per-(sample, pixel tile, channel) float64 sums of the ops before the mean, then a finalize
 that adds a sample's tiles, divides, and runs the ops after the mean.
-A transposed convolution's windowed pool (unless KFUSE_TRANSPOSED_POOLS=0; its stride-phase tile cannot be recomputed
-per window position): two passes, the phase tiles storing y (the pool's input, after the ops before the pool), then
-`<name>_kernel` over y in the same pooled-pixel rows, its window loop loading y, and the ops after the pool.
+A transposed convolution's pools (unless KFUSE_TRANSPOSED_POOLS=0; its stride-phase tile cannot be recomputed per
+window position, nor regrouped into whole samples): a windowed pool in two passes, the phase tiles storing y (the
+pool's input, after the ops before the pool), then `<name>_kernel` over y in the same pooled-pixel rows, its window
+loop loading y, and the ops after the pool; a global mean as the phase tiles' float64 sums per (sample, phase, row
+tile) (kernels/pooling.py store_segment_sums), then the finalize, y never stored.
 Anchors: a convolution's pointwise region (a transposed one's as above); the kind takes its walk over at the pool, where
 nothing outside the region reads a value before the pool (the pool's rows never see the whole conv output, so such a
 value could not be stored). The ops after the pool read the pooled values, numbers and per-channel parameters; after
@@ -43,6 +45,7 @@ from kfuse.regions.conv_common import (
     DIRECT_COST,
     MEANS,
     PACKED_COST,
+    SAMPLE_ROWS,
     TILE_LAUNCH,
     TRANSPOSED,
     WINDOWED,
@@ -110,25 +113,26 @@ def read_only_inside(members: list[Node], n: Node, g: Graph) -> bool:
     return all(m.name not in g.outputs and all(u.name in inside for u in g.users(m.name)) for m in members)
 
 
-TRANSPOSED_SWITCH = "KFUSE_TRANSPOSED_POOLS"  # "0": a transposed convolution's windowed pool stays a torch call
+TRANSPOSED_SWITCH = "KFUSE_TRANSPOSED_POOLS"  # "0": a transposed convolution's pools stay torch calls
 
 
 def transposed_pools_on() -> bool:
-    """On unless switched off: on an H200 the two passes beat the region plus torch's pool on KernelBench level 2
-    50, 74 and 89 by 6-13% (benchmarks/conv/NOTES.md, "A windowed pool after a transposed convolution")."""
+    """On unless switched off: on an H200 the windowed pool's two passes beat the region plus torch's pool on
+    KernelBench level 2 50, 74 and 89 by 6-13% (benchmarks/conv/NOTES.md, "A windowed pool after a transposed
+    convolution")."""
     return os.environ.get(TRANSPOSED_SWITCH, "1") != "0"
 
 
 def pool_after_conv(walk: Walk, n: Node) -> bool:
-    """A pool of a value of the walk (at the conv's shape), nothing before it read outside the region; after a
-    transposed convolution, a windowed pool (when switched on)."""
+    """A windowed pool or a global mean of a value of the walk (at the conv's shape), nothing before it read outside
+    the region; after a transposed convolution, when switched on."""
     anchor, g = walk.anchor, walk.g
     transposed = anchor.op == TRANSPOSED and transposed_pools_on()
     if not (anchor.op in CONV_OPS or transposed) or depthwise(anchor) or not n.args or n.args[0] not in walk.values:
         return False
     if g.shape_of(n.args[0]) != anchor.shape or numel(n.shape) == 0:
         return False
-    if not (is_windowed(n, anchor.attrs.get("dims", 0)) or (not transposed and is_global_mean(n, g))):
+    if not (is_windowed(n, anchor.attrs.get("dims", 0)) or is_global_mean(n, g)):
         return False
     return read_only_inside(walk.members, n, g)
 
@@ -216,6 +220,38 @@ def stored_pool_kernel(region: Region, stem: str, doc: str, outs: list[str],
              *plain("OD", "OH", "OW", "C_out"), constexpr("COUNT_PAD"), constexpr("BLOCK_M"), constexpr("BLOCK_N"))
     return "\n".join(["@triton.jit", f"def {stem}_kernel({signature(decls)}):", docstring(doc),
                       *[f"    {ln}" for ln in lines]]) + "\n", args
+
+
+def transposed_mean_generate(region: Region, g: Graph, stem: str) -> RegionCode:
+    """A transposed convolution's global mean: the phase tiles' per-(sample, phase, row tile) float64 sums of the
+    mean's input (`<stem>_partial_kernel`), then the finalize (as a plain convolution's mean)."""
+    anchor, nodes = region.anchor, list(region.nodes)
+    mean = nodes[pool_at(nodes)]
+    outs = [f"out{i}" for i in range(len(region.outputs))]
+    doc = f"Fused: {', '.join(n.origin for n in nodes)}. {cost(region, g, mean)}"
+    registry: dict[str, tuple[str, bool]] = {}
+    a1, env, form = KernelArgs(registry), {}, form_of(anchor)
+    body = [*conv_bias(anchor, env, a1), *pointwise_lines(nodes[1:pool_at(nodes)], env, a1),
+            f"# partial sums of {mean.origin}", *SAMPLE_ROWS[form.plan],
+            call("store_segment_sums", ["part_ptr", env[mean.args[0]], "mask_m", "offs_n", "mask_n", "pid_m",
+                                        "S_rows", "SLOTS", "J", "C_out", "BLOCK_M"])]
+    partial = conv_kernel(form, f"{stem}_partial", f"Phase 1 of: {doc}", ["part"], a1, body, ("SLOTS", "J"))
+    finalize, a2 = finalize_kernel(region, stem, doc, outs, registry)
+    lines = ["x = x.contiguous()",
+             f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
+             "N, C = geo.out_shape[:2]",
+             "S = torch.Size(geo.out_shape[2:]).numel()  # conv pixels per sample",
+             *mean_outputs(outs, region),
+             *tuned_launch(form, f"{stem}_partial", ["part", "slots", "J"], a1, ["part", "T"],
+                           ["phases, J, slots = conv_gn_layout(geo, cfg.block_m)  # entries by phase and row tile",
+                            "T = phases * J  # entries a sample",
+                            "part = torch.zeros((N * T, C), device=x.device, dtype=torch.float64)  # unwritten: 0"]),
+             *finalize_lines(stem, outs, a2),
+             f"return {', '.join(outs)}"]
+    params = [n for n, _ in registry.values()]
+    src = launcher(f"fused_{stem}", ["x", "weight", *params, *form.geometry], lines, doc)
+    call_args = [anchor.args[0], operand_code(anchor.args[1]), *registry, *geometry_code(anchor)]
+    return RegionCode((partial, finalize), src, (f"{', '.join(region.outputs)} = {call(f'fused_{stem}', call_args)}",))
 
 
 def transposed_generate(region: Region, g: Graph, stem: str) -> RegionCode:
@@ -333,11 +369,9 @@ def mean_launch(stem: str, kernel: str, a1: KernelArgs, a2: KernelArgs, outs: li
                 pool_args: list[str]) -> list[str]:
     """Launcher lines of a global mean (after `geo`, `scheme`, `ops`, `sizes` and `S`, the pixels a mean covers):
     the partials of each sample's pixel tiles, then the finalize."""
-    ranks = {n.name: len(n.shape) for n in region.nodes}
     return ["cfg = mean_plan(geo, S, scheme)[0]",
             "N, C = geo.out_shape[:2]",
-            *[f"{o} = torch.empty((N, C{', 1' * (ranks[v] - 2)}), device=x.device, dtype=x.dtype)"
-              for o, v in zip(outs, region.outputs)],
+            *mean_outputs(outs, region),
             "# the partials follow the tile (a slot per sample and pixel tile): allocated per launch, then tuned",
             *tuned_lines(kernel, f"{kernel}_launch",
                          ["_, P, T, grid = mean_plan(geo, S, scheme, cfg)",
@@ -345,7 +379,19 @@ def mean_launch(stem: str, kernel: str, a1: KernelArgs, a2: KernelArgs, outs: li
                           "if geo.M:", *indented(call(f"{kernel}[grid]", ["*ops", "part", *a1.params, "*sizes",
                                                                           *pool_args], ["P=P", *TILE_LAUNCH]))],
                          ["part", "T"]),
-            "if geo.M:",
+            *finalize_lines(stem, outs, a2)]
+
+
+def mean_outputs(outs: list[str], region: Region) -> list[str]:
+    """Launcher lines allocating a global mean's outputs, one value per (sample, channel), at each output's rank."""
+    ranks = {n.name: len(n.shape) for n in region.nodes}
+    return [f"{o} = torch.empty((N, C{', 1' * (ranks[v] - 2)}), device=x.device, dtype=x.dtype)"
+            for o, v in zip(outs, region.outputs)]
+
+
+def finalize_lines(stem: str, outs: list[str], a2: KernelArgs) -> list[str]:
+    """Launcher lines of a global mean's finalize over the (N * T, C) partials `part`, S pixels a sample."""
+    return ["if geo.M:",
             "    bm, bt = finalize_blocks(N, T)",
             *indented(call(f"{stem}_finalize_kernel[(cdiv(N, bm), cdiv(C, 64))]",
                            ["part", *outs, *a2.params, "N", "C", "T", "S"],
@@ -355,7 +401,8 @@ def mean_launch(stem: str, kernel: str, a1: KernelArgs, a2: KernelArgs, outs: li
 def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     anchor, nodes = region.anchor, list(region.nodes)
     if anchor.op == TRANSPOSED:
-        return transposed_generate(region, g, stem)
+        at = pool_at(nodes)
+        return (transposed_generate if nodes[at].op in WINDOWED else transposed_mean_generate)(region, g, stem)
     pool, m_at = nodes[pool_at(nodes)], mean_at(nodes)
     outs = [f"out{i}" for i in range(len(region.outputs))]
     replaced = ", ".join(n.origin for n in region.nodes)
