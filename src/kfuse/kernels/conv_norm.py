@@ -25,6 +25,13 @@ at zero), so the merge needs no geometry: `conv_gn_channel_kernel` merges each (
 passes: groups of any width, samples of any size.
 Bytes: 2 * 8 * N * E * C read (E = phases * J entries a sample), negligible next to the convolution.
 
+LayerNorm over trailing dims after a convolution (its region kind): statistics per normalized row, the last L =
+prod(normalized_shape) elements of NC(D)HW memory (a row of W pixels of one channel for normalized_shape (W,), a
+whole sample for (C, D, H, W)), so row r is the contiguous y[r * L : (r + 1) * L]. `conv_ln_moments_kernel` reads
+each row in BLOCK_L chunks (any L): each chunk's fp32 mean and centred M2, merged into the row's in float64 (Chan's
+combination), then mean and 1/sqrt(var + eps) in fp32. Bytes: y read once (4 bytes an element), 8 bytes a row
+written.
+
 Eval mode (`bn-eval-fold`): BatchNorm of conv(x, W) + b with running statistics is the convolution with
     W' = W * g (per output channel),  b' = (b - running_mean) * g + beta,  g = gamma / sqrt(running_var + eps),
 exact in real arithmetic, computed in float64 and rounded once. A transposed convolution's weight is
@@ -38,13 +45,19 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels.gemm_core import cdiv
-from kfuse.kernels.runtime import tensor_key
+from kfuse.kernels.runtime import interpreting, tensor_key
 
 
 def conv_bn_stats_ref(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain torch reference: per-channel mean and biased variance of y (N, C, ...) over every other dim."""
     dims = [0, *range(2, y.dim())]
     return y.mean(dims), y.var(dims, unbiased=False)
+
+
+def conv_ln_moments_ref(y: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain torch reference: mean and biased variance of each contiguous row of `length` elements of y."""
+    rows = y.reshape(-1, length)
+    return rows.mean(1), rows.var(1, unbiased=False)
 
 
 def conv_gn_stats_ref(y: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,4 +219,45 @@ def conv_gn_stats(mean_part: torch.Tensor, m2_part: torch.Tensor, counts: torch.
     conv_gn_group_kernel[(n, cdiv(groups, block_g))](ch_mean, ch_m2, counts, mean, rstd, c, e, group, groups,
                                                      float(eps), BLOCK_E=block_e, BLOCK_G=block_g,
                                                      BLOCK_J=min(triton.next_power_of_2(group), 64))
+    return mean, rstd
+
+
+@triton.jit
+def conv_ln_moments_kernel(y_ptr, mean_ptr, rstd_ptr, R, L, eps, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Mean and 1/sqrt(var + eps) (fp32) of BLOCK_R contiguous rows of L elements of y: each BLOCK_L chunk's mean and
+    centred M2 in fp32, merged into the row's in float64."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mask_r = rows < R
+    base = rows.to(tl.int64) * L
+    count = tl.zeros((BLOCK_R,), dtype=tl.float64)
+    mean = tl.zeros((BLOCK_R,), dtype=tl.float64)
+    m2 = tl.zeros((BLOCK_R,), dtype=tl.float64)
+    for l0 in range(0, L, BLOCK_L):
+        cols = l0 + tl.arange(0, BLOCK_L)
+        mask = mask_r[:, None] & (cols < L)[None, :]
+        y = tl.load(y_ptr + base[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        n_c = tl.minimum(L - l0, BLOCK_L).to(tl.float32)
+        c_mean = tl.sum(y, axis=1) / n_c
+        dev = tl.where(mask, y - c_mean[:, None], 0.0)
+        c_m2 = tl.sum(dev * dev, axis=1)
+        total = count + n_c
+        delta = c_mean.to(tl.float64) - mean
+        mean += delta * n_c / total
+        m2 += c_m2.to(tl.float64) + delta * delta * count * n_c / total
+        count = total
+    tl.store(mean_ptr + rows, mean.to(tl.float32), mask=mask_r)
+    tl.store(rstd_ptr + rows, (1.0 / tl.sqrt(m2 / L + eps)).to(tl.float32), mask=mask_r)
+
+
+def conv_ln_moments(y: torch.Tensor, length: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, 1/sqrt(var + eps)), fp32, of each contiguous row of `length` elements of y (conv_ln_moments_kernel).
+    On a GPU 64 rows x 64-wide chunks a program; in the interpreter, whose cost is per program and per op, more."""
+    rows = y.numel() // max(length, 1)
+    mean = torch.empty((rows,), device=y.device, dtype=torch.float32)
+    rstd = torch.empty_like(mean)
+    block_l = min(triton.next_power_of_2(max(length, 1)), 1024 if interpreting() else 64)
+    block_r = max(min(triton.next_power_of_2(max(rows, 1)), (16384 if interpreting() else 4096) // block_l), 1)
+    if rows:
+        conv_ln_moments_kernel[(cdiv(rows, block_r),)](y, mean, rstd, rows, length, float(eps), BLOCK_R=block_r,
+                                                       BLOCK_L=block_l)
     return mean, rstd

@@ -1,0 +1,95 @@
+"""The conv_layernorm kind in the interpreter at odd sizes: a convolution (or transposed one) with a LayerNorm over
+trailing dims of its output (W alone, H x W, C x L, whole rows of more than one chunk), with and without the
+affine, module and functional forms, through the accuracy contract; one through the gradient contract; the row
+moments against their torch reference; and what stays a torch call (a LayerNorm over other dims, after a depthwise
+convolution)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kfuse.kernels.conv_norm import conv_ln_moments, conv_ln_moments_ref
+from kfuse.load import load_problem
+from kfuse.optimize import Options, compile_problem, load_module, optimize
+from kfuse_testing import gradient_verdict, long_lines, write_conv_problem
+
+CPU = Options(device="cpu", trials=2)
+# id -> (the Model's __init__ body, its forward, x's shape after the batch)
+CASES = {
+    # KernelBench level 2 problem 34's ops: a transposed conv, LayerNorm over its last dim (W), GELU, a scale
+    "transposed3d_last_dim_gelu": ("self.conv = nn.ConvTranspose3d(3, 5, 4, stride=2, padding=1)\n"
+                                   "self.norm = nn.LayerNorm(10)",
+                                   "return torch.nn.functional.gelu(self.norm(self.conv(x))) * 2.0", "3, 4, 6, 5"),
+    # over (H, W) with its affine, a per-channel bias after it; a grouped, strided conv
+    "grouped2d_hw_affine_bias": ("self.conv = nn.Conv2d(4, 6, 3, stride=(2, 1), groups=2)\n"
+                                 "self.norm = nn.LayerNorm((5, 9))\nself.bias = nn.Parameter(torch.randn(6, 1, 1))",
+                                 "return torch.relu(self.norm(self.conv(x) - 0.5) + self.bias)", "4, 11, 11"),
+    # over (C, L) (a whole sample), no affine; the conv's own value is a second output (stored by pass 1)
+    "conv1d_whole_sample_two_outputs": ("self.conv = nn.Conv1d(5, 7, 3, padding=2, dilation=2)\n"
+                                        "self.norm = nn.LayerNorm((7, 19), elementwise_affine=False)",
+                                        "y = self.conv(x)\nreturn y, torch.tanh(self.norm(y))", "5, 19"),
+    # F.layer_norm with a weight parameter and eps as a number; rows of 3 x 19 x 23 = 1311 elements: two chunks
+    "functional_rows_of_two_chunks": ("self.conv = nn.Conv3d(2, 4, 3, padding=1)\n"
+                                      "self.w = nn.Parameter(torch.randn(3, 19, 23))",
+                                      "y = torch.sigmoid(self.conv(x))\n"
+                                      "return F.layer_norm(y, (3, 19, 23), self.w, None, 1e-3) + y", "2, 3, 19, 23"),
+}
+
+
+def problem(tmp_path: Path, name: str) -> Path:
+    return write_conv_problem(tmp_path, name, *CASES[name], batch=2)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_meets_the_contract(tmp_path, name):
+    result = optimize(load_problem(problem(tmp_path, name)), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert [r.kind for r in result.compiled.regions] == ["conv_layernorm"] and result.compiled.unfused == []
+    source = result.compiled.source
+    assert "conv_ln_moments(" in source and "_apply_kernel[" in source and not long_lines(source)
+    assert "tuned_conv(" in source  # pass 1's tile tuned on a GPU
+
+
+def test_a_width_other_than_normalized_shape_fails_as_in_torch(tmp_path):
+    prob = load_problem(problem(tmp_path, "transposed3d_last_dim_gelu"))
+    compiled = compile_problem(prob, CPU)
+    path = tmp_path / "new.py"
+    path.write_text(compiled.source)
+    model = load_module(path).ModelNew()
+    x = torch.randn(2, 3, 4, 6, 6)  # W 12 after the convolution, not the norm's 10
+    with pytest.raises(RuntimeError, match="normalized_shape"):
+        model(x)
+
+
+def test_trains(tmp_path):
+    prob = load_problem(problem(tmp_path, "grouped2d_hw_affine_bias"))
+    compiled = compile_problem(prob, CPU)
+    assert [r.kind for r in compiled.regions] == ["conv_layernorm"]
+    verdict = gradient_verdict(prob, compiled, tmp_path)
+    assert verdict.correct, verdict.failures
+
+
+@pytest.mark.parametrize("rows, length", [(37, 70), (5, 1311), (1, 1), (129, 64)])
+def test_row_moments_match_torch(rows, length):
+    torch.manual_seed(rows)
+    y = torch.randn(rows * length) * 3.0 + 1.5
+    mean, rstd = conv_ln_moments(y, length, 1e-5)
+    ref_mean, ref_var = conv_ln_moments_ref(y.double(), length)
+    assert torch.allclose(mean.double(), ref_mean, atol=1e-6)
+    assert torch.allclose(rstd.double(), (ref_var + 1e-5).rsqrt(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("init, forward", [
+    # over H alone (not the trailing dims)
+    ("self.conv = nn.Conv2d(3, 4, 3)", "return F.layer_norm(self.conv(x).transpose(2, 3), (7,))"),
+    # after a depthwise convolution (its direct tile)
+    ("self.conv = nn.Conv2d(3, 3, 3, groups=3)\nself.norm = nn.LayerNorm(7)", "return self.norm(self.conv(x))"),
+])
+def test_stays_a_torch_call(tmp_path, init, forward):
+    prob = load_problem(write_conv_problem(tmp_path, "other", init, forward, "3, 9, 9", batch=2))
+    compiled = compile_problem(prob, CPU)
+    assert "conv_layernorm" not in [r.kind for r in compiled.regions]
+    assert any("layer_norm" in op or "LayerNorm" in op for op in compiled.unfused), compiled.unfused
