@@ -2,7 +2,8 @@
 trailing dims of its output (W alone, H x W, C x L, whole rows of more than one chunk), with and without the
 affine, module and functional forms, through the accuracy contract; one through the gradient contract; the row
 moments against their torch reference; and what stays a torch call (a LayerNorm over other dims, after a depthwise
-convolution)."""
+convolution). A windowed pool after a LayerNorm, GroupNorm or InstanceNorm (regions/pool_pass.py): its apply pass in
+the pool's rows, through both contracts, and a value between the norm and the pool read elsewhere keeping it out."""
 
 from __future__ import annotations
 
@@ -93,3 +94,57 @@ def test_stays_a_torch_call(tmp_path, init, forward):
     compiled = compile_problem(prob, CPU)
     assert "conv_layernorm" not in [r.kind for r in compiled.regions]
     assert any("layer_norm" in op or "LayerNorm" in op for op in compiled.unfused), compiled.unfused
+
+
+# a windowed pool after the norm (pool_pass.py): the apply pass runs in the pool's rows, so the norm's output is never
+# stored; GroupNorm's kind takes it the same way
+POOLED = {
+    # KernelBench level 2 problem 3's ops: a transposed conv, + a 0-d parameter, LayerNorm over W, AvgPool3d, GELU
+    "transposed3d_layernorm_avgpool_gelu": ("self.conv = nn.ConvTranspose3d(3, 4, 3, stride=2, padding=1, "
+                                            "output_padding=1)\nself.w = nn.Parameter(torch.tensor(1.0))\n"
+                                            "self.norm = nn.LayerNorm(8)\nself.pool = nn.AvgPool3d(2)",
+                                            "return F.gelu(self.pool(self.norm(self.conv(x) + self.w)))", "3, 3, 4, 4"),
+    # KernelBench level 2 problem 85's ops: GroupNorm, a per-channel scale, an overlapping padded MaxPool2d, a clamp
+    "conv2d_groupnorm_scale_maxpool_clamp": ("self.conv = nn.Conv2d(3, 8, 3)\nself.gn = nn.GroupNorm(4, 8)\n"
+                                             "self.scale = nn.Parameter(torch.randn(8, 1, 1))\n"
+                                             "self.pool = nn.MaxPool2d(3, stride=2, padding=1)",
+                                             "return torch.clamp(self.pool(self.gn(self.conv(x)) * self.scale), "
+                                             "-0.5, 0.5)", "3, 11, 9"),
+    # InstanceNorm after a transposed conv, then a ceil-mode avg pool without padding counted, a residual of y
+    "transposed2d_instancenorm_residual_avgpool": ("self.conv = nn.ConvTranspose2d(4, 6, 3, stride=2)\n"
+                                                  "self.norm = nn.InstanceNorm2d(6, affine=True)\n"
+                                                  "self.pool = nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, "
+                                                  "count_include_pad=False)",
+                                                  "y = self.conv(x)\nreturn self.pool(self.norm(y) + y) * 2.0",
+                                                  "4, 5, 6"),
+}
+
+
+@pytest.mark.parametrize("name", POOLED)
+def test_a_pool_after_the_norm_meets_the_contract(tmp_path, name):
+    path = write_conv_problem(tmp_path, name, *POOLED[name], batch=2)
+    result = optimize(load_problem(path), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    kinds = [r.kind for r in result.compiled.regions if r.fused]
+    assert len(kinds) == 1 and kinds[0] in ("conv_layernorm", "conv_groupnorm"), kinds
+    unfused = result.compiled.unfused
+    assert not any("pool" in op.lower() for op in unfused), unfused
+    assert "window_pixel(" in result.compiled.source and not long_lines(result.compiled.source)
+
+
+def test_a_pool_after_the_norm_trains(tmp_path):
+    prob = load_problem(write_conv_problem(tmp_path, "gn_pool", *POOLED["conv2d_groupnorm_scale_maxpool_clamp"],
+                                           batch=2))
+    compiled = compile_problem(prob, CPU)
+    verdict = gradient_verdict(prob, compiled, tmp_path)
+    assert verdict.correct, verdict.failures
+
+
+def test_a_value_between_the_norm_and_the_pool_read_outside_keeps_the_pool_out(tmp_path):
+    """The pooled pass never holds the norm's output whole, so a second use of it leaves the pool to torch."""
+    init = "self.conv = nn.Conv2d(3, 4, 3)\nself.norm = nn.LayerNorm(7)\nself.pool = nn.MaxPool2d(2)"
+    forward = "z = torch.relu(self.norm(self.conv(x)))\nreturn z, self.pool(z)"
+    compiled = compile_problem(load_problem(write_conv_problem(tmp_path, "two", init, forward, "3, 9, 9", batch=2)),
+                               CPU)
+    assert [r.kind for r in compiled.regions if r.fused] == ["conv_layernorm"]
+    assert "nn.MaxPool2d pool" in compiled.unfused

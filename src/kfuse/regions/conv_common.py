@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kfuse.ir import Arg, Graph, Node, Param, Scalar
+from kfuse.ir import Arg, Graph, Node, Param, Region, Scalar
 from kfuse.kernels.conv_geometry import direct_k
 from kfuse.ops import CONV_OPS, TRANSPOSED_GEOMETRY, conv_geometry_code
 from kfuse.regions.common import (
@@ -339,6 +339,27 @@ def row_shape_code(n: Node, anchor: Node) -> str:
 # ---- pools after a convolution (the kind of regions/ that fuses them, and the CUDA backend's) ----------------------
 WINDOWED = ("pool", "max_pool1d", "avg_pool1d")
 MEANS = ("mean_dims", "mean")
+
+
+class NormParts:
+    """A norm kind's region cut at its norm (the first node whose op is one of `ops`) and at a windowed pool after
+    it, if any: the ops before the norm, between it and the pool (or the end: `after`), after the pool (`post`);
+    what pass 1 stores (`stored`: y, the norm's input, and the region outputs before the norm) and which region
+    outputs the apply pass stores (`post_outs`)."""
+
+    def __init__(self, region: Region, ops: tuple[str, ...]) -> None:
+        nodes = list(region.nodes)
+        self.at, self.norm = next((i, n) for i, n in enumerate(nodes) if n.op in ops)
+        p_at = next((i for i, n in enumerate(nodes) if i > self.at and n.op in WINDOWED), None)
+        self.pool = None if p_at is None else nodes[p_at]
+        self.before = nodes[1:self.at]
+        self.after = nodes[self.at + 1:len(nodes) if p_at is None else p_at]
+        self.post = [] if p_at is None else nodes[p_at + 1:]
+        pre = {n.name for n in nodes[:self.at]}
+        self.pre_outs = [v for v in region.outputs if v in pre]
+        self.post_outs = [v for v in region.outputs if v not in pre]
+        self.y = self.norm.args[0]
+        self.stored = list(dict.fromkeys([self.y, *self.pre_outs]))
 
 
 def pool_at(members: list[Node]) -> int:

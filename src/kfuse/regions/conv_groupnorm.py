@@ -12,7 +12,9 @@ row tiles and several column tiles, so no tile sees a group whole: the statistic
   2. `conv_gn_stats`: merges each (sample, channel)'s entries, then each (sample, group)'s channels (Chan's
      combination, float64): mean and 1/std per (sample, group);
   3. `<name>_apply_kernel`: one pass over y: (y - mean) * rstd [* weight + bias], then the ops after the norm (which
-     may also read y itself: a residual `conv + f(norm(conv))`).
+     may also read y itself: a residual `conv + f(norm(conv))`); with a windowed pool after them (nothing from the
+     norm on read outside the region), in the pool's rows (regions/pool_pass.py): the norm and those ops at each
+     window position, max / sum, then the ops after the pool, only the pooled values stored.
 The group count is read from the module when ModelNew runs; eps too. GroupNorm and InstanceNorm without running
 statistics act alike in training and eval mode (capture keeps an InstanceNorm that tracks running statistics a torch
 call).
@@ -41,19 +43,27 @@ from kfuse.regions.conv_common import (
     SAMPLE_ROWS,
     TRANSPOSED,
     ConvForm,
+    NormParts,
     conv_bias,
     conv_cost,
     conv_kernel,
     depthwise,
     form_of,
     geometry_code,
-    joins_after_norm,
     pixel_kernel,
+    pool_code,
     reads_outside,
     stores,
     tuned_launch,
 )
-from kfuse.regions.kind import RegionKind, Walk, group_size, same_tile
+from kfuse.regions.kind import RegionKind, Walk, group_size
+from kfuse.regions.pool_pass import (
+    POOL_PARAMS,
+    finish_norm_then_pool,
+    joins_norm_then_pool,
+    stored_pool_kernel,
+    stored_pool_launch,
+)
 
 NORMS = ("group_norm", "instance_norm")
 # stats-kernel sizes beyond the convolution's: samples a tile may touch, entries a sample has per phase
@@ -94,20 +104,7 @@ def norm_args(n: Node) -> tuple[object, Param | None, Param | None, object]:
     return None, w, b, eps
 
 
-class Parts:
-    """The region cut at its norm: the ops before it, after it, and which region outputs each side stores."""
-
-    def __init__(self, region: Region) -> None:
-        self.at, self.norm = next((i, n) for i, n in enumerate(region.nodes) if n.op in NORMS)
-        self.before, self.after = list(region.nodes[1:self.at]), list(region.nodes[self.at + 1:])
-        pre = {n.name for n in region.nodes[:self.at]}
-        self.pre_outs = [v for v in region.outputs if v in pre]
-        self.post_outs = [v for v in region.outputs if v not in pre]
-        self.y = self.norm.args[0]
-        self.stored = list(dict.fromkeys([self.y, *self.pre_outs]))  # what pass 1 writes
-
-
-def stats_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Parts,
+def stats_kernel(region: Region, form: ConvForm, name: str, doc: str, p: NormParts,
                  registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
     """Pass 1: the convolution and the ops before the norm; y, the region outputs before the norm, the partials."""
     args, env = KernelArgs(registry), {}
@@ -117,26 +114,51 @@ def stats_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Parts,
     return conv_kernel(form, f"{name}_stats", doc, outs, args, body, LAYOUT), args
 
 
-def apply_kernel(region: Region, name: str, doc: str, p: Parts,
+def apply_kernel(region: Region, name: str, doc: str, p: NormParts,
                  registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
     """Pass 3: one pass over y (NC(D)HW, S pixels a channel plane) as (pixels, channels) tiles, the layout of the
-    convolution's own tile; mean and rstd per (sample, group), then the affine and the ops after the norm."""
-    args, env = KernelArgs(registry), {p.y: "v_y"}
+    convolution's own tile; mean and rstd per (sample, group), then the affine and the ops after the norm. With a
+    windowed pool after them: in the pool's rows (pool_pass.py), the norm applied at each window position."""
+    args, env = KernelArgs(registry), {p.y: "v_y" if p.pool is None else "y"}
     _groups, w, b, _eps = norm_args(p.norm)
     out = var(p.norm.name)
-    body = [f"{out} = (v_y - g_mean) * g_rstd  # {p.norm.origin}", *affine_lines(out, w, b, env, args)]
+    body = [f"{out} = ({env[p.y]} - g_mean) * g_rstd  # {p.norm.origin}", *affine_lines(out, w, b, env, args)]
     env[p.norm.name] = out
-    body += pointwise_lines(p.after, env, args) + stores(p.post_outs, env)
-    lines = ["v_y = tl.load(y_ptr + out_offs, mask=mask, other=0.0).to(tl.float32)",
-             "g_at = (offs_m // S)[:, None] * NUM_GROUPS + (offs_n // GROUP)[None, :]  # < N * groups: int32",
+    body += pointwise_lines(p.after, env, args)
+    rows = "offs_m // S" if p.pool is None else "n_idx"
+    stats = [f"g_at = ({rows})[:, None] * NUM_GROUPS + (offs_n // GROUP)[None, :]  # < N * groups: int32",
              "g_mean = tl.load(g_mean_ptr + g_at, mask=mask, other=0.0)",
-             "g_rstd = tl.load(g_rstd_ptr + g_at, mask=mask, other=1.0)",
-             *args.loads, *body]
+             "g_rstd = tl.load(g_rstd_ptr + g_at, mask=mask, other=1.0)"]
+    if p.pool is not None:
+        outs = {f"buf_{v}": v for v in p.post_outs}
+        return stored_pool_kernel(f"{name}_apply_kernel", doc, p.pool, p.post, outs, args, env, (stats, body),
+                                  (["g_mean_ptr", "g_rstd_ptr"], ["GROUP", "NUM_GROUPS"])), args
+    lines = ["v_y = tl.load(y_ptr + out_offs, mask=mask, other=0.0).to(tl.float32)", *stats, *args.loads, *body,
+             *stores(p.post_outs, env)]
     pointers = ["y_ptr", "g_mean_ptr", "g_rstd_ptr", *[f"buf_{o}_ptr" for o in p.post_outs]]
     return pixel_kernel(f"{name}_apply_kernel", doc, pointers, args, ("GROUP", "NUM_GROUPS"), lines), args
 
 
-def launcher_lines(region: Region, form: ConvForm, stem: str, p: Parts, a1: KernelArgs, a3: KernelArgs) -> list[str]:
+def apply_launch(stem: str, p: NormParts, a3: KernelArgs) -> list[str]:
+    """Launcher lines of pass 3: over y's pixels, or over the pool's rows."""
+    outs = [f"buf_{v}" for v in p.post_outs]
+    if p.pool is not None:
+        return stored_pool_launch(f"{stem}_apply_kernel", f"buf_{p.y}", outs, a3,
+                                  (["g_mean", "g_rstd"], ["C // norm_groups", "norm_groups"]))
+    return [*[f"{o} = torch.empty(geo.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
+            "M = N * S",
+            # 64 x 32 on a GPU: at 128 x 32 the apply pass of problems/conv/38 took 255 registers and spilled (sm_90)
+            "bm, bn_ = (min(triton.next_power_of_2(max(M, 1)), 8192), 64) if interpreting() else (64, 32)",
+            "if M:",
+            "    " + call(f"{stem}_apply_kernel[(cdiv(M, bm), cdiv(C, bn_))]",
+                          [f"buf_{p.y}", "g_mean", "g_rstd", *outs, *a3.params],
+                          ["M", "C", "S", "C // norm_groups", "norm_groups", "BLOCK_M=bm", "BLOCK_N=bn_",
+                           "num_warps=4"],
+                          indent=12)]
+
+
+def launcher_lines(region: Region, form: ConvForm, stem: str, p: NormParts, a1: KernelArgs,
+                   a3: KernelArgs) -> list[str]:
     def empty(v: str, dtype: str = "x.dtype") -> str:
         return f"buf_{v} = torch.empty(geo.out_shape, device=x.device, dtype={dtype})"
 
@@ -161,33 +183,26 @@ def launcher_lines(region: Region, form: ConvForm, stem: str, p: Parts, a1: Kern
                              "m2_part = torch.zeros_like(mean_part)",
                              "count = torch.zeros((N, phases * J), device=x.device, dtype=torch.float64)"]),
               "g_mean, g_rstd = conv_gn_stats(mean_part, m2_part, count, norm_groups, norm_eps)",
-              *[empty(v) for v in p.post_outs],
-              "M = N * S",
-              # 64 x 32 on a GPU: at 128 x 32 the apply pass of problems/conv/38 took 255 registers and spilled (sm_90)
-              "bm, bn_ = (min(triton.next_power_of_2(max(M, 1)), 8192), 64) if interpreting() else (64, 32)",
-              "if M:",
-              "    " + call(f"{stem}_apply_kernel[(cdiv(M, bm), cdiv(C, bn_))]",
-                            [f"buf_{p.y}", "g_mean", "g_rstd", *[f"buf_{v}" for v in p.post_outs], *a3.params],
-                            ["M", "C", "S", "C // norm_groups", "norm_groups", "BLOCK_M=bm", "BLOCK_N=bn_",
-                             "num_warps=4"],
-                            indent=12),
+              *apply_launch(stem, p, a3),
               f"return {', '.join(f'buf_{v}' for v in region.outputs)}"]
     return lines
 
 
 def generate(region: Region, g: Graph, stem: str) -> RegionCode:
-    anchor, form, p = region.anchor, form_of(region.anchor), Parts(region)
+    anchor, form, p = region.anchor, form_of(region.anchor), NormParts(region, NORMS)
     registry: dict[str, tuple[str, bool]] = {}
     replaced = ", ".join(n.origin for n in region.nodes)
     stats, a1 = stats_kernel(region, form, stem, f"Pass 1 of: {replaced}. {conv_cost(anchor, g, 1)}", p, registry)
     apply, a3 = apply_kernel(region, stem, f"Pass 3 of: {replaced}.", p, registry)
     params = [n for n, _ in registry.values()]
-    src = launcher(f"fused_{stem}", ["x", "weight", "norm_groups", "norm_eps", *params, *form.geometry],
+    pooled = p.pool is not None
+    src = launcher(f"fused_{stem}", ["x", "weight", "norm_groups", "norm_eps", *params, *form.geometry,
+                                     *(POOL_PARAMS if pooled else [])],
                    launcher_lines(region, form, stem, p, a1, a3),
                    f"Fused: {replaced}. Statistics per (sample, group) from per-tile partials segmented by sample.")
     groups, _w, _b, eps = norm_args(p.norm)
     call_args = [anchor.args[0], operand_code(anchor.args[1]), "None" if groups is None else f"int({groups.expr()})",
-                 f"float({eps.expr()})", *registry, *geometry_code(anchor)]
+                 f"float({eps.expr()})", *registry, *geometry_code(anchor), *(pool_code(p.pool) if pooled else [])]
     return RegionCode((stats, apply), src, (f"{', '.join(region.outputs)} = {call(f'fused_{stem}', call_args)}",))
 
 
@@ -221,10 +236,10 @@ class ConvGroupNorm(RegionKind):
         return norm_after_conv(walk, n) and not reads_outside(walk)
 
     def joins(self, walk: Walk, n: Node) -> bool:
-        return joins_after_norm(walk, n, NORMS, norm_input=True)  # the apply pass may read the norm's input (y)
+        return joins_norm_then_pool(walk, n, NORMS, norm_input=True)  # the apply pass may read y too
 
     def finish(self, walk: Walk) -> list[Node]:
-        return same_tile(walk)
+        return finish_norm_then_pool(walk)
 
     def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
         return generate(region, g, stem)

@@ -10,7 +10,9 @@ row: three launches (kernels/conv_norm.py):
   2. `conv_ln_moments`: each row's mean and 1/sqrt(var + eps), chunk moments merged in float64;
   3. `<name>_apply_kernel`: one pass over y in the convolution's (pixels, channels) layout, so the ops after the
      norm read per-channel parameters as the convolution's epilogue does: (y - mean) * rstd at each element's row
-     (its flat offset // L), the affine at its place in the row (offset % L), then the ops after the norm.
+     (its flat offset // L), the affine at its place in the row (offset % L), then the ops after the norm; with a
+     windowed pool after them (nothing from the norm on read outside the region), in the pool's rows instead
+     (regions/pool_pass.py): the norm and those ops at each window position, max / sum, the ops after the pool.
 eps is read from the module when ModelNew runs.
 Bytes beyond the convolution: y written once and read twice, 8 bytes a row, the outputs written once; torch would
 write the conv's output, read it and write the norm's, then read and write it again for each op after the norm.
@@ -24,6 +26,7 @@ from kfuse.ops import CONV_OPS
 from kfuse.regions.common import KernelArgs, RegionCode, call, ident, launcher, operand_code, pointwise_lines, var
 from kfuse.regions.conv_common import (
     TRANSPOSED,
+    NormParts,
     conv_bias,
     conv_cost,
     conv_kernel,
@@ -31,32 +34,25 @@ from kfuse.regions.conv_common import (
     depthwise,
     form_of,
     geometry_code,
-    joins_after_norm,
     pixel_kernel,
+    pool_code,
     reads_outside,
     stores,
 )
-from kfuse.regions.kind import RegionKind, Walk, numel, same_tile
+from kfuse.regions.kind import RegionKind, Walk, numel
+from kfuse.regions.pool_pass import (
+    POOL_PARAMS,
+    finish_norm_then_pool,
+    joins_norm_then_pool,
+    stored_pool_kernel,
+    stored_pool_launch,
+)
 
 NORM = "layer_norm"
 NORMS = (NORM, "group_norm", "instance_norm", "batch_norm")  # one norm a region: the walk's first
 
 
-class Parts:
-    """The region cut at its LayerNorm: the ops before it, after it, and which region outputs each side stores."""
-
-    def __init__(self, region: Region) -> None:
-        self.at, self.norm = next((i, n) for i, n in enumerate(region.nodes) if n.op == NORM)
-        self.before, self.after = list(region.nodes[1:self.at]), list(region.nodes[self.at + 1:])
-        pre = {n.name for n in region.nodes[:self.at]}
-        self.pre_outs = [v for v in region.outputs if v in pre]
-        self.post_outs = [v for v in region.outputs if v not in pre]
-        self.y = self.norm.args[0]
-        self.stored = list(dict.fromkeys([self.y, *self.pre_outs]))  # what pass 1 writes
-        self.shape = tuple(self.norm.attrs["normalized_shape"])
-
-
-def conv_pass(region: Region, stem: str, doc: str, p: Parts,
+def conv_pass(region: Region, stem: str, doc: str, p: NormParts,
               registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
     """Pass 1: the convolution and the ops before the norm; y and the region outputs before the norm stored."""
     args, env = KernelArgs(registry), {}
@@ -75,27 +71,43 @@ def affine(args: KernelArgs, out: str, weight: Param | None, bias: Param | None)
     return loads, lines
 
 
-def apply_pass(region: Region, stem: str, doc: str, p: Parts,
-               registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
-    """Pass 3: one pass over y (NC(D)HW, S pixels a channel plane) as the convolution's (pixels, channels) tiles:
-    each element's row statistics and affine, then the ops after the norm."""
-    args, env = KernelArgs(registry), {p.y: "v_y"}
+def normalized(p: NormParts, args: KernelArgs, env: dict[str, str], y: str, offs: str,
+               mask: str) -> tuple[list[str], list[str]]:
+    """(loads, lines): the norm of `y` at flat offsets `offs` (each element's row offs // L, its place offs % L)
+    under `mask`, then the ops between the norm and the pool (or the end)."""
     out = var(p.norm.name)
     loads, scaled = affine(args, out, p.norm.args[1], p.norm.args[2])
-    body = [f"{out} = (v_y - ln_mean) * ln_rstd  # {p.norm.origin}", *scaled]
+    stats = [f"ln_row = {offs} // L  # the normalized row: L contiguous elements",
+             f"ln_col = {offs} % L",
+             f"ln_mean = tl.load(ln_mean_ptr + ln_row, mask={mask}, other=0.0)",
+             f"ln_rstd = tl.load(ln_rstd_ptr + ln_row, mask={mask}, other=1.0)"]
     env[p.norm.name] = out
-    body += pointwise_lines(p.after, env, args) + stores(p.post_outs, env)
-    lines = ["v_y = tl.load(y_ptr + out_offs, mask=mask, other=0.0).to(tl.float32)",
-             "ln_row = out_offs // L  # the normalized row: L contiguous elements",
-             "ln_col = out_offs % L",
-             "ln_mean = tl.load(ln_mean_ptr + ln_row, mask=mask, other=0.0)",
-             "ln_rstd = tl.load(ln_rstd_ptr + ln_row, mask=mask, other=1.0)",
-             *loads, *args.loads, *body]
-    pointers = ["y_ptr", "ln_mean_ptr", "ln_rstd_ptr", *[f"buf_{o}_ptr" for o in p.post_outs]]
-    return pixel_kernel(f"{stem}_apply_kernel", doc, pointers, args, ("L",), lines), args
+    lines = [f"{out} = ({y} - ln_mean) * ln_rstd  # {p.norm.origin}", *scaled, *pointwise_lines(p.after, env, args)]
+    return stats + loads, lines
 
 
-def launcher_lines(region: Region, stem: str, p: Parts, a1: KernelArgs, a3: KernelArgs) -> list[str]:
+def apply_pass(region: Region, stem: str, doc: str, p: NormParts,
+               registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+    """Pass 3 over y (NC(D)HW, S pixels a channel plane): the norm at each element's row, its affine and the ops
+    after it, as the convolution's (pixels, channels) tiles; with a windowed pool after them, in the pool's rows
+    (pool_pass.py), the norm applied at each window position before max / sum."""
+    args, env = KernelArgs(registry), {p.y: "v_y" if p.pool is None else "y"}
+    extra = (["ln_mean_ptr", "ln_rstd_ptr"], ["L"])
+    if p.pool is not None:
+        setup = ["y_offs = plane * (OD * OH * OW) + pixel  # the window position's flat offsets in y",
+                 "y_mask = valid[:, None] & mask_n[None, :]"]
+        loads, lines = normalized(p, args, env, "y", "y_offs", "y_mask")
+        outs = {f"buf_{v}": v for v in p.post_outs}
+        return stored_pool_kernel(f"{stem}_apply_kernel", doc, p.pool, p.post, outs, args, env,
+                                  ([], [*setup, *loads, *lines]), extra), args
+    loads, lines = normalized(p, args, env, "v_y", "out_offs", "mask")
+    body = ["v_y = tl.load(y_ptr + out_offs, mask=mask, other=0.0).to(tl.float32)", *loads, *args.loads, *lines,
+            *stores(p.post_outs, env)]
+    pointers = ["y_ptr", *[f"buf_{o}_ptr" for o in p.post_outs], *extra[0]]
+    return pixel_kernel(f"{stem}_apply_kernel", doc, pointers, args, tuple(extra[1]), body), args
+
+
+def launcher_lines(region: Region, stem: str, p: NormParts, a1: KernelArgs, a3: KernelArgs) -> list[str]:
     form = form_of(region.anchor)
 
     def empty(v: str, dtype: str = "x.dtype") -> str:
@@ -103,6 +115,18 @@ def launcher_lines(region: Region, stem: str, p: Parts, a1: KernelArgs, a3: Kern
 
     y_dtype = "x.dtype" if p.y in region.outputs else "torch.float32"  # y stays fp32 when only the later passes read it
     launch = conv_launch(form, f"{stem}_conv", [f"buf_{v}" for v in p.stored], a1)
+    outs = [f"buf_{v}" for v in p.post_outs]
+    if p.pool is not None:
+        apply = stored_pool_launch(f"{stem}_apply_kernel", f"buf_{p.y}", outs, a3,
+                                   (["ln_mean", "ln_rstd"], ["norm_length"]))
+    else:
+        apply = [*[empty(v) for v in p.post_outs],
+                 "M = N * S",
+                 "bm, bn_ = (min(triton.next_power_of_2(max(M, 1)), 8192), 64) if interpreting() else (64, 32)",
+                 "if M:",
+                 "    " + call(f"{stem}_apply_kernel[(cdiv(M, bm), cdiv(C, bn_))]",
+                              [f"buf_{p.y}", *outs, "ln_mean", "ln_rstd", *a3.params],
+                              ["M", "C", "S", "norm_length", "BLOCK_M=bm", "BLOCK_N=bn_", "num_warps=4"], indent=12)]
     return ["x = x.contiguous()",
             f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
             "N, C = geo.out_shape[0], geo.C_out",
@@ -117,31 +141,28 @@ def launcher_lines(region: Region, stem: str, p: Parts, a1: KernelArgs, a3: Kern
             "if geo.M:",
             f"    launch(tuned_conv({stem}_conv_kernel, geo, scheme, cfg, x, launch))",
             f"ln_mean, ln_rstd = conv_ln_moments(buf_{p.y}, norm_length, norm_eps)",
-            *[empty(v) for v in p.post_outs],
-            "M = N * S",
-            "bm, bn_ = (min(triton.next_power_of_2(max(M, 1)), 8192), 64) if interpreting() else (64, 32)",
-            "if M:",
-            "    " + call(f"{stem}_apply_kernel[(cdiv(M, bm), cdiv(C, bn_))]",
-                          [f"buf_{p.y}", "ln_mean", "ln_rstd", *[f"buf_{v}" for v in p.post_outs], *a3.params],
-                          ["M", "C", "S", "norm_length", "BLOCK_M=bm", "BLOCK_N=bn_", "num_warps=4"], indent=12),
+            *apply,
             f"return {', '.join(f'buf_{v}' for v in region.outputs)}"]
 
 
 def generate(region: Region, g: Graph, stem: str) -> RegionCode:
-    anchor, p = region.anchor, Parts(region)
+    anchor, p = region.anchor, NormParts(region, (NORM,))
+    shape = tuple(p.norm.attrs["normalized_shape"])
     registry: dict[str, tuple[str, bool]] = {}
     replaced = ", ".join(n.origin for n in region.nodes)
     conv, a1 = conv_pass(region, stem, f"Pass 1 of: {replaced}. {conv_cost(anchor, g, len(p.stored))}", p, registry)
     apply, a3 = apply_pass(region, stem, f"Pass 3 of: {replaced}.", p, registry)
     params = [n for n, _ in registry.values()]
     form = form_of(anchor)
-    src = launcher(f"fused_{stem}", ["x", "weight", "norm_shape", "norm_eps", *params, *form.geometry],
+    pooled = p.pool is not None
+    src = launcher(f"fused_{stem}", ["x", "weight", "norm_shape", "norm_eps", *params, *form.geometry,
+                                     *(POOL_PARAMS if pooled else [])],
                    launcher_lines(region, stem, p, a1, a3),
-                   f"Fused: {replaced}. Statistics per normalized row of {numel(p.shape)} elements, merged in float64.")
+                   f"Fused: {replaced}. Statistics per normalized row of {numel(shape)} elements, merged in float64.")
     eps = p.norm.args[3]  # the module's, read when ModelNew runs; F.layer_norm's number as written
     eps_code = eps.expr() if isinstance(eps, Scalar) else repr(float(eps))
-    call_args = [anchor.args[0], operand_code(anchor.args[1]), str(p.shape), f"float({eps_code})", *registry,
-                 *geometry_code(anchor)]
+    call_args = [anchor.args[0], operand_code(anchor.args[1]), str(shape), f"float({eps_code})", *registry,
+                 *geometry_code(anchor), *(pool_code(p.pool) if pooled else [])]
     return RegionCode((conv, apply), src, (f"{', '.join(region.outputs)} = {call(f'fused_{stem}', call_args)}",))
 
 
@@ -174,10 +195,10 @@ class ConvLayerNorm(RegionKind):
         return layernorm_after_conv(walk, n) and not reads_outside(walk)
 
     def joins(self, walk: Walk, n: Node) -> bool:
-        return joins_after_norm(walk, n, (NORM,), norm_input=True)  # the apply pass may read the norm's input (y)
+        return joins_norm_then_pool(walk, n, (NORM,), norm_input=True)  # the apply pass may read y too
 
     def finish(self, walk: Walk) -> list[Node]:
-        return same_tile(walk)
+        return finish_norm_then_pool(walk)
 
     def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
         return generate(region, g, stem)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from kfuse.ir import Graph, Node, Region, Scalar
+from kfuse.ir import Graph, Node, Region
 from kfuse.ops import CONV_OPS, VIEW_OPS
 from kfuse.regions.common import (
     KernelArgs,
@@ -55,7 +55,6 @@ from kfuse.regions.conv_common import (
     depthwise,
     form_of,
     geometry_code,
-    is_max,
     mean_at,
     pool_at,
     pool_code,
@@ -65,17 +64,23 @@ from kfuse.regions.conv_common import (
     tuned_lines,
 )
 from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with
+from kfuse.regions.pool_pass import (
+    POOL_PARAMS,
+    POOL_SIZES,
+    WINDOW_PIXEL,
+    indented,
+    is_windowed,
+    pooling,
+    read_only_inside,
+    stored_pool_kernel,
+    stored_pool_launch,
+)
 
-POOL_SIZES = plain("PM", "QD", "QH", "QW", "PKD", "PKH", "PKW", "PSD", "PSH", "PSW", "PPD", "PPH", "PPW", "PDD", "PDH",
-                   "PDW", "DIVISOR")
 # the conv tile at the rows' conv pixels (od, oh, ow) of samples n_idx, where `valid`
 TILE_AT = call("acc = conv_tile_at", ["x_ptr", "w_ptr", "w_lo_ptr", "w_scale_ptr", "x_scale_ptr", "stride_wn", "n_idx",
                                       "od", "oh", "ow", "valid", "pid_n", "g"],
                ["C_in", "D", "H", "W", "OD", "OH", "OW", "CIN_G", "COUT_G", "KD", "KH", "KW", "SD", "SH", "SW", "PD",
                 "PH", "PW", "DD", "DH", "DW", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME", "DENSE"], width=112, indent=8)
-# a window position w of each row's pooled pixel: its conv pixel and whether it lies in the conv output
-WINDOW_PIXEL = ("od, oh, ow, inside = window_pixel(qd, qh, qw, w, OD, OH, OW, PKH, PKW, PSD, PSH, PSW, PPD, PPH, "
-                "PPW, PDD, PDH, PDW)")
 COLUMNS = ["offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # channels within group g",
            "offs_n = g * COUT_G + offs_c  # the output channels",
            "mask_n = offs_c < COUT_G",
@@ -96,21 +101,9 @@ def is_global_mean(n: Node, g: Graph) -> bool:
     return rank >= 3 and spatial_dims(n, g) == tuple(range(2, rank))
 
 
-def is_windowed(n: Node, dims: int) -> bool:
-    if n.op == "pool":
-        return n.attrs.get("dims") == dims
-    return n.op in ("max_pool1d", "avg_pool1d") and dims == 1 and len(n.args) == 2 and isinstance(n.args[1], Scalar)
-
-
 def per_sample_channel(shape: tuple[int, ...], pooled: tuple[int, ...]) -> bool:
     """(N, C) then unit dims only, N and C the global mean's."""
     return len(shape) >= 2 and shape[:2] == pooled[:2] and all(d == 1 for d in shape[2:])
-
-
-def read_only_inside(members: list[Node], n: Node, g: Graph) -> bool:
-    """Nothing outside the walk (and n, about to join) reads these members: they need never be stored."""
-    inside = {m.name for m in members} | {n.name}
-    return all(m.name not in g.outputs and all(u.name in inside for u in g.users(m.name)) for m in members)
 
 
 TRANSPOSED_SWITCH = "KFUSE_TRANSPOSED_POOLS"  # "0": a transposed convolution's pools stay torch calls
@@ -175,53 +168,6 @@ def windowed_kernel(region: Region, stem: str, doc: str, outs: list[str],
     return frame(f"{stem}_kernel", doc, outs, args, extra, lines), args
 
 
-def pooling(pool: Node, y: str) -> tuple[str, list[str], list[str]]:
-    """(the start, the combination of one window position's values `y`, the pooled value's line) of a max or avg
-    pool over rows of pooled pixels (`inside`: the position lies in the conv output)."""
-    if is_max(pool):
-        return ("pooled = tl.full((BLOCK_M, BLOCK_N), float('-inf'), tl.float32)",
-                [f"y = tl.where(inside[:, None], {y}, float('-inf'))  # the pool's padding: -inf",
-                 "pooled = tl.maximum(pooled, y, propagate_nan=tl.PropagateNan.ALL)  # a NaN wins, as in torch"],
-                [f"{var(pool.name)} = pooled  # {pool.origin}"])
-    return ("pooled = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)",
-            [f"pooled += tl.where(inside[:, None], {y}, 0.0)"],
-            [f"{var(pool.name)} = pooled / avg_divisor(qd, qh, qw, OD, OH, OW, PKD, PKH, PKW, PSD, PSH, PSW, PPD, PPH, "
-             f"PPW, DIVISOR, COUNT_PAD)[:, None]  # {pool.origin}"])
-
-
-# the stored y's value at each row's window position (od, oh, ow) of sample n_idx, every column's channel
-Y_AT = ("plane = n_idx.to(tl.int64)[:, None] * C_out + offs_n[None, :]  # (sample, channel) planes of y",
-        "pixel = ((od * OH + oh) * OW + ow)[:, None]",
-        "y = tl.load(y_ptr + plane * (OD * OH * OW) + pixel, mask=valid[:, None] & mask_n[None, :], other=0.0)")
-
-
-def stored_pool_kernel(region: Region, stem: str, doc: str, outs: list[str],
-                       registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
-    """The second pass after a transposed convolution: rows = pooled pixels, columns = channels; each window
-    position's values loaded from the stored y, max / sum; then the ops after the pool, stored as NC(D)HW."""
-    nodes, args, env = list(region.nodes), KernelArgs(registry), {}
-    at = pool_at(nodes)
-    pool = nodes[at]
-    start, combine, finish = pooling(pool, "y")
-    env[pool.name] = var(pool.name)
-    post = pointwise_lines(nodes[at + 1:], env, args)
-    lines = ["offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # pooled pixels",
-             "offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # channels",
-             "mask_m = offs_m < PM",
-             "mask_n = offs_n < C_out",
-             "mask = mask_m[:, None] & mask_n[None, :]",
-             "n_idx, qd, qh, qw = pool_rows(offs_m, QD, QH, QW)", *args.loads, start,
-             "for w in range(0, PKD * PKH * PKW):  # the window's conv pixels",
-             *[f"    {ln}" for ln in (WINDOW_PIXEL, "valid = mask_m & inside  # pool padding: nothing read", *Y_AT,
-                                      *combine)],
-             *finish, *post, "out_offs = conv_out_offsets(offs_m, offs_n, QD, QH, QW, C_out)",
-             *[f"tl.store({o}_ptr + out_offs, {env[v]}, mask=mask)" for o, v in zip(outs, region.outputs)]]
-    decls = (*plain("y_ptr", *[f"{o}_ptr" for o in outs]), *args.decls(), *POOL_SIZES,
-             *plain("OD", "OH", "OW", "C_out"), constexpr("COUNT_PAD"), constexpr("BLOCK_M"), constexpr("BLOCK_N"))
-    return "\n".join(["@triton.jit", f"def {stem}_kernel({signature(decls)}):", docstring(doc),
-                      *[f"    {ln}" for ln in lines]]) + "\n", args
-
-
 def transposed_mean_generate(region: Region, g: Graph, stem: str) -> RegionCode:
     """A transposed convolution's global mean: the phase tiles' per-(sample, phase, row tile) float64 sums of the
     mean's input (`<stem>_partial_kernel`), then the finalize (as a plain convolution's mean)."""
@@ -268,18 +214,14 @@ def transposed_generate(region: Region, g: Graph, stem: str) -> RegionCode:
     body.append(f"tl.store(y_ptr + out_offs, {env[pool.args[0]]}, mask=mask)  # the pool's input")
     form = form_of(anchor)
     conv = conv_kernel(form, f"{stem}_conv", f"Pass 1 of: {doc}", ["y"], a1, body)
-    pooled, a2 = stored_pool_kernel(region, stem, f"Pass 2 of: {doc}", outs, registry)
+    a2 = KernelArgs(registry)
+    pooled = stored_pool_kernel(f"{stem}_kernel", f"Pass 2 of: {doc}", pool, nodes[at + 1:],
+                                dict(zip(outs, region.outputs)), a2, {})
     lines = ["x = x.contiguous()",
              f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
              *tuned_launch(form, f"{stem}_conv", ["y"], a1, ["y"],  # the tile tuned as the epilogue's
                            ["y = torch.empty(geo.out_shape, device=x.device, dtype=torch.float32)  # pool input"]),
-             "pool = pool_geometry(geo, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode)",
-             *[f"{o} = torch.empty(pool.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
-             "if pool.M:",
-             *indented(call(f"{stem}_kernel[(cdiv(pool.M, 64), cdiv(geo.C_out, 32))]",
-                            ["y", *outs, *a2.params, "*pool.args()", "int(divisor_override or 0)", "geo.OD", "geo.OH",
-                             "geo.OW", "geo.C_out"],
-                            ["COUNT_PAD=bool(count_include_pad)", "BLOCK_M=64", "BLOCK_N=32"])),
+             *stored_pool_launch(f"{stem}_kernel", "y", outs, a2),
              f"return {', '.join(outs)}"]
     params = [n for n, _ in registry.values()]
     src = launcher(f"fused_{stem}", ["x", "weight", *params, *form.geometry, *POOL_PARAMS], lines, doc)
@@ -341,8 +283,6 @@ def finalize_kernel(region: Region, stem: str, doc: str, outs: list[str],
                       docstring(f"Phase 2 of: {doc}"), *[f"    {ln}" for ln in body]]) + "\n", a2
 
 
-POOL_PARAMS = ["kernel_size", "pool_stride", "pool_padding", "pool_dilation", "ceil_mode", "count_include_pad",
-               "divisor_override"]
 
 
 def cost(region: Region, g: Graph, pool: Node) -> str:
@@ -359,10 +299,6 @@ def cost(region: Region, g: Graph, pool: Node) -> str:
 
 POOL_PLAN = ("geo, pool, scheme, cfg, ops, sizes = conv_pool_plan(x, weight, stride, padding, dilation, groups, "
              "kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode)")
-
-
-def indented(code: str) -> list[str]:
-    return [f"    {ln}" for ln in code.splitlines()]
 
 
 def mean_launch(stem: str, kernel: str, a1: KernelArgs, a2: KernelArgs, outs: list[str], region: Region,
