@@ -39,6 +39,7 @@ from kfuse.regions.common import (
 from kfuse.regions.conv_common import (
     TRANSPOSED,
     ConvForm,
+    NormParts,
     conv_bias,
     conv_cost,
     conv_kernel,
@@ -96,80 +97,67 @@ def apply_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: l
                         args, (), lines)
 
 
-class Parts:
-    """The region cut at its norm: the ops before it (`before`), after it (`after`), and which region outputs
-    each side stores."""
-
-    def __init__(self, region: Region) -> None:
-        self.at, self.bn = norm_node(region)
-        self.before, self.after = list(region.nodes[1:self.at]), list(region.nodes[self.at + 1:])
-        pre = {n.name for n in region.nodes[:self.at]}
-        self.pre_outs = [v for v in region.outputs if v in pre]
-        self.post_outs = [v for v in region.outputs if v not in pre]
-        self.y = self.bn.args[0]
-
-
-def stats_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Parts,
+def stats_kernel(region: Region, form: ConvForm, name: str, doc: str, p: NormParts,
                  registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
     """Pass 1: the convolution and the ops before the norm; y, the region outputs before the norm, partials."""
     args, env = KernelArgs(registry), {}
     body = conv_bias(region.anchor, env, args) + pointwise_lines(p.before, env, args)
-    body += stores(list(dict.fromkeys([p.y, *p.pre_outs])), env)
+    body += stores(p.stored, env)
     body += [ln.format(y=env[p.y]) for ln in STATS_LINES]
-    ptrs = [f"buf_{v}" for v in dict.fromkeys([p.y, *p.pre_outs])] + ["mean_part", "m2_part", "count"]
+    ptrs = [f"buf_{v}" for v in p.stored] + ["mean_part", "m2_part", "count"]
     return conv_kernel(form, f"{name}_stats", doc, ptrs, args, body), args
 
 
-def eval_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Parts,
+def eval_kernel(region: Region, form: ConvForm, name: str, doc: str, p: NormParts,
                 registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
     """Eval mode in one kernel: the convolution, the ops before the norm, (y - running_mean) / sqrt(running_var +
     eps) * weight + bias, the ops after it."""
     args, env = KernelArgs(registry), {}
     channels = region.anchor.shape[1]
-    w, b, eps = bn_params(p.bn, channels)
+    w, b, eps = bn_params(p.norm, channels)
     body = conv_bias(region.anchor, env, args) + pointwise_lines(p.before, env, args)
-    rm = args.operand(Param(f"{p.bn.module}.running_mean", (channels,)), env)
-    rv = args.operand(Param(f"{p.bn.module}.running_var", (channels,)), env)
-    body += bn_normalize(var(p.bn.name), f"({env[p.y]} - {rm})", f"(1.0 / tl.sqrt({rv} + {args.operand(eps, env)}))",
+    rm = args.operand(Param(f"{p.norm.module}.running_mean", (channels,)), env)
+    rv = args.operand(Param(f"{p.norm.module}.running_var", (channels,)), env)
+    body += bn_normalize(var(p.norm.name), f"({env[p.y]} - {rm})", f"(1.0 / tl.sqrt({rv} + {args.operand(eps, env)}))",
                       w, b, env, args)
-    env[p.bn.name] = var(p.bn.name)
+    env[p.norm.name] = var(p.norm.name)
     body += pointwise_lines(p.after, env, args) + stores(p.pre_outs + p.post_outs, env)
     outs = [f"buf_{v}" for v in p.pre_outs + p.post_outs]
     return conv_kernel(form, f"{name}_eval", doc, outs, args, body), args
 
 
-def folded_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Parts,
+def folded_kernel(region: Region, form: ConvForm, name: str, doc: str, p: NormParts,
                   registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
     """Eval mode with the norm folded into W' and b' (conv_bn_eval_fold): acc + b', then the ops after the norm."""
     args, env = KernelArgs(registry), {}
     body = ["fold_b = tl.load(fold_b_ptr + offs_n, mask=mask_n, other=0.0)[None, :]",
-            f"{var(p.bn.name)} = acc + fold_b  # {region.anchor.origin} and {p.bn.origin}, folded into W' and b'"]
-    env[p.bn.name] = var(p.bn.name)
+            f"{var(p.norm.name)} = acc + fold_b  # {region.anchor.origin} and {p.norm.origin}, folded into W' and b'"]
+    env[p.norm.name] = var(p.norm.name)
     body += pointwise_lines(p.after, env, args) + stores(p.post_outs, env)
     outs = [f"buf_{v}" for v in p.post_outs] + ["fold_b"]
     return conv_kernel(form, f"{name}_folded", doc, outs, args, body), args
 
 
-def apply_pass(region: Region, name: str, doc: str, p: Parts,
+def apply_pass(region: Region, name: str, doc: str, p: NormParts,
                registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
     """Pass 3: normalize y with the batch statistics, then the ops after the norm."""
     args, env = KernelArgs(registry), {p.y: "v_y"}
-    w, b, _ = bn_params(p.bn, region.anchor.shape[1])
-    body = bn_normalize(var(p.bn.name), "(v_y - mean)", "rstd", w, b, env, args)
-    env[p.bn.name] = var(p.bn.name)
+    w, b, _ = bn_params(p.norm, region.anchor.shape[1])
+    body = bn_normalize(var(p.norm.name), "(v_y - mean)", "rstd", w, b, env, args)
+    env[p.norm.name] = var(p.norm.name)
     body += pointwise_lines(p.after, env, args) + stores(p.post_outs, env)
     return apply_kernel(name, doc, p.post_outs, args, body), args
 
 
 def generate(region: Region, g: Graph, stem: str) -> RegionCode:
-    anchor, form, p = region.anchor, form_of(region.anchor), Parts(region)
+    anchor, form, p = region.anchor, form_of(region.anchor), NormParts(region, ("batch_norm",))
     registry: dict[str, tuple[str, bool]] = {}
     replaced = ", ".join(n.origin for n in region.nodes)
     cost = conv_cost(anchor, g, 1)
     stats, a1 = stats_kernel(region, form, stem, f"Training-mode pass 1 of: {replaced}. {cost}", p, registry)
     apply, a3 = apply_pass(region, stem, f"Training-mode pass 3 of: {replaced}.", p, registry)
     fold = can_fold(region)
-    has_running = p.bn.attrs.get("track_running_stats", True)
+    has_running = p.norm.attrs.get("track_running_stats", True)
     evalk = None
     if fold:
         evalk = folded_kernel(region, form, stem, f"Eval mode, BatchNorm folded into the weights ({FOLD_RULE}): "
@@ -205,7 +193,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
               "\n                     f'{tuple(geo.out_shape)}')",
               "factor = batch_norm_momentum(bn)  # counts the batch, as torch does",
               empty(p.y, y_dtype), *[empty(v) for v in p.pre_outs if v != p.y],
-              *tuned_launch(form, f"{stem}_stats", [f"buf_{v}" for v in dict.fromkeys([p.y, *p.pre_outs])]
+              *tuned_launch(form, f"{stem}_stats", [f"buf_{v}" for v in p.stored]
                             + ["mean_part", "m2_part", "count"], a1, ["mean_part", "m2_part", "count"],
                             ["grid = " + f"{form.grid}(geo, cfg)  # partials by row tile",
                              "tiles = grid[0] // cdiv(geo.COUT_G, cfg.block_n) * (grid[2] if len(grid) > 2 else 1)",
@@ -224,7 +212,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     params = [n for n, _ in registry.values()]
     src = launcher(f"fused_{stem}", ["x", "weight", "bn", *params, *form.geometry], lines,
                    f"Fused: {replaced}. Batch statistics in training mode, {in_eval}.")
-    call_args = [anchor.args[0], operand_code(anchor.args[1]), attr_expr(p.bn.module), *registry,
+    call_args = [anchor.args[0], operand_code(anchor.args[1]), attr_expr(p.norm.module), *registry,
                  *geometry_code(anchor)]
     kernels = (stats, apply) + ((evalk[0],) if evalk else ())
     return RegionCode(kernels, src, (f"{', '.join(region.outputs)} = {call(f'fused_{stem}', call_args)}",))
