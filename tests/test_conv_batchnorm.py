@@ -36,6 +36,15 @@ CASES = [
     ("conv1d_bn_two_outputs",
      "self.conv = nn.Conv1d(5, 7, 3, padding=2, dilation=2)\nself.bn = nn.BatchNorm1d(7)",
      "y = self.conv(x)\nreturn y, torch.sigmoid(self.bn(y))", "5, 19", False),
+    # a windowed pool after the norm (KernelBench level 2 72's and 11's): the apply pass in the pool's rows, in both
+    # modes (eval with the running statistics, never folded: the pool's pass reads y)
+    ("conv_transpose3d_bn_avgpool",
+     "self.conv = nn.ConvTranspose3d(3, 5, 3, stride=2, padding=1)\nself.bn = nn.BatchNorm3d(5)\n"
+     "self.pool = nn.AvgPool3d(2)",
+     "return self.pool(self.bn(self.conv(x))) * 2.0", "3, 3, 4, 5", False),
+    ("conv2d_bn_tanh_maxpool_padded",
+     "self.conv = nn.Conv2d(4, 6, 3)\nself.bn = nn.BatchNorm2d(6)\nself.pool = nn.MaxPool2d(3, stride=2, padding=1)",
+     "return torch.relu(self.pool(torch.tanh(self.bn(self.conv(x)))) - 0.25)", "4, 11, 10", False),
 ]
 CPU = Options(device="cpu", trials=2)
 

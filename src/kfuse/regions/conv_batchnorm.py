@@ -8,7 +8,10 @@ which no tile sees. Three launches (kernels/conv_norm.py, kernels/batchnorm.py):
   2. `batch_norm_finalize_kernel` (kernels/batchnorm.py, given each tile's row count): merges the tiles per channel
      (Chan's combination, float64), writes mean and 1/std and updates running_mean / running_var in place
      (num_batches_tracked counted by the launcher);
-  3. `<name>_apply_kernel`: one pass over y: (y - mean) * rstd * weight + bias, then the ops after the norm.
+  3. `<name>_apply_kernel`: one pass over y: (y - mean) * rstd * weight + bias, then the ops after the norm; with
+     a windowed pool after them (nothing from the norm on read outside the region), in the pool's rows
+     (regions/pool_pass.py): the norm and those ops at each window position, max / sum, the ops after the pool.
+     Eval mode then runs the same passes with the running statistics (no fold, no single kernel).
 Bytes beyond the convolution: y written once and read once (8 bytes per output element at fp32), the outputs
 written once; torch would write the conv's output, read it twice for the norm (statistics, then normalize), write
 the norm's output, and read and write it again for each pointwise op after it.
@@ -38,6 +41,7 @@ from kfuse.regions.common import (
 )
 from kfuse.regions.conv_common import (
     TRANSPOSED,
+    WINDOWED,
     ConvForm,
     NormParts,
     conv_bias,
@@ -46,13 +50,20 @@ from kfuse.regions.conv_common import (
     depthwise,
     form_of,
     geometry_code,
-    joins_after_norm,
     pixel_kernel,
+    pool_code,
     reads_outside,
     stores,
     tuned_launch,
 )
-from kfuse.regions.kind import RegionKind, Walk, same_tile
+from kfuse.regions.kind import RegionKind, Walk
+from kfuse.regions.pool_pass import (
+    POOL_PARAMS,
+    finish_norm_then_pool,
+    joins_norm_then_pool,
+    stored_pool_kernel,
+    stored_pool_launch,
+)
 
 FOLD_RULE = "bn-eval-fold"
 
@@ -78,11 +89,12 @@ def norm_node(region: Region) -> tuple[int, Node]:
 
 def can_fold(region: Region) -> bool:
     """Eval mode folds the norm into the convolution where that is exact and loses no value: running statistics,
-    the norm reads the convolution's output directly, and nothing outside the region reads that output."""
+    the norm reads the convolution's output directly, nothing outside the region reads that output, and no pool
+    follows (its pass reads y)."""
     at, bn = norm_node(region)
     anchor = region.anchor
     return (at == 1 and bn.attrs.get("track_running_stats", True) and bn.args[0] == anchor.name
-            and anchor.name not in region.outputs)
+            and anchor.name not in region.outputs and not any(n.op in WINDOWED for n in region.nodes))
 
 
 
@@ -140,13 +152,43 @@ def folded_kernel(region: Region, form: ConvForm, name: str, doc: str, p: NormPa
 
 def apply_pass(region: Region, name: str, doc: str, p: NormParts,
                registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
-    """Pass 3: normalize y with the batch statistics, then the ops after the norm."""
-    args, env = KernelArgs(registry), {p.y: "v_y"}
+    """Pass 3: normalize y with the batch statistics, then the ops after the norm; with a windowed pool after them,
+    in the pool's rows (regions/pool_pass.py), the norm and those ops at each window position."""
+    y = "v_y" if p.pool is None else "y"
+    args, env = KernelArgs(registry), {p.y: y}
     w, b, _ = bn_params(p.norm, region.anchor.shape[1])
-    body = bn_normalize(var(p.norm.name), "(v_y - mean)", "rstd", w, b, env, args)
+    body = bn_normalize(var(p.norm.name), f"({y} - mean)", "rstd", w, b, env, args)
     env[p.norm.name] = var(p.norm.name)
-    body += pointwise_lines(p.after, env, args) + stores(p.post_outs, env)
-    return apply_kernel(name, doc, p.post_outs, args, body), args
+    body += pointwise_lines(p.after, env, args)
+    if p.pool is not None:
+        stats = ["mean = tl.load(mean_ptr + offs_n, mask=mask_n, other=0.0)[None, :]",
+                 "rstd = tl.load(rstd_ptr + offs_n, mask=mask_n, other=1.0)[None, :]"]
+        outs = {f"buf_{v}": v for v in p.post_outs}
+        return stored_pool_kernel(f"{name}_apply_kernel", doc, p.pool, p.post, outs, args, env, (stats, body),
+                                  (["mean_ptr", "rstd_ptr"], [])), args
+    return apply_kernel(name, doc, p.post_outs, args, body + stores(p.post_outs, env)), args
+
+
+def pooled_lines(stem: str, p: NormParts, a3: KernelArgs, plan: str, allocate: list[str], outs: str) -> list[str]:
+    """The launcher's lines where a windowed pool follows the norm, in either mode: pass 1 stores y (its partials
+    unused in eval mode), then the pooled apply pass with the batch statistics in training mode, the running ones in
+    eval mode (no fold: the pool's pass reads y)."""
+    return ["x = x.contiguous()", plan,
+            "M = geo.out_shape[0] * (torch.Size(geo.out_shape[2:]).numel())  # values per channel",
+            "training = bn.training or bn.running_mean is None",
+            "if training and M < 2:",
+            "    raise ValueError(f'Expected more than 1 value per channel when training, got input size '"
+            "\n                     f'{tuple(geo.out_shape)}')",
+            "factor = batch_norm_momentum(bn) if training else None  # counts the batch, as torch does",
+            *allocate,
+            "if training:",
+            "    mean, rstd = batch_norm_stats(mean_part, m2_part, M, count, bn, factor)  # count: each tile's rows",
+            "else:  # eval: the running statistics",
+            "    mean = bn.running_mean.float()",
+            "    rstd = (bn.running_var.float() + bn.eps).rsqrt()",
+            *stored_pool_launch(f"{stem}_apply_kernel", f"buf_{p.y}", [f"buf_{v}" for v in p.post_outs], a3,
+                                (["mean", "rstd"], [])),
+            f"return {outs}"]
 
 
 def generate(region: Region, g: Graph, stem: str) -> RegionCode:
@@ -156,10 +198,13 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     cost = conv_cost(anchor, g, 1)
     stats, a1 = stats_kernel(region, form, stem, f"Training-mode pass 1 of: {replaced}. {cost}", p, registry)
     apply, a3 = apply_pass(region, stem, f"Training-mode pass 3 of: {replaced}.", p, registry)
+    pooled = p.pool is not None
     fold = can_fold(region)
     has_running = p.norm.attrs.get("track_running_stats", True)
     evalk = None
-    if fold:
+    if pooled:
+        pass  # no single-kernel eval mode: the pool's pass reads y (pooled_lines)
+    elif fold:
         evalk = folded_kernel(region, form, stem, f"Eval mode, BatchNorm folded into the weights ({FOLD_RULE}): "
                               f"{replaced}. {cost}", p, registry)
     elif has_running:
@@ -186,34 +231,39 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
                  f"return {outs}"]
         lines += [f"    {ln}" for ln in body]
     y_dtype = "x.dtype" if p.y in region.outputs else "torch.float32"  # y stays fp32 when only pass 3 reads it
-    lines += [plan,
-              "M = geo.out_shape[0] * (torch.Size(geo.out_shape[2:]).numel())  # values per channel",
-              "if M < 2:",
-              "    raise ValueError(f'Expected more than 1 value per channel when training, got input size '"
-              "\n                     f'{tuple(geo.out_shape)}')",
-              "factor = batch_norm_momentum(bn)  # counts the batch, as torch does",
-              empty(p.y, y_dtype), *[empty(v) for v in p.pre_outs if v != p.y],
-              *tuned_launch(form, f"{stem}_stats", [f"buf_{v}" for v in p.stored]
-                            + ["mean_part", "m2_part", "count"], a1, ["mean_part", "m2_part", "count"],
-                            ["grid = " + f"{form.grid}(geo, cfg)  # partials by row tile",
-                             "tiles = grid[0] // cdiv(geo.COUT_G, cfg.block_n) * (grid[2] if len(grid) > 2 else 1)",
-                             "mean_part = torch.empty((tiles, geo.C_out), device=x.device, dtype=torch.float64)",
-                             "m2_part = torch.empty_like(mean_part)",
-                             "count = torch.empty((tiles,), device=x.device, dtype=torch.float64)"]),
-              "mean, rstd = batch_norm_stats(mean_part, m2_part, M, count, bn, factor)  # count: each tile's rows",
-              *[empty(v) for v in p.post_outs],
-              "S = M // geo.out_shape[0]",
-              "bm, bn_ = (min(triton.next_power_of_2(M), 8192), 64) if interpreting() else (128, 32)",
-              call(f"{stem}_apply_kernel[(cdiv(M, bm), cdiv(geo.C_out, bn_))]",
-                   [f"buf_{p.y}", "mean", "rstd", *[f"buf_{v}" for v in p.post_outs], *a3.params],
-                   ["M", "geo.C_out", "S", "BLOCK_M=bm", "BLOCK_N=bn_", "num_warps=4"]),
-              f"return {outs}"]
+    stats_launch = [empty(p.y, y_dtype), *[empty(v) for v in p.pre_outs if v != p.y],
+                    *tuned_launch(form, f"{stem}_stats", [f"buf_{v}" for v in p.stored]
+                                  + ["mean_part", "m2_part", "count"], a1, ["mean_part", "m2_part", "count"],
+                                  ["grid = " + f"{form.grid}(geo, cfg)  # partials by row tile",
+                                   "tiles = grid[0] // cdiv(geo.COUT_G, cfg.block_n) * (grid[2] if len(grid) > 2 "
+                                   "else 1)",
+                                   "mean_part = torch.empty((tiles, geo.C_out), device=x.device, dtype=torch.float64)",
+                                   "m2_part = torch.empty_like(mean_part)",
+                                   "count = torch.empty((tiles,), device=x.device, dtype=torch.float64)"])]
+    if pooled:
+        lines = pooled_lines(stem, p, a3, plan, stats_launch, outs)
+    else:
+        lines += [plan,
+                  "M = geo.out_shape[0] * (torch.Size(geo.out_shape[2:]).numel())  # values per channel",
+                  "if M < 2:",
+                  "    raise ValueError(f'Expected more than 1 value per channel when training, got input size '"
+                  "\n                     f'{tuple(geo.out_shape)}')",
+                  "factor = batch_norm_momentum(bn)  # counts the batch, as torch does",
+                  *stats_launch,
+                  "mean, rstd = batch_norm_stats(mean_part, m2_part, M, count, bn, factor)  # count: each tile's rows",
+                  *[empty(v) for v in p.post_outs],
+                  "S = M // geo.out_shape[0]",
+                  "bm, bn_ = (min(triton.next_power_of_2(M), 8192), 64) if interpreting() else (128, 32)",
+                  call(f"{stem}_apply_kernel[(cdiv(M, bm), cdiv(geo.C_out, bn_))]",
+                       [f"buf_{p.y}", "mean", "rstd", *[f"buf_{v}" for v in p.post_outs], *a3.params],
+                       ["M", "geo.C_out", "S", "BLOCK_M=bm", "BLOCK_N=bn_", "num_warps=4"]),
+                  f"return {outs}"]
     in_eval = "folded into the weights in eval" if fold else "running statistics in eval"
     params = [n for n, _ in registry.values()]
-    src = launcher(f"fused_{stem}", ["x", "weight", "bn", *params, *form.geometry], lines,
-                   f"Fused: {replaced}. Batch statistics in training mode, {in_eval}.")
+    src = launcher(f"fused_{stem}", ["x", "weight", "bn", *params, *form.geometry, *(POOL_PARAMS if pooled else [])],
+                   lines, f"Fused: {replaced}. Batch statistics in training mode, {in_eval}.")
     call_args = [anchor.args[0], operand_code(anchor.args[1]), attr_expr(p.norm.module), *registry,
-                 *geometry_code(anchor)]
+                 *geometry_code(anchor), *(pool_code(p.pool) if pooled else [])]
     kernels = (stats, apply) + ((evalk[0],) if evalk else ())
     return RegionCode(kernels, src, (f"{', '.join(region.outputs)} = {call(f'fused_{stem}', call_args)}",))
 
@@ -238,10 +288,10 @@ class ConvBatchNorm(RegionKind):
         return norm_after_conv(walk, n) and not reads_outside(walk)
 
     def joins(self, walk: Walk, n: Node) -> bool:
-        return joins_after_norm(walk, n, ("batch_norm",), norm_input=False)
+        return joins_norm_then_pool(walk, n, ("batch_norm",), norm_input=False)
 
     def finish(self, walk: Walk) -> list[Node]:
-        return same_tile(walk)
+        return finish_norm_then_pool(walk)
 
     def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
         return generate(region, g, stem)
