@@ -132,17 +132,19 @@ def sample_rows(pid_m, N, S, BLOCK_M: tl.constexpr, P: tl.constexpr):
 def store_segment_sums(part_ptr, y, mask_m, offs_n, mask_n, pid_m, S_rows, SLOTS, J, C_out,
                        BLOCK_M: tl.constexpr):
     """For each sample among the tile's rows (rows n * S_rows + s of its phase, program_id(2); at most SLOTS
-    samples), the float64 column sums of y over that sample's rows, stored at entry (sample, phase, j) of the
-    (N, phases * J, C_out) partials, j = this tile's index among the row tiles touching the sample."""
+    samples), the column sums of y over that sample's rows, stored in float64 at entry (sample, phase, j) of the
+    (N, phases * J, C_out) partials, j = this tile's index among the row tiles touching the sample. A slot's sum of
+    at most BLOCK_M values is taken in fp32 (a few ulps) and only the (BLOCK_N,) sums are widened: on an H200 a float64
+    copy of the whole tile made level 2 problem 42's 128 x 128 kernel slower than storing the tile
+    (benchmarks/conv/NOTES.md, "A global mean after a transposed convolution")."""
     r_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_row = r_m // S_rows
     n_first = (pid_m * BLOCK_M) // S_rows
-    y64 = y.to(tl.float64)
     for s in range(SLOTS):
         n_s = n_first + s
         in_s = mask_m & (n_row == n_s)
         if tl.sum(in_s.to(tl.int32), axis=0) > 0:  # most tiles hold one sample's rows
-            sums = tl.sum(tl.where(in_s[:, None] & mask_n[None, :], y64, 0.0), axis=0)
+            sums = tl.sum(tl.where(in_s[:, None] & mask_n[None, :], y, 0.0), axis=0).to(tl.float64)
             entry = (n_s.to(tl.int64) * tl.num_programs(2) + tl.program_id(2)) * J + (pid_m - (n_s * S_rows) // BLOCK_M)
             tl.store(part_ptr + entry * C_out + offs_n, sums, mask=mask_n)
 
