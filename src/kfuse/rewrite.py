@@ -8,6 +8,7 @@ The names of the rules that fired are listed in the report.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -102,6 +103,45 @@ def _sum_then_scale(n: Node, g: Graph) -> list[Node]:
     return [total, scale]
 
 
+SOFTMAX_ROWS = {"softmax": "softmax_rows", "log_softmax": "log_softmax_rows"}
+
+
+def flattened_dims(shape: tuple[int, ...], of: tuple[int, ...]) -> int | None:
+    """k when a view of a value shaped `of` to `shape` ends in its last k dims flattened (1 <= k < rank): its last
+    dim's groups are then the value's rows of trailing elements, in the same order."""
+    if not shape or not of or math.prod(shape) != math.prod(of):
+        return None
+    return next((k for k in range(1, len(of)) if math.prod(of[-k:]) == shape[-1]), None)
+
+
+def _softmax_over_view(n: Node, g: Graph) -> bool:
+    """view(softmax(view(x, (..., L)), last dim), x's shape), L the product of x's last k >= 2 dims, each inner
+    value read only by the next."""
+    if n.op != "view" or not isinstance(n.args[0], str) or n.args[0] in g.inputs:
+        return False
+    s = g.node(n.args[0])
+    if s.op not in SOFTMAX_ROWS or s.attrs.get("dim") not in (-1, len(s.shape) - 1) or g.use_count(s.name) != 1:
+        return False
+    if not isinstance(s.args[0], str) or s.args[0] in g.inputs:
+        return False
+    v = g.node(s.args[0])
+    if v.op != "view" or not isinstance(v.args[0], str) or g.use_count(v.name) != 1:
+        return False
+    x = g.shape_of(v.args[0])
+    return n.shape == x and (flattened_dims(v.shape, x) or 0) >= 2  # over one dim the softmax needs no views
+
+
+def _softmax_rows(n: Node, g: Graph) -> Node:
+    """One node: the softmax over rows of x's last k dims, spelled in torch by flatten and view."""
+    s = g.node(n.args[0])
+    v = g.node(s.args[0])
+    x = v.args[0]
+    k = flattened_dims(v.shape, g.shape_of(x))
+    return n.with_(op=SOFTMAX_ROWS[s.op], args=(x,), attrs={"dims": k}, module=None,
+                   origin=f"{v.origin}, {s.origin}, {n.origin}",
+                   fx_code=f"torch.{s.op}({x}.flatten(-{k}), -1).view({x}.shape)")
+
+
 def _dropout_p0(n: Node, g: Graph) -> bool:
     return n.op == "dropout" and n.attrs.get("p") == 0.0 and isinstance(n.args[0], str)
 
@@ -186,6 +226,9 @@ RULES: list[Rule] = [
          _scalar_chain(("add", "sub")), _fold_add),
     Rule("reduce-size-1", "a reduction over a dimension of size 1 is the identity (softmax: 1, log_softmax: 0)",
          _over_size_one, _reduce_identity),
+    Rule("softmax-rows", "softmax over the last dim of a view flattening x's trailing dims, viewed back: the softmax "
+         "over each row of x's trailing elements (the same values in the same order)",
+         _softmax_over_view, _softmax_rows),
     Rule("dropout-p0", "Dropout with p = 0 is the identity in training and eval mode",
          _dropout_p0, _identity),
     Rule("dropout-off", "F.dropout(x, p, training=False) is the identity", _dropout_off, _identity),

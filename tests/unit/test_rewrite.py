@@ -258,3 +258,35 @@ def test_bn_fold_listed_in_report_of_problem_38():
     compiled = compile_problem(prob, Options(device="cpu"))
     assert compiled.rewrites == [FOLD_RULE]
     assert "bn_eval_fold(" in compiled.source and "_eval_kernel" not in compiled.source
+
+
+def softmax_rows_graph(fn, shape=(2, 3, 4, 5)):
+    """capture and rewrite fn(x) on a 4-d input; the rewritten graph checked against fn in float64."""
+    class M(nn.Module):
+        def forward(self, x):
+            return fn(x)
+    model = M()
+    x = torch.randn(*shape, dtype=torch.float64)
+    g, applied = rewrite(capture(model, [x]))
+    torch.testing.assert_close(run_graph(g, model, [x]), model(x), rtol=1e-12, atol=1e-12)
+    return g, applied
+
+
+def test_softmax_over_a_view_flattening_trailing_dims_is_one_node():
+    g, applied = softmax_rows_graph(lambda x: torch.softmax(x.view(x.shape[0], x.shape[1], -1), 2).view(x.shape))
+    assert "softmax-rows" in applied
+    rows = next(n for n in g.nodes if n.op == "softmax_rows")
+    assert rows.attrs["dims"] == 2 and not any(n.op in ("softmax", "view") for n in g.nodes)
+    g, applied = softmax_rows_graph(lambda x: F.log_softmax(x.reshape(x.shape[0], -1), -1).reshape(x.shape))
+    assert next(n for n in g.nodes if n.op == "log_softmax_rows").attrs["dims"] == 3
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.softmax(x.view(-1, x.shape[-1]), -1).view(x.shape),  # over one dim: no views needed
+    lambda x: torch.softmax(x.view(x.shape[0], -1), 0).view(x.shape),  # not over the view's last dim
+    lambda x: torch.softmax(x.view(x.shape[0], -1), 1),  # not viewed back
+    lambda x: (lambda v: (torch.softmax(v, 1).view(x.shape), v))(x.view(x.shape[0], -1)),  # the view read twice
+])
+def test_softmax_rows_does_not_fire(fn):
+    _, applied = softmax_rows_graph(fn)
+    assert "softmax-rows" not in applied

@@ -30,7 +30,9 @@ prod(normalized_shape) elements of NC(D)HW memory (a row of W pixels of one chan
 whole sample for (C, D, H, W)), so row r is the contiguous y[r * L : (r + 1) * L]. `conv_ln_moments_kernel` reads
 each row in BLOCK_L chunks (any L): each chunk's fp32 mean and centred M2, merged into the row's in float64 (Chan's
 combination), then mean and 1/sqrt(var + eps) in fp32. Bytes: y read once (4 bytes an element), 8 bytes a row
-written.
+written. A softmax or log_softmax over such rows (the last dim of a view that flattens trailing dims, or W itself):
+`conv_softmax_stats_kernel`, each row's max and sum of exp(y - max) over its chunks (the running sum rescaled when
+the max grows, in float64).
 
 Eval mode (`bn-eval-fold`): BatchNorm of conv(x, W) + b with running statistics is the convolution with
     W' = W * g (per output channel),  b' = (b - running_mean) * g + beta,  g = gamma / sqrt(running_var + eps),
@@ -58,6 +60,13 @@ def conv_ln_moments_ref(y: torch.Tensor, length: int) -> tuple[torch.Tensor, tor
     """Plain torch reference: mean and biased variance of each contiguous row of `length` elements of y."""
     rows = y.reshape(-1, length)
     return rows.mean(1), rows.var(1, unbiased=False)
+
+
+def conv_softmax_stats_ref(y: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain torch reference: each contiguous row's max and sum of exp(y - max)."""
+    rows = y.reshape(-1, length)
+    top = rows.amax(1)
+    return top, (rows - top[:, None]).exp().sum(1)
 
 
 def conv_gn_stats_ref(y: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -250,14 +259,53 @@ def conv_ln_moments_kernel(y_ptr, mean_ptr, rstd_ptr, R, L, eps, BLOCK_R: tl.con
 
 
 def conv_ln_moments(y: torch.Tensor, length: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean, 1/sqrt(var + eps)), fp32, of each contiguous row of `length` elements of y (conv_ln_moments_kernel).
-    On a GPU 64 rows x 64-wide chunks a program; in the interpreter, whose cost is per program and per op, more."""
+    """(mean, 1/sqrt(var + eps)), fp32, of each contiguous row of `length` elements of y (conv_ln_moments_kernel)."""
     rows = y.numel() // max(length, 1)
     mean = torch.empty((rows,), device=y.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
-    block_l = min(triton.next_power_of_2(max(length, 1)), 1024 if interpreting() else 64)
-    block_r = max(min(triton.next_power_of_2(max(rows, 1)), (16384 if interpreting() else 4096) // block_l), 1)
+    block_r, block_l = row_blocks(length, rows)
     if rows:
         conv_ln_moments_kernel[(cdiv(rows, block_r),)](y, mean, rstd, rows, length, float(eps), BLOCK_R=block_r,
                                                        BLOCK_L=block_l)
     return mean, rstd
+
+
+@triton.jit
+def conv_softmax_stats_kernel(y_ptr, max_ptr, sum_ptr, R, L, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Max and sum of exp(y - max) of BLOCK_R contiguous rows of L elements of y, chunk by chunk: a chunk's exps
+    summed in fp32, the running sum (float64) rescaled by exp(old max - new max) when the max grows."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mask_r = rows < R
+    base = rows.to(tl.int64) * L
+    top = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    total = tl.zeros((BLOCK_R,), dtype=tl.float64)
+    for l0 in range(0, L, BLOCK_L):
+        cols = l0 + tl.arange(0, BLOCK_L)
+        mask = mask_r[:, None] & (cols < L)[None, :]
+        y = tl.load(y_ptr + base[:, None] + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
+        new_top = tl.maximum(top, tl.max(y, axis=1))
+        safe = tl.where(new_top == float("-inf"), 0.0, new_top)  # a row of -inf so far: nothing to rescale
+        chunk = tl.sum(tl.where(mask, tl.exp(y - safe[:, None]), 0.0), axis=1)
+        total = total * tl.exp(top - safe).to(tl.float64) + chunk.to(tl.float64)
+        top = new_top
+    tl.store(max_ptr + rows, top, mask=mask_r)
+    tl.store(sum_ptr + rows, total.to(tl.float32), mask=mask_r)
+
+
+def row_blocks(length: int, rows: int) -> tuple[int, int]:
+    """(rows, chunk width) a program of the row statistics takes: on a GPU 64-wide chunks of up to 4096 elements a
+    program; in the interpreter, whose cost is per program and per op, more."""
+    block_l = min(triton.next_power_of_2(max(length, 1)), 1024 if interpreting() else 64)
+    return max(min(triton.next_power_of_2(max(rows, 1)), (16384 if interpreting() else 4096) // block_l), 1), block_l
+
+
+def conv_softmax_stats(y: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max, sum of exp(y - max)), fp32, of each contiguous row of `length` elements of y."""
+    rows = y.numel() // max(length, 1)
+    top = torch.empty((rows,), device=y.device, dtype=torch.float32)
+    total = torch.empty_like(top)
+    block_r, block_l = row_blocks(length, rows)
+    if rows:
+        conv_softmax_stats_kernel[(cdiv(rows, block_r),)](y, top, total, rows, length, BLOCK_R=block_r,
+                                                          BLOCK_L=block_l)
+    return top, total

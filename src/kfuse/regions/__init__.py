@@ -15,8 +15,8 @@ from kfuse.regions import (
     conv_channel_reduce,
     conv_epilogue,
     conv_groupnorm,
-    conv_layernorm,
     conv_pool,
+    conv_rownorm,
     gemm_batchnorm,
     gemm_epilogue,
     gemm_groupnorm,
@@ -42,7 +42,7 @@ KINDS: tuple[RegionKind, ...] = (
     conv_batchnorm.KIND,  # ... taken over at a BatchNorm over its channels
     conv_pool.KIND,  # ... at a pool over its spatial dims (windows, or a global mean)
     conv_groupnorm.KIND,  # ... at a GroupNorm or InstanceNorm over its channels
-    conv_layernorm.KIND,  # ... at a LayerNorm over its trailing dims
+    conv_rownorm.KIND,  # ... at a LayerNorm or softmax over rows of its trailing dims
     conv_channel_reduce.KIND,  # ... at a reduction or softmax over its channels (dim 1)
     no_kernel.KIND,  # host values and views: nothing to launch
     torch_call.KIND,  # anything else: the torch call as written

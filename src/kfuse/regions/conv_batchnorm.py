@@ -56,11 +56,10 @@ from kfuse.regions.conv_common import (
     stores,
     tuned_launch,
 )
-from kfuse.regions.kind import RegionKind, Walk
+from kfuse.regions.kind import Walk
 from kfuse.regions.pool_pass import (
     POOL_PARAMS,
-    finish_norm_then_pool,
-    joins_norm_then_pool,
+    NormThenPool,
     stored_pool_kernel,
     stored_pool_launch,
 )
@@ -278,20 +277,15 @@ def norm_after_conv(walk: Walk, n: Node) -> bool:
             and len(n.shape) >= 3 and not any(m.op == "batch_norm" for m in walk.members))
 
 
-class ConvBatchNorm(RegionKind):
+class ConvBatchNorm(NormThenPool):
     name = "conv_batchnorm"
     family = "conv"
     at_ops = ("batch_norm",)
     kernel_modules = ("conv", "conv_transpose", "conv_norm")
+    norm_input = False  # its apply pass reads the normalized values only
 
     def enters(self, walk: Walk, n: Node) -> bool:
         return norm_after_conv(walk, n) and not reads_outside(walk)
-
-    def joins(self, walk: Walk, n: Node) -> bool:
-        return joins_norm_then_pool(walk, n, ("batch_norm",), norm_input=False)
-
-    def finish(self, walk: Walk) -> list[Node]:
-        return finish_norm_then_pool(walk)
 
     def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
         return generate(region, g, stem)

@@ -56,11 +56,10 @@ from kfuse.regions.conv_common import (
     stores,
     tuned_launch,
 )
-from kfuse.regions.kind import RegionKind, Walk, group_size
+from kfuse.regions.kind import Walk, group_size
 from kfuse.regions.pool_pass import (
     POOL_PARAMS,
-    finish_norm_then_pool,
-    joins_norm_then_pool,
+    NormThenPool,
     stored_pool_kernel,
     stored_pool_launch,
 )
@@ -226,7 +225,7 @@ def norm_after_conv(walk: Walk, n: Node) -> bool:
     return len(n.args) == 4 and per_channel(n.args[1], channels) and per_channel(n.args[2], channels)
 
 
-class ConvGroupNorm(RegionKind):
+class ConvGroupNorm(NormThenPool):
     name = "conv_groupnorm"
     family = "conv"
     kernel_modules = ("conv", "conv_transpose", "conv_norm")
@@ -234,12 +233,6 @@ class ConvGroupNorm(RegionKind):
 
     def enters(self, walk: Walk, n: Node) -> bool:
         return norm_after_conv(walk, n) and not reads_outside(walk)
-
-    def joins(self, walk: Walk, n: Node) -> bool:
-        return joins_norm_then_pool(walk, n, NORMS, norm_input=True)  # the apply pass may read y too
-
-    def finish(self, walk: Walk) -> list[Node]:
-        return finish_norm_then_pool(walk)
 
     def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
         return generate(region, g, stem)

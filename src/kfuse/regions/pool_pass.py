@@ -11,10 +11,12 @@ first for overlapping windows), only the pooled outputs written.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from kfuse.ir import Graph, Node, Scalar
 from kfuse.regions.common import KernelArgs, call, constexpr, docstring, plain, pointwise_lines, signature, var
 from kfuse.regions.conv_common import WINDOWED, channel_operand, is_max, joins_after_norm
-from kfuse.regions.kind import Walk, numel, pointwise_with, same_tile
+from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with, same_tile
 
 POOL_SIZES = plain("PM", "QD", "QH", "QW", "PKD", "PKH", "PKW", "PSD", "PSH", "PSW", "PPD", "PPH", "PPW", "PDD", "PDH",
                    "PDW", "DIVISOR")
@@ -64,6 +66,19 @@ def joins_norm_then_pool(walk: Walk, n: Node, norm_ops: tuple[str, ...], norm_in
     at = next(i for i, m in enumerate(members) if m.op in norm_ops)
     return (g.shape_of(n.args[0]) == walk.anchor.shape and n.args[0] in {m.name for m in members[at:]}
             and read_only_inside(members[at:], n, g))
+
+
+class NormThenPool(RegionKind):
+    """The walk of a norm kind (its `at_ops` the norms it takes a region over at): joins_norm_then_pool, then
+    finish_norm_then_pool. `norm_input`: whether its apply pass may read the norm's input y too."""
+
+    norm_input: ClassVar[bool] = True
+
+    def joins(self, walk: Walk, n: Node) -> bool:
+        return joins_norm_then_pool(walk, n, self.at_ops, self.norm_input)
+
+    def finish(self, walk: Walk) -> list[Node]:
+        return finish_norm_then_pool(walk)
 
 
 def finish_norm_then_pool(walk: Walk) -> list[Node]:

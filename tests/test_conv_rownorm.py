@@ -1,4 +1,5 @@
-"""The conv_layernorm kind in the interpreter at odd sizes: a convolution (or transposed one) with a LayerNorm over
+"""The conv_rownorm kind in the interpreter at odd sizes: softmax and log_softmax over rows (a view flattening
+trailing dims, then viewed back, as KernelBench level 2 problem 38; W itself; whole samples over two chunks), and a convolution (or transposed one) with a LayerNorm over
 trailing dims of its output (W alone, H x W, C x L, whole rows of more than one chunk), with and without the
 affine, module and functional forms, through the accuracy contract; one through the gradient contract; the row
 moments against their torch reference; and what stays a torch call (a LayerNorm over other dims, after a depthwise
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kfuse.kernels.conv_norm import conv_ln_moments, conv_ln_moments_ref
+from kfuse.kernels.conv_norm import conv_ln_moments, conv_ln_moments_ref, conv_softmax_stats, conv_softmax_stats_ref
 from kfuse.load import load_problem
 from kfuse.optimize import Options, compile_problem, load_module, optimize
 from kfuse_testing import gradient_verdict, long_lines, write_conv_problem
@@ -48,7 +49,7 @@ def problem(tmp_path: Path, name: str) -> Path:
 def test_meets_the_contract(tmp_path, name):
     result = optimize(load_problem(problem(tmp_path, name)), CPU, workdir=tmp_path)
     assert result.contract.correct, result.contract.failures
-    assert [r.kind for r in result.compiled.regions] == ["conv_layernorm"] and result.compiled.unfused == []
+    assert [r.kind for r in result.compiled.regions] == ["conv_rownorm"] and result.compiled.unfused == []
     source = result.compiled.source
     assert "conv_ln_moments(" in source and "_apply_kernel[" in source and not long_lines(source)
     assert "tuned_conv(" in source  # pass 1's tile tuned on a GPU
@@ -68,7 +69,7 @@ def test_a_width_other_than_normalized_shape_fails_as_in_torch(tmp_path):
 def test_trains(tmp_path):
     prob = load_problem(problem(tmp_path, "grouped2d_hw_affine_bias"))
     compiled = compile_problem(prob, CPU)
-    assert [r.kind for r in compiled.regions] == ["conv_layernorm"]
+    assert [r.kind for r in compiled.regions] == ["conv_rownorm"]
     verdict = gradient_verdict(prob, compiled, tmp_path)
     assert verdict.correct, verdict.failures
 
@@ -92,7 +93,7 @@ def test_row_moments_match_torch(rows, length):
 def test_stays_a_torch_call(tmp_path, init, forward):
     prob = load_problem(write_conv_problem(tmp_path, "other", init, forward, "3, 9, 9", batch=2))
     compiled = compile_problem(prob, CPU)
-    assert "conv_layernorm" not in [r.kind for r in compiled.regions]
+    assert "conv_rownorm" not in [r.kind for r in compiled.regions]
     assert any("layer_norm" in op or "LayerNorm" in op for op in compiled.unfused), compiled.unfused
 
 
@@ -126,7 +127,7 @@ def test_a_pool_after_the_norm_meets_the_contract(tmp_path, name):
     result = optimize(load_problem(path), CPU, workdir=tmp_path)
     assert result.contract.correct, result.contract.failures
     kinds = [r.kind for r in result.compiled.regions if r.fused]
-    assert len(kinds) == 1 and kinds[0] in ("conv_layernorm", "conv_groupnorm"), kinds
+    assert len(kinds) == 1 and kinds[0] in ("conv_rownorm", "conv_groupnorm"), kinds
     unfused = result.compiled.unfused
     assert not any("pool" in op.lower() for op in unfused), unfused
     assert "window_pixel(" in result.compiled.source and not long_lines(result.compiled.source)
@@ -146,5 +147,64 @@ def test_a_value_between_the_norm_and_the_pool_read_outside_keeps_the_pool_out(t
     forward = "z = torch.relu(self.norm(self.conv(x)))\nreturn z, self.pool(z)"
     compiled = compile_problem(load_problem(write_conv_problem(tmp_path, "two", init, forward, "3, 9, 9", batch=2)),
                                CPU)
-    assert [r.kind for r in compiled.regions if r.fused] == ["conv_layernorm"]
+    assert [r.kind for r in compiled.regions if r.fused] == ["conv_rownorm"]
     assert "nn.MaxPool2d pool" in compiled.unfused
+
+
+# softmax / log_softmax over rows of trailing elements
+SOFTMAX = {
+    # KernelBench level 2 problem 38's ops after its pool: clamp, a softmax over each channel's pixels, a scale
+    "transposed3d_clamp_spatial_softmax_scale": ("self.conv = nn.ConvTranspose3d(3, 5, 3, stride=2, padding=1, "
+                                                 "output_padding=1)\n"
+                                                 "self.scale = nn.Parameter(torch.randn(1, 5, 1, 1, 1))",
+                                                 "x = torch.clamp(self.conv(x), 0.0, 1.0)\nb, c, d, h, w = x.shape\n"
+                                                 "x = torch.softmax(x.view(b, c, -1), dim=2)\n"
+                                                 "return x.view(b, c, d, h, w) * self.scale", "3, 3, 4, 5"),
+    "conv2d_log_softmax_over_w": ("self.conv = nn.Conv2d(4, 6, 3, padding=1)",
+                                  "return F.log_softmax(self.conv(x), dim=-1) + 1.0", "4, 7, 9"),
+    # a whole sample a row: 7 x 13 x 17 = 1547 elements, two chunks in the interpreter
+    "conv2d_sample_softmax_two_chunks": ("self.conv = nn.Conv2d(3, 7, 3, padding=1)",
+                                         "y = torch.relu(self.conv(x))\nn = y.shape[0]\n"
+                                         "return torch.softmax(y.reshape(n, -1), 1).reshape(y.shape) * 100.0",
+                                         "3, 13, 17"),
+}
+
+
+@pytest.mark.parametrize("name", SOFTMAX)
+def test_a_softmax_over_rows_meets_the_contract(tmp_path, name):
+    path = write_conv_problem(tmp_path, name, *SOFTMAX[name], batch=2)
+    result = optimize(load_problem(path), CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    assert [r.kind for r in result.compiled.regions if r.fused] == ["conv_rownorm"], result.compiled.regions
+    assert result.compiled.unfused == [] and "conv_softmax_stats(" in result.compiled.source
+
+
+def test_a_softmax_over_rows_trains(tmp_path):
+    prob = load_problem(write_conv_problem(tmp_path, "sm", *SOFTMAX["transposed3d_clamp_spatial_softmax_scale"],
+                                           batch=2))
+    compiled = compile_problem(prob, CPU)
+    verdict = gradient_verdict(prob, compiled, tmp_path)
+    assert verdict.correct, verdict.failures
+
+
+@pytest.mark.parametrize("rows, length", [(37, 70), (3, 2500), (1, 1)])
+def test_softmax_stats_match_torch(rows, length):
+    torch.manual_seed(rows)
+    y = torch.randn(rows * length) * 4.0
+    top, total = conv_softmax_stats(y, length)
+    ref_top, ref_total = conv_softmax_stats_ref(y.double(), length)
+    assert torch.equal(top.double(), ref_top)
+    assert torch.allclose(total.double(), ref_total, rtol=1e-6)
+
+
+@pytest.mark.parametrize("forward", [
+    # the flattened view read twice: its rows cannot stay the kernels' identity
+    "y = self.conv(x)\nv = y.view(y.shape[0], y.shape[1], -1)\nreturn torch.softmax(v, 2), v",
+    # a softmax over channels of the flattened view (not its last dim): conv_channel_reduce's or torch's
+    "y = self.conv(x)\nreturn torch.softmax(y.view(y.shape[0], y.shape[1], -1), 1).view(y.shape)",
+])
+def test_other_softmaxes_are_not_rows(tmp_path, forward):
+    prob = load_problem(write_conv_problem(tmp_path, "other_sm", "self.conv = nn.Conv2d(3, 4, 3)", forward, "3, 9, 9",
+                                           batch=2))
+    compiled = compile_problem(prob, CPU)
+    assert "conv_rownorm" not in [r.kind for r in compiled.regions]

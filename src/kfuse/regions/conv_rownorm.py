@@ -1,22 +1,27 @@
-"""Region kind `conv_layernorm`: convolution -> pointwise ops -> LayerNorm over trailing dims of its output (the last
-W pixels of each channel row for normalized_shape (W,), (H, W), ..., or whole samples for (C, D, H, W)) -> pointwise
-ops, the convolution on kernels/conv.py's tile (or kernels/conv_transpose.py's stride phases).
+"""Region kind `conv_rownorm`: convolution -> pointwise ops -> a norm over rows of trailing elements of its output ->
+pointwise ops, the convolution on kernels/conv.py's tile (or kernels/conv_transpose.py's stride phases). The norms:
+LayerNorm over trailing dims (the last W pixels of each channel row for normalized_shape (W,), (H, W), ..., whole
+samples for (C, D, H, W)); softmax / log_softmax over the last dim of a view that flattens trailing dims, viewed back
+to the output's shape (`x.view(b, c, -1).softmax(2).view(b, c, d, h, w)`: over each channel's pixels; one node after
+rewrite.py's softmax-rows), or over W.
 
-A normalized row is L = prod(normalized_shape) contiguous elements of the NC(D)HW output, and a row of W pixels of one
-channel is spread over the conv tile's rows (and over a transposed convolution's stride phases), so no tile holds a
-row: three launches (kernels/conv_norm.py):
+A row is L contiguous elements of the NC(D)HW output (L = prod(normalized_shape), or the flattened dims), and a row of
+W pixels of one channel is spread over the conv tile's rows (and over a transposed convolution's stride phases), so no
+tile holds a row: three launches (kernels/conv_norm.py):
   1. `<name>_conv_kernel`: the convolution and the ops before the norm; stores y (the norm's input) and the region
      outputs before it;
-  2. `conv_ln_moments`: each row's mean and 1/sqrt(var + eps), chunk moments merged in float64;
+  2. the row statistics: `conv_ln_moments` (mean and 1/sqrt(var + eps), chunk moments merged in float64) or
+     `conv_softmax_stats` (max and sum of exp(y - max), the running sum rescaled in float64);
   3. `<name>_apply_kernel`: one pass over y in the convolution's (pixels, channels) layout, so the ops after the
-     norm read per-channel parameters as the convolution's epilogue does: (y - mean) * rstd at each element's row
-     (its flat offset // L), the affine at its place in the row (offset % L), then the ops after the norm; with a
+     norm read per-channel parameters as the convolution's epilogue does: the norm at each element's row (its flat
+     offset // L; a LayerNorm's affine at its place in the row, offset % L), then the ops after the norm; with a
      windowed pool after them (nothing from the norm on read outside the region), in the pool's rows instead
      (regions/pool_pass.py): the norm and those ops at each window position, max / sum, the ops after the pool.
 eps is read from the module when ModelNew runs.
 Bytes beyond the convolution: y written once and read twice, 8 bytes a row, the outputs written once; torch would
 write the conv's output, read it and write the norm's, then read and write it again for each op after the norm.
-Backward: the region recomputed in float64 torch (F.layer_norm) and differentiated, as the convolution kinds do.
+Backward: the region recomputed in float64 torch (the norm by its own call) and differentiated, as the convolution
+kinds do.
 """
 
 from __future__ import annotations
@@ -39,17 +44,28 @@ from kfuse.regions.conv_common import (
     reads_outside,
     stores,
 )
-from kfuse.regions.kind import RegionKind, Walk, numel
+from kfuse.regions.kind import Walk, numel
 from kfuse.regions.pool_pass import (
     POOL_PARAMS,
-    finish_norm_then_pool,
-    joins_norm_then_pool,
+    NormThenPool,
     stored_pool_kernel,
     stored_pool_launch,
 )
 
 NORM = "layer_norm"
-NORMS = (NORM, "group_norm", "instance_norm", "batch_norm")  # one norm a region: the walk's first
+SOFTMAXES = ("softmax", "log_softmax")  # over W, the output's last dim
+ROWS = ("softmax_rows", "log_softmax_rows")  # over its last `dims` dims (rewrite.py's softmax-rows)
+ROW_OPS = (NORM, *SOFTMAXES, *ROWS)
+NORMS = (*ROW_OPS, "group_norm", "instance_norm", "batch_norm")  # one norm a region: the walk's first
+# per row op: the statistics' names in the kernels, and the launcher's call that computes them from y
+STATS = {NORM: ("ln_mean", "ln_rstd", "conv_ln_moments({y}, norm_length, norm_eps)"),
+         "softmax": ("row_max", "row_sum", "conv_softmax_stats({y}, norm_length)"),
+         "log_softmax": ("row_max", "row_sum", "conv_softmax_stats({y}, norm_length)")}
+STATS.update({rows: STATS[op] for rows, op in zip(ROWS, SOFTMAXES)})
+# the norm of y from its row's statistics a, b (before a LayerNorm's affine)
+FORMULA = {NORM: "({y} - {a}) * {b}", "softmax": "tl.exp({y} - {a}) / {b}",
+           "log_softmax": "{y} - {a} - tl.log({b})"}
+FORMULA.update({rows: FORMULA[op] for rows, op in zip(ROWS, SOFTMAXES)})
 
 
 def conv_pass(region: Region, stem: str, doc: str, p: NormParts,
@@ -75,14 +91,16 @@ def normalized(p: NormParts, args: KernelArgs, env: dict[str, str], y: str, offs
                mask: str) -> tuple[list[str], list[str]]:
     """(loads, lines): the norm of `y` at flat offsets `offs` (each element's row offs // L, its place offs % L)
     under `mask`, then the ops between the norm and the pool (or the end)."""
-    out = var(p.norm.name)
-    loads, scaled = affine(args, out, p.norm.args[1], p.norm.args[2])
-    stats = [f"ln_row = {offs} // L  # the normalized row: L contiguous elements",
-             f"ln_col = {offs} % L",
-             f"ln_mean = tl.load(ln_mean_ptr + ln_row, mask={mask}, other=0.0)",
-             f"ln_rstd = tl.load(ln_rstd_ptr + ln_row, mask={mask}, other=1.0)"]
+    out, op = var(p.norm.name), p.norm.op
+    st_a, st_b, _ = STATS[op]
+    loads, scaled = affine(args, out, p.norm.args[1], p.norm.args[2]) if op == NORM else ([], [])
+    stats = [f"row = {offs} // L  # the element's row: L contiguous elements",
+             *([f"ln_col = {offs} % L"] if loads else []),
+             f"{st_a} = tl.load({st_a}_ptr + row, mask={mask}, other=0.0)",
+             f"{st_b} = tl.load({st_b}_ptr + row, mask={mask}, other=1.0)"]
     env[p.norm.name] = out
-    lines = [f"{out} = ({y} - ln_mean) * ln_rstd  # {p.norm.origin}", *scaled, *pointwise_lines(p.after, env, args)]
+    lines = [f"{out} = {FORMULA[op].format(y=y, a=st_a, b=st_b)}  # {p.norm.origin}", *scaled,
+             *pointwise_lines(p.after, env, args)]
     return stats + loads, lines
 
 
@@ -92,7 +110,7 @@ def apply_pass(region: Region, stem: str, doc: str, p: NormParts,
     after it, as the convolution's (pixels, channels) tiles; with a windowed pool after them, in the pool's rows
     (pool_pass.py), the norm applied at each window position before max / sum."""
     args, env = KernelArgs(registry), {p.y: "v_y" if p.pool is None else "y"}
-    extra = (["ln_mean_ptr", "ln_rstd_ptr"], ["L"])
+    extra = ([f"{STATS[p.norm.op][0]}_ptr", f"{STATS[p.norm.op][1]}_ptr"], ["L"])
     if p.pool is not None:
         setup = ["y_offs = plane * (OD * OH * OW) + pixel  # the window position's flat offsets in y",
                  "y_mask = valid[:, None] & mask_n[None, :]"]
@@ -109,6 +127,7 @@ def apply_pass(region: Region, stem: str, doc: str, p: NormParts,
 
 def launcher_lines(region: Region, stem: str, p: NormParts, a1: KernelArgs, a3: KernelArgs) -> list[str]:
     form = form_of(region.anchor)
+    st_a, st_b, stats_call = STATS[p.norm.op]
 
     def empty(v: str, dtype: str = "x.dtype") -> str:
         return f"buf_{v} = torch.empty(geo.out_shape, device=x.device, dtype={dtype})"
@@ -117,37 +136,46 @@ def launcher_lines(region: Region, stem: str, p: NormParts, a1: KernelArgs, a3: 
     launch = conv_launch(form, f"{stem}_conv", [f"buf_{v}" for v in p.stored], a1)
     outs = [f"buf_{v}" for v in p.post_outs]
     if p.pool is not None:
-        apply = stored_pool_launch(f"{stem}_apply_kernel", f"buf_{p.y}", outs, a3,
-                                   (["ln_mean", "ln_rstd"], ["norm_length"]))
+        apply = stored_pool_launch(f"{stem}_apply_kernel", f"buf_{p.y}", outs, a3, ([st_a, st_b], ["norm_length"]))
     else:
         apply = [*[empty(v) for v in p.post_outs],
                  "M = N * S",
                  "bm, bn_ = (min(triton.next_power_of_2(max(M, 1)), 8192), 64) if interpreting() else (64, 32)",
                  "if M:",
                  "    " + call(f"{stem}_apply_kernel[(cdiv(M, bm), cdiv(C, bn_))]",
-                              [f"buf_{p.y}", *outs, "ln_mean", "ln_rstd", *a3.params],
+                              [f"buf_{p.y}", *outs, st_a, st_b, *a3.params],
                               ["M", "C", "S", "norm_length", "BLOCK_M=bm", "BLOCK_N=bn_", "num_warps=4"], indent=12)]
+    check = []
+    if p.norm.op == NORM:
+        check = ["if tuple(geo.out_shape[-row_dims:]) != tuple(norm_shape):  # torch's LayerNorm check",
+                 "    raise RuntimeError(f'LayerNorm: normalized_shape {list(norm_shape)} is not the last dims '",
+                 "                       f'of the convolution output of size {list(geo.out_shape)}')"]
     return ["x = x.contiguous()",
             f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
             "N, C = geo.out_shape[0], geo.C_out",
             "S = torch.Size(geo.out_shape[2:]).numel()  # pixels a channel plane",
-            "if tuple(geo.out_shape[-len(norm_shape):]) != tuple(norm_shape):  # torch's LayerNorm check",
-            "    raise RuntimeError(f'LayerNorm: normalized_shape {list(norm_shape)} is not the last dims of the '",
-            "                       f'convolution output of size {list(geo.out_shape)}')",
-            "norm_length = torch.Size(norm_shape).numel()  # a normalized row's elements",
+            *check,
+            "norm_length = torch.Size(geo.out_shape[-row_dims:]).numel()  # a row's elements: the last row_dims dims",
             empty(p.y, y_dtype), *[empty(v) for v in p.pre_outs if v != p.y],
             "def launch(cfg):  # the tile tuned on a GPU's first call at each geometry (kernels/conv.py tuned_conv)",
             *[f"    {ln}" for ln in launch],
             "if geo.M:",
             f"    launch(tuned_conv({stem}_conv_kernel, geo, scheme, cfg, x, launch))",
-            f"ln_mean, ln_rstd = conv_ln_moments(buf_{p.y}, norm_length, norm_eps)",
+            f"{st_a}, {st_b} = {stats_call.format(y=f'buf_{p.y}')}",
             *apply,
             f"return {', '.join(f'buf_{v}' for v in region.outputs)}"]
 
 
+def row_dims(norm: Node) -> int:
+    """How many of the output's trailing dims a row spans: normalized_shape's, the softmax-rows rewrite's, or W."""
+    if norm.op == NORM:
+        return len(norm.attrs["normalized_shape"])
+    return int(norm.attrs.get("dims", 1))
+
+
 def generate(region: Region, g: Graph, stem: str) -> RegionCode:
-    anchor, p = region.anchor, NormParts(region, (NORM,))
-    shape = tuple(p.norm.attrs["normalized_shape"])
+    anchor, p = region.anchor, NormParts(region, ROW_OPS)
+    dims = row_dims(p.norm)
     registry: dict[str, tuple[str, bool]] = {}
     replaced = ", ".join(n.origin for n in region.nodes)
     conv, a1 = conv_pass(region, stem, f"Pass 1 of: {replaced}. {conv_cost(anchor, g, len(p.stored))}", p, registry)
@@ -155,13 +183,18 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     params = [n for n, _ in registry.values()]
     form = form_of(anchor)
     pooled = p.pool is not None
-    src = launcher(f"fused_{stem}", ["x", "weight", "norm_shape", "norm_eps", *params, *form.geometry,
+    length = numel(anchor.shape[-dims:])
+    src = launcher(f"fused_{stem}", ["x", "weight", "row_dims", "norm_shape", "norm_eps", *params, *form.geometry,
                                      *(POOL_PARAMS if pooled else [])],
                    launcher_lines(region, stem, p, a1, a3),
-                   f"Fused: {replaced}. Statistics per normalized row of {numel(shape)} elements, merged in float64.")
-    eps = p.norm.args[3]  # the module's, read when ModelNew runs; F.layer_norm's number as written
-    eps_code = eps.expr() if isinstance(eps, Scalar) else repr(float(eps))
-    call_args = [anchor.args[0], operand_code(anchor.args[1]), str(shape), f"float({eps_code})", *registry,
+                   f"Fused: {replaced}. Statistics per row of {length} elements (the last {dims} "
+                   f"dim{'s' if dims > 1 else ''}), merged in float64.")
+    shape, eps_code = "None", "0.0"
+    if p.norm.op == NORM:
+        eps = p.norm.args[3]  # the module's, read when ModelNew runs; F.layer_norm's number as written
+        shape = str(tuple(p.norm.attrs["normalized_shape"]))
+        eps_code = f"float({eps.expr() if isinstance(eps, Scalar) else repr(float(eps))})"
+    call_args = [anchor.args[0], operand_code(anchor.args[1]), str(dims), shape, eps_code, *registry,
                  *geometry_code(anchor), *(pool_code(p.pool) if pooled else [])]
     return RegionCode((conv, apply), src, (f"{', '.join(region.outputs)} = {call(f'fused_{stem}', call_args)}",))
 
@@ -174,34 +207,32 @@ def trailing(n: Node, shape: tuple[int, ...]) -> bool:
     return all(a is None or (isinstance(a, Param) and tuple(a.shape) == norm) for a in n.args[1:3])
 
 
-def layernorm_after_conv(walk: Walk, n: Node) -> bool:
-    """A LayerNorm over trailing dims of a convolution's whole output, the walk's first norm."""
-    anchor = walk.anchor
+def row_op_after_conv(walk: Walk, n: Node) -> bool:
+    """The walk's first norm, over rows of a convolution's whole output: a LayerNorm over trailing dims, a softmax /
+    log_softmax over W, or over rows of trailing dims (rewrite.py's softmax-rows: a view, the softmax over its last
+    dim, a view back)."""
+    anchor, g = walk.anchor, walk.g
     if anchor.op not in (*CONV_OPS, TRANSPOSED) or (anchor.op in CONV_OPS and depthwise(anchor)):
         return False  # the direct depthwise tile has no tuned plan here; the other kinds refuse it too
-    if (n.op != NORM or n.shape != anchor.shape or len(n.args) != 4 or not isinstance(n.args[0], str)
-            or n.args[0] not in walk.values or any(m.op in NORMS for m in walk.members)):
+    if (n.op not in ROW_OPS or n.shape != anchor.shape or any(m.op in NORMS for m in walk.members) or not n.args
+            or not isinstance(n.args[0], str) or n.args[0] not in walk.values or g.shape_of(n.args[0]) != anchor.shape):
         return False
-    return trailing(n, anchor.shape)
+    if n.op == NORM:
+        return len(n.args) == 4 and trailing(n, anchor.shape)
+    return n.op in ROWS or n.attrs.get("dim") in (-1, len(n.shape) - 1)
 
 
-class ConvLayerNorm(RegionKind):
-    name = "conv_layernorm"
+class ConvRowNorm(NormThenPool):
+    name = "conv_rownorm"
     family = "conv"
     kernel_modules = ("conv", "conv_transpose", "conv_norm")
-    at_ops = (NORM,)
+    at_ops = ROW_OPS
 
     def enters(self, walk: Walk, n: Node) -> bool:
-        return layernorm_after_conv(walk, n) and not reads_outside(walk)
-
-    def joins(self, walk: Walk, n: Node) -> bool:
-        return joins_norm_then_pool(walk, n, (NORM,), norm_input=True)  # the apply pass may read y too
-
-    def finish(self, walk: Walk) -> list[Node]:
-        return finish_norm_then_pool(walk)
+        return row_op_after_conv(walk, n) and not reads_outside(walk)
 
     def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
         return generate(region, g, stem)
 
 
-KIND = ConvLayerNorm()
+KIND = ConvRowNorm()
