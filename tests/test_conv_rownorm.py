@@ -1,10 +1,11 @@
-"""The conv_rownorm kind in the interpreter at odd sizes: softmax and log_softmax over rows (a view flattening
-trailing dims, then viewed back, as KernelBench level 2 problem 38; W itself; whole samples over two chunks), and a convolution (or transposed one) with a LayerNorm over
-trailing dims of its output (W alone, H x W, C x L, whole rows of more than one chunk), with and without the
-affine, module and functional forms, through the accuracy contract; one through the gradient contract; the row
-moments against their torch reference; and what stays a torch call (a LayerNorm over other dims, after a depthwise
+"""The conv_rownorm kind in the interpreter at odd sizes. A convolution (or transposed one) with a LayerNorm over
+trailing dims of its output (W alone, H x W, C x L, whole rows of more than one chunk), with and without the affine,
+module and functional forms, through the accuracy contract; one through the gradient contract; the row moments
+against their torch reference; and what stays a torch call (a LayerNorm over other dims, after a depthwise
 convolution). A windowed pool after a LayerNorm, GroupNorm or InstanceNorm (regions/pool_pass.py): its apply pass in
-the pool's rows, through both contracts, and a value between the norm and the pool read elsewhere keeping it out."""
+the pool's rows, through both contracts, and a value between the norm and the pool read elsewhere keeping it out.
+Softmax and log_softmax over rows (a view flattening trailing dims, then viewed back, as KernelBench level 2 problem
+38; W itself; whole samples over two chunks), their statistics against torch, and softmaxes that are not rows."""
 
 from __future__ import annotations
 

@@ -49,6 +49,11 @@ def test_failures_are_summarised():
     assert "NO (allclose)" in mb.table(rep)
 
 
+def test_a_baseline_not_measured_is_not_a_loss_to_it():
+    rep = mb.merge([_rep("a", _res("p1", vs_ma=None), _res("p2", vs_ma=0.9))])
+    assert mb.summary(rep)["slower_than_max_autotune"] == ["p2"]
+
+
 def test_different_gpus_are_refused(tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(_rep("a", _res("p1"))))
