@@ -6,10 +6,17 @@
 # call cut by the device's limit keeps every file it finished; no file is started once BUDGET seconds have passed.
 # Merge the calls' files with benchmarks/merge_bench.py. LEVEL (default level2), BASELINES (default
 # eager,eager_strict), PER_FILE (seconds, default 150).
+# The tuner's disk cache: TUNE_CACHE (default benchmarks/conv/h200-autotune.json), when it exists, seeds it, and the
+# call writes it back as OUT/autotune.json; put that file at TUNE_CACHE before the next call, and a kernel already
+# tuned at its geometry on this GPU kind (the key holds the GPU, the kernel's source hash and the shape) is not tuned
+# again: the tuner's first call took 20-25 of a file's 23-68 s on an H200. `--retune` is not passed, so the JSONs
+# say which configs came from the disk (`tuned[].from_disk`).
 set -uo pipefail
 out="${1:-out/sweep}"
 source "$(dirname "$0")/gpu_env.sh"
 level="${LEVEL:-level2}"
+cache_in="${TUNE_CACHE:-benchmarks/conv/h200-autotune.json}"
+if [ -f "$cache_in" ]; then mkdir -p "$KFUSE_CACHE_DIR" && cp "$cache_in" "$KFUSE_CACHE_DIR/autotune.json"; fi
 start=$SECONDS
 {
 date; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -24,3 +31,4 @@ for n in ${NUMS:?NUMS: the problem numbers}; do
 done
 date
 } 2>&1 | tee -a "$out/sweep.log"
+if [ -f "$KFUSE_CACHE_DIR/autotune.json" ]; then cp "$KFUSE_CACHE_DIR/autotune.json" "$out/autotune.json"; fi
