@@ -260,14 +260,7 @@ def conv_ln_moments_kernel(y_ptr, mean_ptr, rstd_ptr, R, L, eps, BLOCK_R: tl.con
 
 def conv_ln_moments(y: torch.Tensor, length: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, 1/sqrt(var + eps)), fp32, of each contiguous row of `length` elements of y (conv_ln_moments_kernel)."""
-    rows = y.numel() // max(length, 1)
-    mean = torch.empty((rows,), device=y.device, dtype=torch.float32)
-    rstd = torch.empty_like(mean)
-    block_r, block_l = row_blocks(length, rows)
-    if rows:
-        conv_ln_moments_kernel[(cdiv(rows, block_r),)](y, mean, rstd, rows, length, float(eps), BLOCK_R=block_r,
-                                                       BLOCK_L=block_l)
-    return mean, rstd
+    return row_stats(conv_ln_moments_kernel, y, length, float(eps))
 
 
 @triton.jit
@@ -301,11 +294,16 @@ def row_blocks(length: int, rows: int) -> tuple[int, int]:
 
 def conv_softmax_stats(y: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(max, sum of exp(y - max)), fp32, of each contiguous row of `length` elements of y."""
+    return row_stats(conv_softmax_stats_kernel, y, length)
+
+
+def row_stats(kernel, y: torch.Tensor, length: int, *scalars: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two fp32 statistics per contiguous row of `length` elements of y, by one of the row kernels above (its
+    arguments: y, the two outputs, rows, length, `scalars`), row_blocks' rows and chunk a program."""
     rows = y.numel() // max(length, 1)
-    top = torch.empty((rows,), device=y.device, dtype=torch.float32)
-    total = torch.empty_like(top)
+    a = torch.empty((rows,), device=y.device, dtype=torch.float32)
+    b = torch.empty_like(a)
     block_r, block_l = row_blocks(length, rows)
     if rows:
-        conv_softmax_stats_kernel[(cdiv(rows, block_r),)](y, top, total, rows, length, BLOCK_R=block_r,
-                                                          BLOCK_L=block_l)
-    return top, total
+        kernel[(cdiv(rows, block_r),)](y, a, b, rows, length, *scalars, BLOCK_R=block_r, BLOCK_L=block_l)
+    return a, b

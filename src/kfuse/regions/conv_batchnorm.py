@@ -200,13 +200,11 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     pooled = p.pool is not None
     fold = can_fold(region)
     has_running = p.norm.attrs.get("track_running_stats", True)
-    evalk = None
-    if pooled:
-        pass  # no single-kernel eval mode: the pool's pass reads y (pooled_lines)
-    elif fold:
+    evalk = None  # a pool after the norm: no single-kernel eval mode (pooled_lines), and can_fold says no fold
+    if fold:
         evalk = folded_kernel(region, form, stem, f"Eval mode, BatchNorm folded into the weights ({FOLD_RULE}): "
                               f"{replaced}. {cost}", p, registry)
-    elif has_running:
+    elif has_running and not pooled:
         evalk = eval_kernel(region, form, stem, f"Eval mode (running statistics): {replaced}. {cost}", p, registry)
 
     def empty(v: str, dtype: str = "x.dtype") -> str:

@@ -253,6 +253,17 @@ def pixel_kernel(name: str, doc: str, pointers: list[str], args: KernelArgs, siz
                       *[f"    {ln}" for ln in (*PIXEL_TILE_LINES, *lines)]]) + "\n"
 
 
+def pixel_launch(kernel: str, args: list[str], sizes: list[str]) -> list[str]:
+    """Launcher lines (after N, S and C): one launch of a pixel_kernel over the M = N * S pixels, `args` (its
+    pointers and the epilogue's operands, in its order), then M, C, S and its extra `sizes`. 64 x 32 tiles on a GPU:
+    at 128 x 32 the GroupNorm apply pass of problems/conv/38 took 255 registers and spilled (sm_90)."""
+    return ["M = N * S",
+            "bm, bn_ = (min(triton.next_power_of_2(max(M, 1)), 8192), 64) if interpreting() else (64, 32)",
+            "if M:",
+            "    " + call(f"{kernel}[(cdiv(M, bm), cdiv(C, bn_))]", args,
+                          ["M", "C", "S", *sizes, "BLOCK_M=bm", "BLOCK_N=bn_", "num_warps=4"], indent=12)]
+
+
 def conv_kernel(form: ConvForm, name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str],
                 extra: tuple[str, ...] = ()) -> str:
     """`<name>_kernel`: the tile, the epilogue's loads, then `body`; its parameters the tile's operands, the `outs`

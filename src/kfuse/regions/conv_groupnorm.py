@@ -51,6 +51,7 @@ from kfuse.regions.conv_common import (
     form_of,
     geometry_code,
     pixel_kernel,
+    pixel_launch,
     pool_code,
     reads_outside,
     stores,
@@ -145,15 +146,8 @@ def apply_launch(stem: str, p: NormParts, a3: KernelArgs) -> list[str]:
         return stored_pool_launch(f"{stem}_apply_kernel", f"buf_{p.y}", outs, a3,
                                   (["g_mean", "g_rstd"], ["C // norm_groups", "norm_groups"]))
     return [*[f"{o} = torch.empty(geo.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
-            "M = N * S",
-            # 64 x 32 on a GPU: at 128 x 32 the apply pass of problems/conv/38 took 255 registers and spilled (sm_90)
-            "bm, bn_ = (min(triton.next_power_of_2(max(M, 1)), 8192), 64) if interpreting() else (64, 32)",
-            "if M:",
-            "    " + call(f"{stem}_apply_kernel[(cdiv(M, bm), cdiv(C, bn_))]",
-                          [f"buf_{p.y}", "g_mean", "g_rstd", *outs, *a3.params],
-                          ["M", "C", "S", "C // norm_groups", "norm_groups", "BLOCK_M=bm", "BLOCK_N=bn_",
-                           "num_warps=4"],
-                          indent=12)]
+            *pixel_launch(f"{stem}_apply_kernel", [f"buf_{p.y}", "g_mean", "g_rstd", *outs, *a3.params],
+                          ["C // norm_groups", "norm_groups"])]
 
 
 def launcher_lines(region: Region, form: ConvForm, stem: str, p: NormParts, a1: KernelArgs,

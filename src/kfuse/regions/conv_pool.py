@@ -172,12 +172,13 @@ def transposed_mean_generate(region: Region, g: Graph, stem: str) -> RegionCode:
     """A transposed convolution's global mean: the phase tiles' per-(sample, phase, row tile) float64 sums of the
     mean's input (`<stem>_partial_kernel`), then the finalize (as a plain convolution's mean)."""
     anchor, nodes = region.anchor, list(region.nodes)
-    mean = nodes[pool_at(nodes)]
+    at = pool_at(nodes)
+    mean = nodes[at]
     outs = [f"out{i}" for i in range(len(region.outputs))]
     doc = f"Fused: {', '.join(n.origin for n in nodes)}. {cost(region, g, mean)}"
     registry: dict[str, tuple[str, bool]] = {}
     a1, env, form = KernelArgs(registry), {}, form_of(anchor)
-    body = [*conv_bias(anchor, env, a1), *pointwise_lines(nodes[1:pool_at(nodes)], env, a1),
+    body = [*conv_bias(anchor, env, a1), *pointwise_lines(nodes[1:at], env, a1),
             f"# partial sums of {mean.origin}", *SAMPLE_ROWS[form.plan],
             call("store_segment_sums", ["part_ptr", env[mean.args[0]], "mask_m", "offs_n", "mask_n", "pid_m",
                                         "S_rows", "SLOTS", "J", "C_out", "BLOCK_M"])]
@@ -281,8 +282,6 @@ def finalize_kernel(region: Region, stem: str, doc: str, outs: list[str],
              constexpr("BLOCK_M"), constexpr("BLOCK_T"), constexpr("BLOCK_N"))
     return "\n".join(["@triton.jit", f"def {stem}_finalize_kernel({signature(decls)}):",
                       docstring(f"Phase 2 of: {doc}"), *[f"    {ln}" for ln in body]]) + "\n", a2
-
-
 
 
 def cost(region: Region, g: Graph, pool: Node) -> str:

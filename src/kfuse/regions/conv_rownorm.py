@@ -35,14 +35,15 @@ from kfuse.regions.conv_common import (
     conv_bias,
     conv_cost,
     conv_kernel,
-    conv_launch,
     depthwise,
     form_of,
     geometry_code,
     pixel_kernel,
+    pixel_launch,
     pool_code,
     reads_outside,
     stores,
+    tuned_launch,
 )
 from kfuse.regions.kind import Walk, numel
 from kfuse.regions.pool_pass import (
@@ -133,18 +134,12 @@ def launcher_lines(region: Region, stem: str, p: NormParts, a1: KernelArgs, a3: 
         return f"buf_{v} = torch.empty(geo.out_shape, device=x.device, dtype={dtype})"
 
     y_dtype = "x.dtype" if p.y in region.outputs else "torch.float32"  # y stays fp32 when only the later passes read it
-    launch = conv_launch(form, f"{stem}_conv", [f"buf_{v}" for v in p.stored], a1)
     outs = [f"buf_{v}" for v in p.post_outs]
     if p.pool is not None:
         apply = stored_pool_launch(f"{stem}_apply_kernel", f"buf_{p.y}", outs, a3, ([st_a, st_b], ["norm_length"]))
     else:
         apply = [*[empty(v) for v in p.post_outs],
-                 "M = N * S",
-                 "bm, bn_ = (min(triton.next_power_of_2(max(M, 1)), 8192), 64) if interpreting() else (64, 32)",
-                 "if M:",
-                 "    " + call(f"{stem}_apply_kernel[(cdiv(M, bm), cdiv(C, bn_))]",
-                              [f"buf_{p.y}", *outs, st_a, st_b, *a3.params],
-                              ["M", "C", "S", "norm_length", "BLOCK_M=bm", "BLOCK_N=bn_", "num_warps=4"], indent=12)]
+                 *pixel_launch(f"{stem}_apply_kernel", [f"buf_{p.y}", *outs, st_a, st_b, *a3.params], ["norm_length"])]
     check = []
     if p.norm.op == NORM:
         check = ["if tuple(geo.out_shape[-row_dims:]) != tuple(norm_shape):  # torch's LayerNorm check",
@@ -157,10 +152,7 @@ def launcher_lines(region: Region, stem: str, p: NormParts, a1: KernelArgs, a3: 
             *check,
             "norm_length = torch.Size(geo.out_shape[-row_dims:]).numel()  # a row's elements: the last row_dims dims",
             empty(p.y, y_dtype), *[empty(v) for v in p.pre_outs if v != p.y],
-            "def launch(cfg):  # the tile tuned on a GPU's first call at each geometry (kernels/conv.py tuned_conv)",
-            *[f"    {ln}" for ln in launch],
-            "if geo.M:",
-            f"    launch(tuned_conv({stem}_conv_kernel, geo, scheme, cfg, x, launch))",
+            *tuned_launch(form, f"{stem}_conv", [f"buf_{v}" for v in p.stored], a1, [], []),
             f"{st_a}, {st_b} = {stats_call.format(y=f'buf_{p.y}')}",
             *apply,
             f"return {', '.join(f'buf_{v}' for v in region.outputs)}"]
