@@ -44,19 +44,28 @@ def merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def geomean(xs: list[float]) -> float:
+def geomean(xs: list[float | None]) -> float | None:
+    """The geometric mean of the measured values; None (JSON null, not NaN) when none was measured."""
     xs = [x for x in xs if x and x > 0 and not math.isnan(x)]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
 def summary(rep: dict[str, Any]) -> dict[str, Any]:
     res = rep["results"]
-    sp = [r.get("speedup_vs_eager") or float("nan") for r in res]
+
+    def mean(key: str) -> float | None:
+        return geomean([r.get(key) for r in res])
+
     return {
         "problems": len(res),
         "correct": sum(bool(r["correct"]) for r in res),
-        "geomean_vs_eager": geomean(sp),
-        "geomean_vs_max_autotune": geomean([r.get("speedup_vs_compile_max_autotune") or float("nan") for r in res]),
+        "geomean_vs_eager": mean("speedup_vs_eager"),
+        "geomean_vs_eager_strict": mean("speedup_vs_eager_strict"),
+        "geomean_vs_compile_default": mean("speedup_vs_compile_default"),
+        "geomean_vs_max_autotune": mean("speedup_vs_compile_max_autotune"),
+        # how many problems each mean is over: a baseline run on a sample says so
+        "measured": {k: sum(r.get(f"speedup_vs_{k}") is not None for r in res)
+                     for k in ("eager", "eager_strict", "compile_default", "compile_max_autotune")},
         # only problems where max-autotune was measured: a missing baseline is no loss to it
         "slower_than_max_autotune": [r["problem"] for r in res
                                      if r.get("speedup_vs_compile_max_autotune") is not None
@@ -67,19 +76,24 @@ def summary(rep: dict[str, Any]) -> dict[str, Any]:
 
 def table(rep: dict[str, Any]) -> str:
     """A markdown table of the merged results (for notes and closing reports)."""
-    rows = ["| problem | eager ms | compile ms | max-autotune ms | kfuse ms | vs eager | vs max-autotune | correct |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    rows = ["| problem | eager ms | strict ms | compile ms | max-autotune ms | kfuse ms | vs eager | vs strict | "
+            "vs compile | vs max-autotune | correct |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
 
     def f(v: Any, spec: str) -> str:
         return "n/a" if v is None else format(v, spec)
 
+    def x(v: Any) -> str:
+        return "n/a" if v is None else f"{v:.2f}x"
+
     for r in rep["results"]:
         bad = [k for k, v in (r.get("contract_rules") or {}).items() if v is False]
         ok = "yes" if r["correct"] else f"NO ({', '.join(bad) or 'error'})"
-        rows.append(f"| {r['problem']} | {f(r['eager_ms'], '.3f')} | {f(r['compile_default_ms'], '.3f')} | "
-                    f"{f(r['compile_max_autotune_ms'], '.3f')} | {f(r['kfuse_ms'], '.3f')} | "
-                    f"{f(r.get('speedup_vs_eager'), '.2f')}x | "
-                    f"{f(r.get('speedup_vs_compile_max_autotune'), '.2f')}x | {ok} |")
+        rows.append(f"| {r['problem']} | {f(r['eager_ms'], '.3f')} | {f(r.get('eager_strict_ms'), '.3f')} | "
+                    f"{f(r['compile_default_ms'], '.3f')} | {f(r['compile_max_autotune_ms'], '.3f')} | "
+                    f"{f(r['kfuse_ms'], '.3f')} | {x(r.get('speedup_vs_eager'))} | "
+                    f"{x(r.get('speedup_vs_eager_strict'))} | {x(r.get('speedup_vs_compile_default'))} | "
+                    f"{x(r.get('speedup_vs_compile_max_autotune'))} | {ok} |")
     return "\n".join(rows)
 
 
@@ -88,10 +102,6 @@ PLOT_BARS = (("speedup_vs_eager", "#7f7f7f", "vs eager (torch's default flags)")
              ("speedup_vs_eager_strict", "#bcbd22", "vs eager strict fp32"),
              ("speedup_vs_compile_default", "#1f77b4", "vs torch.compile default"),
              ("speedup_vs_compile_max_autotune", "#9467bd", "vs torch.compile max-autotune"))
-
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def plot(rep: dict[str, Any], path: Path) -> None:
@@ -117,7 +127,7 @@ def plot(rep: dict[str, Any], path: Path) -> None:
     ax.invert_yaxis()
     s = summary(rep)
     ax.set_xlabel("kfuse speedup (x, median ms ratio)")
-    means = ", ".join(f"{_geomean(v):.2f}x {label[3:]}" for key, _, label in bars
+    means = ", ".join(f"{geomean(v):.2f}x {label[3:]}" for key, _, label in bars
                       if (v := [r[key] for r in res if r.get(key)]))
     versions = rep.get("versions") or {k: rep[k] for k in ("torch", "triton") if k in rep}
     commits = " ; ".join(dict.fromkeys(rep.get("commit", "?").split(" ; ")))  # each chunk's, once

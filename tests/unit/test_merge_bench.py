@@ -51,7 +51,10 @@ def test_failures_are_summarised():
 
 def test_a_baseline_not_measured_is_not_a_loss_to_it():
     rep = mb.merge([_rep("a", _res("p1", vs_ma=None), _res("p2", vs_ma=0.9))])
-    assert mb.summary(rep)["slower_than_max_autotune"] == ["p2"]
+    s = mb.summary(rep)
+    assert s["slower_than_max_autotune"] == ["p2"] and s["measured"]["compile_max_autotune"] == 1
+    assert s["geomean_vs_max_autotune"] == pytest.approx(0.9) and s["geomean_vs_compile_default"] is None
+    assert "| n/a |" in mb.table(rep) and "n/ax" not in mb.table(rep)
 
 
 def test_different_gpus_are_refused(tmp_path, capsys):
