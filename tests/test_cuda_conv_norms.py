@@ -16,7 +16,7 @@ import shutil
 import pytest
 
 from kfuse.cuda.regions import unfused_reasons
-from kfuse_testing import ROOT, requires_cuda
+from kfuse_testing import ROOT, requires_cuda, write_conv_problem
 from test_cuda_backend import _contract, check_emitted, compile_cuda, cpp_syntax_errors
 from test_cuda_conv import built_without_spills, sources, torch_in_place_gradients
 
@@ -146,3 +146,27 @@ def test_gpu_batchnorm_files_meet_the_contract(name, overrides):
     """The contract's buffers rule: the running statistics and the batch count end as torch's."""
     _, _, contract = _contract(CONV / f"{name}.py", overrides)
     assert contract.correct, contract.failures
+
+
+# a windowed pool after the norm: the registry's kinds run their apply pass in the pool's rows; this backend's pass
+# stores every value at the convolution's shape, so its region stops before the pool (which stays a torch call)
+NORM_THEN_POOL = {
+    "groupnorm_maxpool": ("self.conv = nn.Conv2d(3, 8, 3)\nself.gn = nn.GroupNorm(4, 8)\n"
+                          "self.pool = nn.MaxPool2d(3, stride=2, padding=1)",
+                          "return torch.clamp(self.pool(self.gn(self.conv(x)) * 2.0), -0.5, 0.5)", "3, 11, 9"),
+    "batchnorm_avgpool": ("self.conv = nn.ConvTranspose2d(3, 4, 3, stride=2)\nself.bn = nn.BatchNorm2d(4)\n"
+                          "self.pool = nn.AvgPool2d(2)", "return torch.tanh(self.pool(self.bn(self.conv(x))))",
+                          "3, 7, 6"),
+}
+
+
+@pytest.mark.parametrize("name", NORM_THEN_POOL)
+def test_a_pool_after_the_norm_stays_a_torch_call_with_the_reason(on, tmp_path, name):
+    compiled = compile_cuda(write_conv_problem(tmp_path, name, *NORM_THEN_POOL[name], batch=2))
+    assert compiled.fallback is None
+    (v,) = compiled.variants
+    assert [r.kind for r in v.regions if r.fused] in (["conv_groupnorm"], ["conv_batchnorm"])
+    reasons = unfused_reasons(v)
+    assert len(reasons) == 2 and all("the CUDA version stops before the pool" in why for why in reasons.values()), \
+        reasons
+    check_emitted(compiled.source)

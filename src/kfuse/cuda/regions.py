@@ -22,7 +22,8 @@ can run it, and its `cuda_code` writes the region's code:
                         implicit-GEMM tile on x's packed records, or the direct tile where a group has few channels; a
                         transposed convolution one launch of it per stride phase
   a norm after a conv   GroupNorm or InstanceNorm (kfuse/cuda/conv_norms.py), unless KFUSE_CUDA_CONV_NORMS=0, or a
-                        BatchNorm module (training or eval; conv_norms.py too)
+                        BatchNorm module (training or eval; conv_norms.py too); a pool or mean after the norm, which
+                        the registry's kinds take, stays a torch call after the region
   over the channels     a reduction or softmax over a convolution's channels, its ops before and after
                         (kfuse/cuda/conv_channels.py)
   a pool after a conv   a windowed pool or global mean after a convolution, its ops and a mean of the pooled
@@ -43,7 +44,7 @@ from kfuse.modes import Variant
 from kfuse.ops import CONV_OPS, POOL_OPS, REDUCE_OPS, ROW_NORM_OPS, VIEW_OPS
 from kfuse.partition import partition
 from kfuse.regions import KINDS as REGISTRY
-from kfuse.regions.conv_common import TRANSPOSED, has_tile_operands, outside_value
+from kfuse.regions.conv_common import MEANS, TRANSPOSED, WINDOWED, has_tile_operands, outside_value
 from kfuse.regions.kind import RegionKind, Walk
 
 BACKEND = "cuda"
@@ -154,7 +155,18 @@ class Conv:
                 and super().joins(walk, n))
 
 
-class ConvNorm:
+POOLING = (*WINDOWED, *MEANS)  # what the registry's norm kinds take after the norm and conv_norms.py does not run
+
+
+class NormNoPool:
+    """A norm kind's twin stops before a pool or mean after the norm: conv_norms.py's pass stores every value at the
+    convolution's shape (the registry's kind runs its apply pass in the pool's rows instead)."""
+
+    def joins(self, walk: Walk, n: Node) -> bool:
+        return n.op not in POOLING and super().joins(walk, n)
+
+
+class ConvNorm(NormNoPool):
     """A GroupNorm or InstanceNorm after a convolution (kfuse/cuda/conv_norms.py), unless KFUSE_CUDA_CONV_NORMS=0."""
 
     cuda_code = staticmethod(conv_norms.region_code)
@@ -163,7 +175,7 @@ class ConvNorm:
         return conv_norms.switched_on() and super().enters(walk, n)
 
 
-class ConvBatchNorm:
+class ConvBatchNorm(NormNoPool):
     """A BatchNorm module after a convolution (kfuse/cuda/conv_norms.py); no eval-mode fold into the convolution's
     weight (the pass applies the running statistics per channel instead)."""
 
@@ -212,11 +224,27 @@ FUSED_KINDS = tuple(k.name for k in FUSED)
 PRODUCTS_NOTE = f" (or x @ y of two values, batched too: not with {PRODUCTS_SWITCH}=0)"
 
 
+def after_pooling(n: Node, unfused: dict[str, Node]) -> bool:
+    """Does n read, directly or through other nodes left unfused, a pool or mean's value?"""
+    seen: set[str] = set()
+    todo = [a for a in n.args if isinstance(a, str)]
+    while todo:
+        a = todo.pop()
+        if a in seen or a not in unfused:
+            continue
+        seen.add(a)
+        if unfused[a].op in POOLING:
+            return True
+        todo += [b for b in unfused[a].args if isinstance(b, str)]
+    return False
+
+
 def unfused_reasons(v: Variant) -> dict[str, str]:
     """Each op the CUDA partition leaves a torch call -> why, found by partitioning the same graph with the
     Triton backend's registry: a kind with no CUDA version yet, a GEMM the CUDA kind does not take, or no kind."""
     triton_kind = {n.name: r.kind for r in partition(v.graph) if r.fused for n in r.nodes}
     reasons = {}
+    unfused = {n.name: n for r in v.regions if r.unfused for n in r.nodes}
     for r in v.regions:
         if not r.unfused:
             continue
@@ -232,6 +260,9 @@ def unfused_reasons(v: Variant) -> dict[str, str]:
             elif n.op in ("linear", "matmul"):
                 why = (f"--backend cuda fuses only a Linear or x @ W with a 2-d weight parameter{PRODUCTS_NOTE} "
                        f"(--backend triton: {kind})")
+            elif kind in (CONV_NORM.name, CONV_BN.name) and (n.op in POOLING or after_pooling(n, unfused)):
+                why = (f"--backend triton fuses it in a {kind} region (a pool or mean after the norm, or an op after "
+                       f"one); the CUDA version stops before the pool")
             elif kind == CONV_NORM.name:  # its CUDA version is off (or the convolution left it)
                 why = f"--backend triton fuses it in a {kind} region; its CUDA version is off ({conv_norms.SWITCH}=0)"
             elif kind == CONV_POOL.name:  # its CUDA version is off
