@@ -207,3 +207,57 @@ def test_stats_launch_tunes_with_its_own_partials():
     pick."""
     body = tuned_stats_launch("36_conv2d_groupnorm_tanh_residual.py", "conv_group_norm_tanh_mul_add_stats")
     assert "conv_gn_layout(geo, cfg.block_m)" in body and "mean_part = torch.zeros(" in body
+
+
+# a mean over the spatial dims of the norm's output: no y stored, no apply pass; `<stem>_mean_kernel` from the float64
+# channel and group means (a mean over the channels too: rewrite.py splits it, the channel mean a torch call after)
+MEANS = [
+    # KernelBench level 2 27's ops: an op before the norm, then a mean over every spatial dim
+    ("conv3d_hardswish_groupnorm_mean",
+     "self.conv = nn.Conv3d(3, 8, 3)\nself.gn = nn.GroupNorm(4, 8)",
+     "return torch.mean(self.gn(F.hardswish(self.conv(x))), dim=[2, 3, 4])", 3, "3, 5, 6, 7"),
+    # AdaptiveAvgPool to one pixel (keepdim), ops after it on (N, C, 1, 1) with a per-channel parameter; stride phases
+    ("conv_transpose2d_groupnorm_avgpool_bias",
+     "self.conv = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1)\nself.gn = nn.GroupNorm(2, 6)\n"
+     "self.pool = nn.AdaptiveAvgPool2d(1)\nself.b = nn.Parameter(torch.randn(6, 1, 1))",
+     "return torch.tanh(self.pool(self.gn(self.conv(x))) + self.b) * 2.0", 2, "4, 5, 7"),
+    # InstanceNorm with affine: each mean is its channel's bias, up to rounding; a Conv1d's mean over its one dim
+    ("conv1d_instancenorm_mean",
+     "self.conv = nn.Conv1d(5, 7, 3)\nself.norm = nn.InstanceNorm1d(7, affine=True)",
+     "return self.norm(self.conv(x)).mean(-1)", 1, "5, 19"),
+    # KernelBench level 2 23's mean over the channels and the spatial dims, and the conv's output as a second output
+    ("conv2d_groupnorm_mean_all_two_outputs",
+     "self.conv = nn.Conv2d(3, 12, 3, padding=1)\nself.gn = nn.GroupNorm(3, 12)",
+     "y = self.conv(x)\nreturn y, self.gn(y).mean(dim=[1, 2, 3])", 3, "3, 9, 11"),
+]
+
+
+@pytest.mark.parametrize("tiles", ["default", "16x16"])
+@pytest.mark.parametrize("name, init, forward, batch, x_shape", MEANS, ids=[c[0] for c in MEANS])
+def test_a_mean_after_the_norm_against_float64(tmp_path, monkeypatch, name, init, forward, batch, x_shape, tiles):
+    prob, compiled, module = build(tmp_path, name, init, forward, batch, x_shape)
+    fused = [r for r in compiled.regions if r.fused]
+    assert [r.kind for r in fused] == ["conv_groupnorm"], compiled.regions
+    assert any(n.op in ("mean_dims", "mean") for n in fused[0].nodes)
+    assert "_mean_kernel[" in compiled.source and "_apply_kernel" not in compiled.source
+    assert compiled.unfused == (["Tensor.mean"] if "mean_all" in name else []), compiled.unfused
+    if tiles == "16x16":
+        small_tiles(module, monkeypatch)
+    check_against_float64(prob, module)
+
+
+def test_a_mean_after_the_norm_meets_both_contracts(tmp_path):
+    prob = load_problem(write_conv_problem(tmp_path, "gn_mean", *MEANS[1][1:3], MEANS[1][4], MEANS[1][3]))
+    result = optimize(prob, CPU, workdir=tmp_path)
+    assert result.contract.correct, result.contract.failures
+    verdict = gradient_contract(prob, load_module(result.candidate_path).ModelNew, draws=1)
+    assert verdict.correct, verdict.failures
+
+
+def test_a_norm_read_besides_its_mean_keeps_the_apply_pass(tmp_path):
+    """The mean's finalize never makes the normalized values: a second use of them leaves the mean to torch."""
+    init = "self.conv = nn.Conv2d(3, 4, 3)\nself.gn = nn.GroupNorm(2, 4)"
+    forward = "z = self.gn(self.conv(x))\nreturn z, z.mean((2, 3))"
+    _, compiled, _ = build(tmp_path, "two", init, forward, 2, "3, 9, 9")
+    assert [r.kind for r in compiled.regions if r.fused] == ["conv_groupnorm"]
+    assert "_apply_kernel" in compiled.source and compiled.unfused == ["Tensor.mean"], compiled.unfused

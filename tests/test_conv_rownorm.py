@@ -75,11 +75,14 @@ def test_trains(tmp_path):
     assert verdict.correct, verdict.failures
 
 
-@pytest.mark.parametrize("rows, length", [(37, 70), (5, 1311), (1, 1), (129, 64)])
-def test_row_moments_match_torch(rows, length):
+# segments: None, row_plan's (one in the interpreter); 3: rows of 1024 or more split over programs (2-3 segments
+# of the interpreter's 1024-wide chunks, the last one short), their float64 partials merged on the host
+@pytest.mark.parametrize("segments", [None, 3])
+@pytest.mark.parametrize("rows, length", [(37, 70), (5, 1311), (1, 1), (129, 64), (3, 2500)])
+def test_row_moments_match_torch(rows, length, segments):
     torch.manual_seed(rows)
     y = torch.randn(rows * length) * 3.0 + 1.5
-    mean, rstd = conv_ln_moments(y, length, 1e-5)
+    mean, rstd = conv_ln_moments(y, length, 1e-5, segments)
     ref_mean, ref_var = conv_ln_moments_ref(y.double(), length)
     assert torch.allclose(mean.double(), ref_mean, atol=1e-6)
     assert torch.allclose(rstd.double(), (ref_var + 1e-5).rsqrt(), rtol=1e-5)
@@ -188,11 +191,15 @@ def test_a_softmax_over_rows_trains(tmp_path):
     assert verdict.correct, verdict.failures
 
 
-@pytest.mark.parametrize("rows, length", [(37, 70), (3, 2500), (1, 1)])
-def test_softmax_stats_match_torch(rows, length):
+@pytest.mark.parametrize("segments", [None, 3])
+@pytest.mark.parametrize("rows, length", [(37, 70), (3, 2500), (1, 1), (2, 1311)])
+def test_softmax_stats_match_torch(rows, length, segments):
     torch.manual_seed(rows)
     y = torch.randn(rows * length) * 4.0
-    top, total = conv_softmax_stats(y, length)
+    if rows == 2:  # a segment of -inf (its partial sum 0, its max -inf) and a later segment with the row's max
+        y[:1024] = float("-inf")
+        y[length + 1200] = 30.0
+    top, total = conv_softmax_stats(y, length, segments)
     ref_top, ref_total = conv_softmax_stats_ref(y.double(), length)
     assert torch.equal(top.double(), ref_top)
     assert torch.allclose(total.double(), ref_total, rtol=1e-6)

@@ -142,6 +142,34 @@ def _softmax_rows(n: Node, g: Graph) -> Node:
                    fx_code=f"torch.{s.op}({x}.flatten(-{k}), -1).view({x}.shape)")
 
 
+# ops whose output a mean over its channels and spatial dims is split after: the conv kinds take a spatial mean of
+# these (kfuse/regions: a conv's pool kind, a norm kind's finalize) but no reduction over the channels with it
+SPATIAL_MEAN_OF = ("conv", "conv_transpose", "group_norm", "instance_norm", "batch_norm")
+
+
+def _mean_over_channels_and_space(n: Node, g: Graph) -> bool:
+    """x.mean(dims) over dim 1 and every spatial dim of a conv's or a norm's (N, C, ...) output."""
+    if n.op != "mean_dims" or not isinstance(n.args[0], str) or n.args[0] in g.inputs:
+        return False
+    rank = len(g.shape_of(n.args[0]))
+    dims = n.attrs.get("dims", ())
+    return (rank >= 3 and g.node(n.args[0]).op in SPATIAL_MEAN_OF and all(isinstance(d, int) for d in dims)
+            and sorted(d % rank for d in dims) == list(range(1, rank)))
+
+
+def _spatial_then_channels(n: Node, g: Graph) -> list[Node]:
+    """mean over (C, spatial) = mean over C of the means over the spatial dims: every channel has as many pixels."""
+    x = n.args[0]
+    rank, keep = len(g.shape_of(x)), bool(n.attrs.get("keepdim"))
+    space = tuple(range(2, rank))
+    shape = g.shape_of(x)[:2] + ((1,) * len(space) if keep else ())
+    spatial = n.with_(name=f"{n.name}_spatial", args=(x,), shape=shape, attrs={"dims": space, "keepdim": keep},
+                      fx_code=f"torch.mean({x}, dim={space}, keepdim={keep})")
+    channels = n.with_(op="mean", args=(spatial.name,), attrs={"dim": 1, "keepdim": keep},
+                       fx_code=f"torch.mean({spatial.name}, dim=1, keepdim={keep})")
+    return [spatial, channels]
+
+
 def _dropout_p0(n: Node, g: Graph) -> bool:
     return n.op == "dropout" and n.attrs.get("p") == 0.0 and isinstance(n.args[0], str)
 
@@ -212,7 +240,8 @@ def _vector_matrix(n: Node, g: Graph) -> list[Node]:
     m = g.shape_of(a)[0]
     row, out = f"{n.name}_row", f"{n.name}_t"
     return [Node(row, "alias", (v,), (1, g.shape_of(v)[0]), origin=n.origin, fx_code=f"{v}.reshape(1, -1)"),
-            Node(out, "linear", (row, a, None), (1, m), origin=n.origin),
+            Node(out, "linear", (row, a, None), (1, m), origin=n.origin,
+                 fx_code=f"torch.nn.functional.linear({row}, {a})"),  # a torch call where no GEMM kind takes it
             n.with_(op="alias", args=(out,), attrs={},
                     fx_code=f"{out}.reshape({'-1' if len(n.shape) == 1 else '-1, 1'})")]
 
@@ -229,6 +258,9 @@ RULES: list[Rule] = [
     Rule("softmax-rows", "softmax over the last dim of a view flattening x's trailing dims, viewed back: the softmax "
          "over each row of x's trailing elements (the same values in the same order)",
          _softmax_over_view, _softmax_rows),
+    Rule("mean-space-then-channels", "a mean over the channels and every spatial dim of a conv's or norm's output is "
+         "the mean over the channels of the means over the spatial dims (equal counts): the conv kinds fuse the "
+         "spatial mean", _mean_over_channels_and_space, _spatial_then_channels),
     Rule("dropout-p0", "Dropout with p = 0 is the identity in training and eval mode",
          _dropout_p0, _identity),
     Rule("dropout-off", "F.dropout(x, p, training=False) is the identity", _dropout_off, _identity),

@@ -290,3 +290,52 @@ def test_softmax_over_a_view_flattening_trailing_dims_is_one_node():
 def test_softmax_rows_does_not_fire(fn):
     _, applied = softmax_rows_graph(fn)
     assert "softmax-rows" not in applied
+
+
+class NormMean(nn.Module):
+    def __init__(self, dims, keepdim):
+        super().__init__()
+        self.conv, self.gn = nn.Conv2d(3, 4, 3), nn.GroupNorm(2, 4)
+        self.dims, self.keepdim = dims, keepdim
+
+    def forward(self, x):
+        return self.gn(self.conv(x)).mean(dim=self.dims, keepdim=self.keepdim)
+
+
+@pytest.mark.parametrize("dims, keepdim", [([1, 2, 3], False), ((-1, -3, -2), True)])
+def test_a_mean_over_channels_and_space_is_split(dims, keepdim):
+    model = NormMean(dims, keepdim).double()
+    x = torch.randn(2, 3, 7, 6, dtype=torch.float64)
+    g, applied = rewrite(capture(model, [x]))
+    assert "mean-space-then-channels" in applied
+    spatial, channels = [n for n in g.nodes if n.op in ("mean_dims", "mean")]
+    assert spatial.attrs["dims"] == (2, 3) and channels.attrs["dim"] == 1 and channels.args == (spatial.name,)
+    assert spatial.shape == ((2, 4, 1, 1) if keepdim else (2, 4))
+    torch.testing.assert_close(run_graph(g, model, [x]), model(x), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.mean(dim=[1, 2, 3]),  # a model input: no conv or norm made it
+    lambda x: torch.relu(x).mean(dim=[1, 2, 3]),  # a pointwise op made it
+    lambda x: nn.functional.group_norm(x, 1).mean(dim=[2, 3]),  # over the spatial dims alone: the kinds take it
+    lambda x: nn.functional.group_norm(x, 1).mean(dim=[0, 1, 2, 3]),  # over the batch too
+])
+def test_the_mean_split_does_not_fire(fn):
+    class M(nn.Module):
+        def forward(self, x):
+            return fn(x)
+    _, applied = rewrite(capture(M(), [torch.randn(2, 3, 4, 5)]))
+    assert "mean-space-then-channels" not in applied
+
+
+def test_matvec_rewrite_runs_as_torch_code():
+    """A @ v becomes a (1, K) row against A: where no GEMM kind takes it (--backend cuda: A is a value, not a
+    parameter), the row's product is a torch call, so each new node has a torch spelling."""
+    class M(nn.Module):
+        def forward(self, a, v):
+            return torch.matmul(a, v)
+    model = M()
+    a, v = torch.randn(40, 7, dtype=torch.float64), torch.randn(7, 1, dtype=torch.float64)
+    g, applied = rewrite(capture(model, [a, v]))
+    assert "matvec->skinny" in applied and all(n.fx_code for n in g.nodes)
+    torch.testing.assert_close(run_graph(g, model, [a, v]), model(a, v), rtol=1e-12, atol=1e-12)

@@ -208,17 +208,19 @@ def conv_gn_group_kernel(ch_mean_ptr, ch_m2_ptr, count_ptr, mean_ptr, rstd_ptr, 
 
 
 def conv_gn_stats(mean_part: torch.Tensor, m2_part: torch.Tensor, counts: torch.Tensor, groups: int,
-                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  eps: float, channel_means: bool = False) -> tuple[torch.Tensor, ...]:
     """(N, groups) mean and 1/sqrt(var + eps) (fp32) from the (N, E, C) partials and (N, E) counts of the
     GroupNorm stats kernel (conv_gn_layout's entries), C channels in `groups` groups of C // groups: per channel
     first (conv_gn_channel_kernel), then per group (conv_gn_group_kernel). Two small launches rather than one
-    program per (sample, group): the interpreter's cost is per program, and InstanceNorm has a group per channel."""
+    program per (sample, group): the interpreter's cost is per program, and InstanceNorm has a group per channel.
+    With `channel_means`: (N, C) float64 channel means, (N, groups) float64 group means and the fp32 1/std, what
+    a mean of the normalized values over the spatial dims needs: (channel mean - group mean) * rstd."""
     n, e, c = mean_part.shape
     mean = torch.empty((n, groups), device=mean_part.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
-    if not n:
-        return mean, rstd
     ch_mean = torch.empty((n, c), device=mean_part.device, dtype=torch.float64)
+    if not n:
+        return (ch_mean, mean.double(), rstd) if channel_means else (mean, rstd)
     ch_m2 = torch.empty_like(ch_mean)
     block_e = min(triton.next_power_of_2(e), 32)
     conv_gn_channel_kernel[(n, cdiv(c, 64))](mean_part, m2_part, counts, ch_mean, ch_m2, c, e,
@@ -228,24 +230,30 @@ def conv_gn_stats(mean_part: torch.Tensor, m2_part: torch.Tensor, counts: torch.
     conv_gn_group_kernel[(n, cdiv(groups, block_g))](ch_mean, ch_m2, counts, mean, rstd, c, e, group, groups,
                                                      float(eps), BLOCK_E=block_e, BLOCK_G=block_g,
                                                      BLOCK_J=min(triton.next_power_of_2(group), 64))
+    if channel_means:  # every channel has as many pixels: the group's mean is its channels' mean
+        return ch_mean, ch_mean.view(n, groups, group).mean(2), rstd
     return mean, rstd
 
 
 @triton.jit
-def conv_ln_moments_kernel(y_ptr, mean_ptr, rstd_ptr, R, L, eps, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):
+def conv_ln_moments_kernel(y_ptr, a_ptr, b_ptr, R, L, SEG, eps, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
+                           SPLIT: tl.constexpr):
     """Mean and 1/sqrt(var + eps) (fp32) of BLOCK_R contiguous rows of L elements of y: each BLOCK_L chunk's mean and
-    centred M2 in fp32, merged into the row's in float64."""
+    centred M2 in fp32, merged into the row's in float64. SPLIT: the program covers segment program_id(1) of SEG
+    elements of each row and stores its float64 mean and M2 at (row, segment) of a and b (merged by row_stats)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < R
     base = rows.to(tl.int64) * L
+    lo = tl.program_id(1) * SEG
+    hi = tl.minimum(lo + SEG, L)
     count = tl.zeros((BLOCK_R,), dtype=tl.float64)
     mean = tl.zeros((BLOCK_R,), dtype=tl.float64)
     m2 = tl.zeros((BLOCK_R,), dtype=tl.float64)
-    for l0 in range(0, L, BLOCK_L):
+    for l0 in range(lo, hi, BLOCK_L):
         cols = l0 + tl.arange(0, BLOCK_L)
-        mask = mask_r[:, None] & (cols < L)[None, :]
+        mask = mask_r[:, None] & (cols < hi)[None, :]
         y = tl.load(y_ptr + base[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        n_c = tl.minimum(L - l0, BLOCK_L).to(tl.float32)
+        n_c = tl.minimum(hi - l0, BLOCK_L).to(tl.float32)
         c_mean = tl.sum(y, axis=1) / n_c
         dev = tl.where(mask, y - c_mean[:, None], 0.0)
         c_m2 = tl.sum(dev * dev, axis=1)
@@ -254,56 +262,118 @@ def conv_ln_moments_kernel(y_ptr, mean_ptr, rstd_ptr, R, L, eps, BLOCK_R: tl.con
         mean += delta * n_c / total
         m2 += c_m2.to(tl.float64) + delta * delta * count * n_c / total
         count = total
-    tl.store(mean_ptr + rows, mean.to(tl.float32), mask=mask_r)
-    tl.store(rstd_ptr + rows, (1.0 / tl.sqrt(m2 / L + eps)).to(tl.float32), mask=mask_r)
+    if SPLIT:
+        at = rows.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+        tl.store(a_ptr + at, mean, mask=mask_r)
+        tl.store(b_ptr + at, m2, mask=mask_r)
+    else:
+        tl.store(a_ptr + rows, mean.to(tl.float32), mask=mask_r)
+        tl.store(b_ptr + rows, (1.0 / tl.sqrt(m2 / L + eps)).to(tl.float32), mask=mask_r)
 
 
-def conv_ln_moments(y: torch.Tensor, length: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean, 1/sqrt(var + eps)), fp32, of each contiguous row of `length` elements of y (conv_ln_moments_kernel)."""
-    return row_stats(conv_ln_moments_kernel, y, length, float(eps))
+def merge_moments(mean: torch.Tensor, m2: torch.Tensor, counts: torch.Tensor, length: int,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, 1/sqrt(var + eps)), fp32, of rows from their segments' float64 (rows, segments) means and M2 and the
+    segments' (segments,) counts (Chan's combination)."""
+    row_mean = (mean * counts).sum(1) / length
+    row_m2 = m2.sum(1) + ((mean - row_mean[:, None]) ** 2 * counts).sum(1)
+    return row_mean.float(), (row_m2 / length + eps).rsqrt().float()
+
+
+def conv_ln_moments(y: torch.Tensor, length: int, eps: float, segments: int | None = None) -> tuple[torch.Tensor,
+                                                                                                      torch.Tensor]:
+    """(mean, 1/sqrt(var + eps)), fp32, of each contiguous row of `length` elements of y (conv_ln_moments_kernel).
+    `segments`: how many programs share a row (default: row_plan's)."""
+    return row_stats(conv_ln_moments_kernel, merge_moments, y, length, segments, float(eps))
 
 
 @triton.jit
-def conv_softmax_stats_kernel(y_ptr, max_ptr, sum_ptr, R, L, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):
+def conv_softmax_stats_kernel(y_ptr, a_ptr, b_ptr, R, L, SEG, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
+                              SPLIT: tl.constexpr):
     """Max and sum of exp(y - max) of BLOCK_R contiguous rows of L elements of y, chunk by chunk: a chunk's exps
-    summed in fp32, the running sum (float64) rescaled by exp(old max - new max) when the max grows."""
+    summed in fp32, the running sum (float64) rescaled by exp(old max - new max) when the max grows. SPLIT: the
+    program covers segment program_id(1) of SEG elements of each row and stores its max and float64 sum at (row,
+    segment) of a and b (merged by row_stats)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < R
     base = rows.to(tl.int64) * L
+    lo = tl.program_id(1) * SEG
+    hi = tl.minimum(lo + SEG, L)
     top = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     total = tl.zeros((BLOCK_R,), dtype=tl.float64)
-    for l0 in range(0, L, BLOCK_L):
+    for l0 in range(lo, hi, BLOCK_L):
         cols = l0 + tl.arange(0, BLOCK_L)
-        mask = mask_r[:, None] & (cols < L)[None, :]
+        mask = mask_r[:, None] & (cols < hi)[None, :]
         y = tl.load(y_ptr + base[:, None] + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
         new_top = tl.maximum(top, tl.max(y, axis=1))
         safe = tl.where(new_top == float("-inf"), 0.0, new_top)  # a row of -inf so far: nothing to rescale
         chunk = tl.sum(tl.where(mask, tl.exp(y - safe[:, None]), 0.0), axis=1)
         total = total * tl.exp(top - safe).to(tl.float64) + chunk.to(tl.float64)
         top = new_top
-    tl.store(max_ptr + rows, top, mask=mask_r)
-    tl.store(sum_ptr + rows, total.to(tl.float32), mask=mask_r)
+    if SPLIT:
+        at = rows.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+        tl.store(a_ptr + at, top.to(tl.float64), mask=mask_r)
+        tl.store(b_ptr + at, total, mask=mask_r)
+    else:
+        tl.store(a_ptr + rows, top, mask=mask_r)
+        tl.store(b_ptr + rows, total.to(tl.float32), mask=mask_r)
 
 
-def row_blocks(length: int, rows: int) -> tuple[int, int]:
-    """(rows, chunk width) a program of the row statistics takes: on a GPU 64-wide chunks of up to 4096 elements a
-    program; in the interpreter, whose cost is per program and per op, more."""
-    block_l = min(triton.next_power_of_2(max(length, 1)), 1024 if interpreting() else 64)
-    return max(min(triton.next_power_of_2(max(rows, 1)), (16384 if interpreting() else 4096) // block_l), 1), block_l
+def merge_softmax(top: torch.Tensor, total: torch.Tensor, counts: torch.Tensor, length: int) -> tuple[torch.Tensor,
+                                                                                                      torch.Tensor]:
+    """(max, sum of exp(y - max)), fp32, of rows from their segments' (rows, segments) maxima and float64 sums."""
+    row_top = top.amax(1)
+    safe = torch.where(row_top == float("-inf"), 0.0, row_top)
+    scale = torch.where(top == float("-inf"), 0.0, (top - safe[:, None]).exp())  # an empty or all -inf segment
+    return row_top.float(), (total * scale).sum(1).float()
 
 
-def conv_softmax_stats(y: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(max, sum of exp(y - max)), fp32, of each contiguous row of `length` elements of y."""
-    return row_stats(conv_softmax_stats_kernel, y, length)
+def conv_softmax_stats(y: torch.Tensor, length: int, segments: int | None = None) -> tuple[torch.Tensor,
+                                                                                             torch.Tensor]:
+    """(max, sum of exp(y - max)), fp32, of each contiguous row of `length` elements of y. `segments`: how many
+    programs share a row (default: row_plan's)."""
+    return row_stats(conv_softmax_stats_kernel, merge_softmax, y, length, segments)
 
 
-def row_stats(kernel, y: torch.Tensor, length: int, *scalars: float) -> tuple[torch.Tensor, torch.Tensor]:
+# programs a row-statistics launch aims for on a GPU: with few long rows (a softmax over each channel's pixels,
+# KernelBench level 2 38: 2048 rows of 131072) one program a row block left most SMs idle (8 ms for 1 GiB of y)
+ROW_PROGRAMS = 2048
+
+
+def row_plan(length: int, rows: int, segments: int | None = None) -> tuple[int, int, int]:
+    """(rows, chunk width, segment length) a program of the row statistics takes. On a GPU: 64-wide chunks of up to
+    4096 elements a step for short rows, 4 rows of 1024-wide chunks for rows of 1024 or more (contiguous loads);
+    each row split into segments until about ROW_PROGRAMS programs run. In the interpreter, whose cost is per
+    program and per op: wider chunks and one segment. `segments` overrides the count (tests)."""
+    wide = length >= 1024 and not interpreting()
+    block_l = 1024 if wide else min(triton.next_power_of_2(max(length, 1)), 1024 if interpreting() else 64)
+    step = 16384 if interpreting() else 4096
+    block_r = max(min(triton.next_power_of_2(max(rows, 1)), step // block_l), 1)
+    if segments is None:
+        chunks = cdiv(max(length, 1), block_l)
+        segments = 1 if interpreting() else max(1, min(chunks, ROW_PROGRAMS // max(cdiv(rows, block_r), 1)))
+    seg = cdiv(cdiv(max(length, 1), max(segments, 1)), block_l) * block_l
+    return block_r, block_l, seg
+
+
+def row_stats(kernel, merge, y: torch.Tensor, length: int, segments: int | None,
+              *scalars: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Two fp32 statistics per contiguous row of `length` elements of y, by one of the row kernels above (its
-    arguments: y, the two outputs, rows, length, `scalars`), row_blocks' rows and chunk a program."""
+    arguments: y, the two outputs, rows, length, the segment length, `scalars`), row_plan's rows, chunk and segment
+    a program; with more than one segment a row, the kernel's float64 partials per (row, segment) and `merge`."""
     rows = y.numel() // max(length, 1)
-    a = torch.empty((rows,), device=y.device, dtype=torch.float32)
+    block_r, block_l, seg = row_plan(length, rows, segments)
+    n_seg = cdiv(max(length, 1), seg)
+    if n_seg == 1 or not rows:
+        a = torch.empty((rows,), device=y.device, dtype=torch.float32)
+        b = torch.empty_like(a)
+        if rows:
+            kernel[(cdiv(rows, block_r), 1)](y, a, b, rows, length, seg, *scalars, BLOCK_R=block_r,
+                                             BLOCK_L=block_l, SPLIT=False)
+        return a, b
+    a = torch.empty((rows, n_seg), device=y.device, dtype=torch.float64)
     b = torch.empty_like(a)
-    block_r, block_l = row_blocks(length, rows)
-    if rows:
-        kernel[(cdiv(rows, block_r),)](y, a, b, rows, length, *scalars, BLOCK_R=block_r, BLOCK_L=block_l)
-    return a, b
+    kernel[(cdiv(rows, block_r), n_seg)](y, a, b, rows, length, seg, *scalars, BLOCK_R=block_r, BLOCK_L=block_l,
+                                         SPLIT=True)
+    counts = (length - torch.arange(n_seg, device=y.device, dtype=torch.float64) * seg).clamp(max=seg)
+    return merge(a, b, counts, length, *scalars)

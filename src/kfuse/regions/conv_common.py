@@ -353,16 +353,19 @@ MEANS = ("mean_dims", "mean")
 
 
 class NormParts:
-    """A norm kind's region cut at its norm (the first node whose op is one of `ops`) and at a windowed pool after
-    it, if any: the ops before the norm, between it and the pool (or the end: `after`), after the pool (`post`);
+    """A norm kind's region cut at its norm (the first node whose op is one of `ops`) and at a windowed pool or a
+    global mean after it, if any: the ops before the norm, between it and the pool (or the end: `after`), after the
+    pool (`post`);
     what pass 1 stores (`stored`: y, the norm's input, and the region outputs before the norm) and which region
     outputs the apply pass stores (`post_outs`)."""
 
     def __init__(self, region: Region, ops: tuple[str, ...]) -> None:
         nodes = list(region.nodes)
         self.at, self.norm = next((i, n) for i, n in enumerate(nodes) if n.op in ops)
-        p_at = next((i for i, n in enumerate(nodes) if i > self.at and n.op in WINDOWED), None)
-        self.pool = None if p_at is None else nodes[p_at]
+        p_at = next((i for i, n in enumerate(nodes) if i > self.at and n.op in (*WINDOWED, *MEANS)), None)
+        pooling = None if p_at is None else nodes[p_at]
+        self.pool = pooling if pooling is not None and pooling.op in WINDOWED else None
+        self.mean = pooling if pooling is not None and pooling.op in MEANS else None  # of the norm's output itself
         self.before = nodes[1:self.at]
         self.after = nodes[self.at + 1:len(nodes) if p_at is None else p_at]
         self.post = [] if p_at is None else nodes[p_at + 1:]
@@ -370,7 +373,36 @@ class NormParts:
         self.pre_outs = [v for v in region.outputs if v in pre]
         self.post_outs = [v for v in region.outputs if v not in pre]
         self.y = self.norm.args[0]
-        self.stored = list(dict.fromkeys([self.y, *self.pre_outs]))
+        # y is read by the apply pass; a mean of the norm's output needs none (its finalize reads the statistics)
+        self.stored = list(dict.fromkeys([*([self.y] if self.mean is None else []), *self.pre_outs]))
+
+
+def spatial_dims(n: Node, g: Graph) -> tuple[int, ...]:
+    """The dims a mean node reduces, normalized to non-negative."""
+    rank = len(g.shape_of(n.args[0]))
+    dims = n.attrs.get("dims", (n.attrs.get("dim"),))
+    return tuple(sorted(d % rank for d in dims if isinstance(d, int)))
+
+
+def is_global_mean(n: Node, g: Graph) -> bool:
+    """A mean over every spatial dim (and no other) of a rank >= 3 value."""
+    if n.op not in MEANS or not n.args or not isinstance(n.args[0], str):
+        return False
+    rank = len(g.shape_of(n.args[0]))
+    return rank >= 3 and spatial_dims(n, g) == tuple(range(2, rank))
+
+
+def per_sample_channel(shape: tuple[int, ...], pooled: tuple[int, ...]) -> bool:
+    """(N, C) then unit dims only, N and C the global mean's."""
+    return len(shape) >= 2 and shape[:2] == pooled[:2] and all(d == 1 for d in shape[2:])
+
+
+def mean_outputs(outs: list[str], region: Region, values: list[str] | None = None) -> list[str]:
+    """Launcher lines allocating a global mean's outputs (`values`, default the region's outputs), one value per
+    (sample, channel), at each output's rank."""
+    ranks = {n.name: len(n.shape) for n in region.nodes}
+    return [f"{o} = torch.empty((N, C{', 1' * (ranks[v] - 2)}), device=x.device, dtype=x.dtype)"
+            for o, v in zip(outs, region.outputs if values is None else values)]
 
 
 def pool_at(members: list[Node]) -> int:

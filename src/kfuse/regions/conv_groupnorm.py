@@ -15,6 +15,10 @@ row tiles and several column tiles, so no tile sees a group whole: the statistic
      may also read y itself: a residual `conv + f(norm(conv))`); with a windowed pool after them (nothing from the
      norm on read outside the region), in the pool's rows (regions/pool_pass.py): the norm and those ops at each
      window position, max / sum, then the ops after the pool, only the pooled values stored.
+With a mean over the spatial dims of the norm's output itself (a global average pool, `x.mean((2, 3))`; a mean over
+the channels too is split by rewrite.py), pass 1 stores no y and pass 3 is `<name>_mean_kernel` over (sample,
+channel): the mean of the normalized values is (channel mean - group mean) * rstd, from the statistics' float64
+channel means, then the affine (which commutes with the mean) and the ops after the mean.
 The group count is read from the module when ModelNew runs; eps too. GroupNorm and InstanceNorm without running
 statistics act alike in training and eval mode (capture keeps an InstanceNorm that tracks running statistics a torch
 call).
@@ -34,9 +38,13 @@ from kfuse.regions.common import (
     RegionCode,
     affine_lines,
     call,
+    constexpr,
+    docstring,
     launcher,
     operand_code,
+    plain,
     pointwise_lines,
+    signature,
     var,
 )
 from kfuse.regions.conv_common import (
@@ -50,6 +58,7 @@ from kfuse.regions.conv_common import (
     depthwise,
     form_of,
     geometry_code,
+    mean_outputs,
     pixel_kernel,
     pixel_launch,
     pool_code,
@@ -139,6 +148,48 @@ def apply_kernel(region: Region, name: str, doc: str, p: NormParts,
     return pixel_kernel(f"{name}_apply_kernel", doc, pointers, args, ("GROUP", "NUM_GROUPS"), lines), args
 
 
+def mean_kernel(region: Region, name: str, doc: str, p: NormParts,
+                registry: dict[str, tuple[str, bool]]) -> tuple[str, KernelArgs]:
+    """Pass 3 with a spatial mean of the norm's output: over (samples, channels) tiles, the mean of the normalized
+    values from the float64 channel and group means, the affine, the ops after the mean (in float64), stored per
+    (n, c)."""
+    args, env = KernelArgs(registry), {}
+    _groups, w, b, _eps = norm_args(p.norm)
+    out = var(p.mean.name)
+    body = ["g_at = offs_m[:, None] * NUM_GROUPS + (offs_n // GROUP)[None, :]",
+            "c_mean = tl.load(ch_mean_ptr + at, mask=mask, other=0.0)  # float64",
+            "g_mean = tl.load(g_mean_ptr + g_at, mask=mask, other=0.0)  # float64",
+            "g_rstd = tl.load(g_rstd_ptr + g_at, mask=mask, other=1.0)",
+            # float64 through the ops after the mean (one value per (n, c)): eager's error there is tiny, and an
+            # fp32 tanh of runtime.py's (a few ulps) alone would exceed rule 3's bound
+            f"{out} = (c_mean - g_mean) * g_rstd  # {p.mean.origin} of {p.norm.origin}",
+            *affine_lines(out, w, b, env, args)]
+    env[p.mean.name] = out
+    body += pointwise_lines(p.post, env, args)
+    lines = ["offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # samples",
+             "offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # channels",
+             "mask_n = offs_n < C_out",
+             "mask = (offs_m < N)[:, None] & mask_n[None, :]",
+             "at = offs_m[:, None].to(tl.int64) * C_out + offs_n[None, :]", *args.loads, *body,
+             *[f"tl.store(buf_{v}_ptr + at, {env[v]}, mask=mask)" for v in p.post_outs]]
+    decls = (*plain("ch_mean_ptr", "g_mean_ptr", "g_rstd_ptr", *[f"buf_{v}_ptr" for v in p.post_outs]),
+             *args.decls(), *plain("N", "C_out", "GROUP", "NUM_GROUPS"), constexpr("BLOCK_M"), constexpr("BLOCK_N"))
+    return "\n".join(["@triton.jit", f"def {name}_mean_kernel({signature(decls)}):", docstring(doc),
+                      *[f"    {ln}" for ln in lines]]) + "\n", args
+
+
+def mean_launch(stem: str, region: Region, p: NormParts, a3: KernelArgs) -> list[str]:
+    """Launcher lines of pass 3 with a spatial mean: the statistics with the channel means, one launch over (N, C)."""
+    outs = [f"buf_{v}" for v in p.post_outs]
+    return ["ch_mean, g_mean, g_rstd = conv_gn_stats(mean_part, m2_part, count, norm_groups, norm_eps, "
+            "channel_means=True)",
+            *mean_outputs(outs, region, p.post_outs),
+            "if N * C:",
+            "    " + call(f"{stem}_mean_kernel[(cdiv(N, 16), cdiv(C, 64))]",
+                          ["ch_mean", "g_mean", "g_rstd", *outs, *a3.params, "N", "C", "C // norm_groups",
+                           "norm_groups"], ["BLOCK_M=16", "BLOCK_N=64"], indent=8)]
+
+
 def apply_launch(stem: str, p: NormParts, a3: KernelArgs) -> list[str]:
     """Launcher lines of pass 3: over y's pixels, or over the pool's rows."""
     outs = [f"buf_{v}" for v in p.post_outs]
@@ -167,7 +218,7 @@ def launcher_lines(region: Region, form: ConvForm, stem: str, p: NormParts, a1: 
         lines += ["if S == 1:",
                   "    raise ValueError(f'Expected more than 1 spatial element when training, got input size "
                   "{tuple(geo.out_shape)}')"]
-    lines += [empty(p.y, y_dtype), *[empty(v) for v in p.pre_outs if v != p.y],
+    lines += [*([empty(p.y, y_dtype)] if p.y in p.stored else []), *[empty(v) for v in p.pre_outs if v != p.y],
               *tuned_launch(form, f"{stem}_stats", [f"buf_{v}" for v in p.stored] + ["mean_part", "m2_part", "count",
                                                                                       "slots", "J"], a1,
                             ["mean_part", "m2_part", "count"],
@@ -175,8 +226,8 @@ def launcher_lines(region: Region, form: ConvForm, stem: str, p: NormParts, a1: 
                              "mean_part = torch.zeros((N, phases * J, C), device=x.device, dtype=torch.float64)",
                              "m2_part = torch.zeros_like(mean_part)",
                              "count = torch.zeros((N, phases * J), device=x.device, dtype=torch.float64)"]),
-              "g_mean, g_rstd = conv_gn_stats(mean_part, m2_part, count, norm_groups, norm_eps)",
-              *apply_launch(stem, p, a3),
+              *(["g_mean, g_rstd = conv_gn_stats(mean_part, m2_part, count, norm_groups, norm_eps)",
+                 *apply_launch(stem, p, a3)] if p.mean is None else mean_launch(stem, region, p, a3)),
               f"return {', '.join(f'buf_{v}' for v in region.outputs)}"]
     return lines
 
@@ -186,7 +237,8 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     registry: dict[str, tuple[str, bool]] = {}
     replaced = ", ".join(n.origin for n in region.nodes)
     stats, a1 = stats_kernel(region, form, stem, f"Pass 1 of: {replaced}. {conv_cost(anchor, g, 1)}", p, registry)
-    apply, a3 = apply_kernel(region, stem, f"Pass 3 of: {replaced}.", p, registry)
+    third = apply_kernel if p.mean is None else mean_kernel
+    apply, a3 = third(region, stem, f"Pass 3 of: {replaced}.", p, registry)
     params = [n for n, _ in registry.values()]
     pooled = p.pool is not None
     src = launcher(f"fused_{stem}", ["x", "weight", "norm_groups", "norm_eps", *params, *form.geometry,
@@ -221,6 +273,7 @@ def norm_after_conv(walk: Walk, n: Node) -> bool:
 
 class ConvGroupNorm(NormThenPool):
     name = "conv_groupnorm"
+    takes_mean = True
     family = "conv"
     kernel_modules = ("conv", "conv_transpose", "conv_norm")
     at_ops = NORMS

@@ -55,7 +55,10 @@ from kfuse.regions.conv_common import (
     depthwise,
     form_of,
     geometry_code,
+    is_global_mean,
     mean_at,
+    mean_outputs,
+    per_sample_channel,
     pool_at,
     pool_code,
     reads_outside,
@@ -85,25 +88,6 @@ COLUMNS = ["offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # channels within 
            "offs_n = g * COUT_G + offs_c  # the output channels",
            "mask_n = offs_c < COUT_G",
            "mask = mask_m[:, None] & mask_n[None, :]"]
-
-
-def spatial_dims(n: Node, g: Graph) -> tuple[int, ...]:
-    """The dims a mean node reduces, normalized to non-negative."""
-    rank = len(g.shape_of(n.args[0]))
-    dims = n.attrs.get("dims", (n.attrs.get("dim"),))
-    return tuple(sorted(d % rank for d in dims if isinstance(d, int)))
-
-
-def is_global_mean(n: Node, g: Graph) -> bool:
-    if n.op not in ("mean_dims", "mean") or not n.args or not isinstance(n.args[0], str):
-        return False
-    rank = len(g.shape_of(n.args[0]))
-    return rank >= 3 and spatial_dims(n, g) == tuple(range(2, rank))
-
-
-def per_sample_channel(shape: tuple[int, ...], pooled: tuple[int, ...]) -> bool:
-    """(N, C) then unit dims only, N and C the global mean's."""
-    return len(shape) >= 2 and shape[:2] == pooled[:2] and all(d == 1 for d in shape[2:])
 
 
 TRANSPOSED_SWITCH = "KFUSE_TRANSPOSED_POOLS"  # "0": a transposed convolution's pools stay torch calls
@@ -315,13 +299,6 @@ def mean_launch(stem: str, kernel: str, a1: KernelArgs, a2: KernelArgs, outs: li
                                                                           *pool_args], ["P=P", *TILE_LAUNCH]))],
                          ["part", "T"]),
             *finalize_lines(stem, outs, a2)]
-
-
-def mean_outputs(outs: list[str], region: Region) -> list[str]:
-    """Launcher lines allocating a global mean's outputs, one value per (sample, channel), at each output's rank."""
-    ranks = {n.name: len(n.shape) for n in region.nodes}
-    return [f"{o} = torch.empty((N, C{', 1' * (ranks[v] - 2)}), device=x.device, dtype=x.dtype)"
-            for o, v in zip(outs, region.outputs)]
 
 
 def finalize_lines(stem: str, outs: list[str], a2: KernelArgs) -> list[str]:

@@ -14,8 +14,17 @@ from __future__ import annotations
 from typing import ClassVar
 
 from kfuse.ir import Graph, Node, Scalar
+from kfuse.ops import VIEW_OPS
 from kfuse.regions.common import KernelArgs, call, constexpr, docstring, plain, pointwise_lines, signature, var
-from kfuse.regions.conv_common import WINDOWED, channel_operand, is_max, joins_after_norm
+from kfuse.regions.conv_common import (
+    MEANS,
+    WINDOWED,
+    channel_operand,
+    is_global_mean,
+    is_max,
+    joins_after_norm,
+    per_sample_channel,
+)
 from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with, same_tile
 
 POOL_SIZES = plain("PM", "QD", "QH", "QW", "PKD", "PKH", "PKW", "PSD", "PSH", "PSW", "PPD", "PPH", "PPW", "PDD", "PDH",
@@ -43,24 +52,36 @@ def read_only_inside(members: list[Node], n: Node, g: Graph) -> bool:
     return all(m.name not in g.outputs and all(u.name in inside for u in g.users(m.name)) for m in members)
 
 
-# ---- a windowed pool after a norm kind's statistics: its apply pass run in the pool's rows ----------------------
+# ---- a windowed pool or a global mean after a norm kind's statistics ---------------------------------------------
 def window_at(members: list[Node]) -> int | None:
-    return next((i for i, m in enumerate(members) if m.op in WINDOWED), None)
+    """Where the walk's pool is: a windowed pool, or a global mean of the norm's output."""
+    return next((i for i, m in enumerate(members) if m.op in (*WINDOWED, *MEANS)), None)
 
 
-def joins_norm_then_pool(walk: Walk, n: Node, norm_ops: tuple[str, ...], norm_input: bool) -> bool:
+def joins_norm_then_pool(walk: Walk, n: Node, norm_ops: tuple[str, ...], norm_input: bool, mean: bool = False) -> bool:
     """Does n join a norm kind's walk? Before any pool: the ops joins_after_norm admits, or a windowed pool of a
     value from the norm on at the output's shape, none of those values read outside the region (the pooled pass
-    never holds them whole); after the pool: pointwise ops on its shape reading pooled values, numbers and
-    per-channel parameters."""
+    never holds them whole); with `mean`, a mean over every spatial dim of the norm's output itself, nothing else
+    reading it (the finalize computes it from the statistics). After the pool: pointwise ops on its shape reading
+    pooled values, numbers and per-channel parameters; after a mean, views keeping one value per (sample, channel)."""
     members, g = walk.members, walk.g
     p_at = window_at(members)
     if p_at is not None:
+        head = members[p_at]
         readable = {m.name for m in members[p_at:]}
-        return n.shape == members[p_at].shape and bool(n.value_args()) and pointwise_with(
+        if head.op in WINDOWED:
+            shape_ok = n.shape == head.shape
+        else:  # one value per (sample, channel)
+            shape_ok = per_sample_channel(n.shape, head.shape)
+            if n.op in VIEW_OPS:
+                return shape_ok and n.args[0] in readable
+        return shape_ok and bool(n.value_args()) and pointwise_with(
             n, lambda a: channel_operand(a, n.shape, readable))
     if joins_after_norm(walk, n, norm_ops, norm_input):
         return True
+    last = members[-1]
+    if mean and is_global_mean(n, g) and last.op in norm_ops and n.args[0] == last.name:
+        return read_only_inside([last], n, g)
     if not is_windowed(n, walk.anchor.attrs.get("dims", 0)) or not n.args or numel(n.shape) == 0:
         return False
     at = next(i for i, m in enumerate(members) if m.op in norm_ops)
@@ -70,12 +91,14 @@ def joins_norm_then_pool(walk: Walk, n: Node, norm_ops: tuple[str, ...], norm_in
 
 class NormThenPool(RegionKind):
     """The walk of a norm kind (its `at_ops` the norms it takes a region over at): joins_norm_then_pool, then
-    finish_norm_then_pool. `norm_input`: whether its apply pass may read the norm's input y too."""
+    finish_norm_then_pool. `norm_input`: whether its apply pass may read the norm's input y too; `takes_mean`:
+    whether it takes a global mean of the norm's output."""
 
     norm_input: ClassVar[bool] = True
+    takes_mean: ClassVar[bool] = False
 
     def joins(self, walk: Walk, n: Node) -> bool:
-        return joins_norm_then_pool(walk, n, self.at_ops, self.norm_input)
+        return joins_norm_then_pool(walk, n, self.at_ops, self.norm_input, self.takes_mean)
 
     def finish(self, walk: Walk) -> list[Node]:
         return finish_norm_then_pool(walk)
