@@ -120,6 +120,39 @@ def conv_transpose_grid(geo: TransposedGeometry, cfg: ConvConfig) -> tuple[int, 
     return cdiv(geo.M, cfg.block_m) * cdiv(geo.COUT_G, cfg.block_n), geo.groups, geo.n_phases
 
 
+def _dims(v, dims: int) -> tuple[int, ...]:
+    return tuple(int(a) for a in v) if isinstance(v, (tuple, list)) else (int(v),) * dims
+
+
+def _as_conv_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
+    """(C_in, C_out/g, K...) -> (C_out, C_in/g, K...), each group's block transposed, the taps reversed."""
+    c_in, cout_g, *k = weight.shape
+    w = weight.detach().reshape(groups, c_in // groups, cout_g, *k).transpose(1, 2)
+    return w.reshape(groups * cout_g, c_in // groups, *k).flip(list(range(2, 2 + len(k)))).contiguous()
+
+
+def transposed_as_conv(weight: torch.Tensor, stride, padding, output_padding, groups: int, dilation) -> tuple:
+    """(weight', stride, padding', dilation, groups) for conv_plan: a ConvTranspose at stride 1 without output
+    padding is the convolution, at padding d * (K - 1) - p, with each group's weight block transposed and its taps
+    reversed (output pixel o reads input o + p - k * d for tap k). The generated file chose this form from the
+    module's geometry when it was written (regions/conv_common.as_convolution); other geometry is refused here. A
+    parameter's weight' is made once per version of it (conv_pack.cached_parts), a Parameter without gradient so that
+    conv_plan caches its split on it too (the backward recomputes from the module's own weight)."""
+    dims = weight.dim() - 2
+    st, pad, out_pad, dil = (_dims(v, dims) for v in (stride, padding, output_padding, dilation))
+    pads = tuple(d * (k - 1) - p for d, k, p in zip(dil, weight.shape[2:], pad))
+    if any(v != 1 for v in st) or any(out_pad) or min(pads) < 0:
+        raise ValueError(f"kfuse: this ModelNew runs its ConvTranspose as a stride-1 convolution, the geometry it was "
+                         f"generated for; now stride {st}, padding {pad}, output_padding {out_pad}: regenerate it "
+                         f"with `kfuse optimize`")
+    if isinstance(weight, torch.nn.Parameter):
+        w = cached_parts(weight, "_kfuse_as_conv", (tensor_key(weight), groups),
+                         lambda: torch.nn.Parameter(_as_conv_weight(weight, groups), requires_grad=False))
+    else:
+        w = _as_conv_weight(weight, groups)
+    return w, (1,) * dims, pads, dil, groups
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # the tile
 # ----------------------------------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from kfuse.regions.conv_common import (
     depthwise,
     form_of,
     geometry_code,
+    phase_tiled,
     pixel_kernel,
     pool_code,
     reads_outside,
@@ -168,11 +169,12 @@ def apply_pass(region: Region, name: str, doc: str, p: NormParts,
     return apply_kernel(name, doc, p.post_outs, args, body + stores(p.post_outs, env)), args
 
 
-def pooled_lines(stem: str, p: NormParts, a3: KernelArgs, plan: str, allocate: list[str], outs: str) -> list[str]:
+def pooled_lines(stem: str, p: NormParts, a3: KernelArgs, head: list[str], allocate: list[str],
+                 outs: str) -> list[str]:
     """The launcher's lines where a windowed pool follows the norm, in either mode: pass 1 stores y (its partials
     unused in eval mode), then the pooled apply pass with the batch statistics in training mode, the running ones in
     eval mode (no fold: the pool's pass reads y)."""
-    return ["x = x.contiguous()", plan,
+    return [*head,
             "M = geo.out_shape[0] * (torch.Size(geo.out_shape[2:]).numel())  # values per channel",
             "training = bn.training or bn.running_mean is None",
             "if training and M < 2:",
@@ -210,16 +212,16 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     def empty(v: str, dtype: str = "x.dtype") -> str:
         return f"buf_{v} = torch.empty(geo.out_shape, device=x.device, dtype={dtype})"
 
-    plan = f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})"
+    plan = form.plan_line()
     outs = ", ".join(f"buf_{v}" for v in region.outputs)
-    lines = ["x = x.contiguous()"]
+    lines = ["x = x.contiguous()", *form.prelude]
     if evalk is not None:
         lines.append("if not (bn.training or bn.running_mean is None):  # eval: running statistics")
         body = []
         if fold:
             bias = anchor.args[2]
             bias_name = registry[f"as_vector({bias.expr()})"][0] if isinstance(bias, Param) else "None"
-            body.append(f"weight, fold_b = conv_bn_eval_fold(weight, {bias_name}, bn, {anchor.op == TRANSPOSED}, "
+            body.append(f"weight, fold_b = conv_bn_eval_fold(weight, {bias_name}, bn, {phase_tiled(anchor)}, "
                         f"groups)  # {FOLD_RULE}: W'")
         body += [plan,
                  *tuned_launch(form, f"{stem}_{'folded' if fold else 'eval'}",
@@ -238,7 +240,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
                                    "m2_part = torch.empty_like(mean_part)",
                                    "count = torch.empty((tiles,), device=x.device, dtype=torch.float64)"])]
     if pooled:
-        lines = pooled_lines(stem, p, a3, plan, stats_launch, outs)
+        lines = pooled_lines(stem, p, a3, form.head(), stats_launch, outs)
     else:
         lines += [plan,
                   "M = geo.out_shape[0] * (torch.Size(geo.out_shape[2:]).numel())  # values per channel",

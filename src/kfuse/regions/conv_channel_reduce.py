@@ -47,6 +47,7 @@ from kfuse.regions.conv_common import (
     depthwise,
     form_of,
     geometry_code,
+    phase_tiled,
     pixel_kernel,
     reads_outside,
     row_shape_code,
@@ -139,7 +140,7 @@ def partials_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Part
     body = conv_bias(region.anchor, env, args) + pointwise_lines(as_pointwise(p.pre), env, args)
     body += [f"tl.store(buf_{v}_ptr + out_offs, {env[v]}, mask=mask)" for v in p.full]
     body += [f"# partials of {p.red.origin} over this column tile, per output pixel",
-             PIXEL[region.anchor.op == TRANSPOSED]]
+             PIXEL[phase_tiled(region.anchor)]]
     body += [ln.format(y=env[p.y]) for ln in PARTIAL_LINES[STAT[p.red.op]]]
     body += ["T = tl.num_programs(1) * tl.cdiv(COUT_G, BLOCK_N)  # column tiles of all groups",
              "tl.store(pa_ptr + pix * T + g * tl.cdiv(COUT_G, BLOCK_N) + pid_n, part_a, mask=mask_m)"]
@@ -208,7 +209,7 @@ def one_tile_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Part
     outs = [v for v in region.outputs if p.roles[v] in ("pre", "post")]
     rows = [v for v in region.outputs if p.roles[v] not in ("pre", "post")]
     if rows:
-        body.append(PIXEL[region.anchor.op == TRANSPOSED])
+        body.append(PIXEL[phase_tiled(region.anchor)])
     body += [f"tl.store({buffer(v, p)}_ptr + out_offs, {env[v]}, mask=mask)" for v in outs]
     body += [f"tl.store(o_{v}_ptr + pix, {env[v]}, mask=mask_m)" for v in rows]
     return conv_kernel(form, f"{name}_one_tile", doc, [buffer(v, p) for v in outs + rows], args, body), args
@@ -238,8 +239,8 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     by_name = {n.name: n for n in region.nodes}
     rets = ", ".join(buffer(v, p) if p.roles[v] in ("pre", "post") else
                      f"o_{v}.reshape({row_shape_code(by_name[v], anchor)})" for v in outputs)
-    plan = f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})"
-    lines = ["x = x.contiguous()", plan,
+    plan = form.plan_line()
+    lines = ["x = x.contiguous()", *form.prelude, plan,
              "P = geo.out_shape[0] * torch.Size(geo.out_shape[2:]).numel()  # output pixels",
              "C = geo.out_shape[1]",
              "T = geo.groups * cdiv(geo.COUT_G, cfg.block_n)  # column tiles over all groups",

@@ -6,7 +6,8 @@ cost line of a kernel's docstring. Each kind (regions/<kind>.py) adds its epilog
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 from kfuse.ir import Arg, Graph, Node, Param, Region, Scalar
 from kfuse.kernels.conv_geometry import direct_k
@@ -41,7 +42,17 @@ class ConvForm:
     out_offs: str
     plan: str
     grid: str
-    geometry: tuple[str, ...]
+    geometry: tuple[str, ...]  # the launcher's geometry parameters (the module's, in its call's order)
+    prelude: tuple[str, ...] = ()  # launcher lines before the plan (they may rebind the weight and the geometry)
+    plan_args: tuple[str, ...] = ()  # the geometry the plan takes, when not `geometry`
+
+    def plan_line(self) -> str:
+        """The launcher's line calling the plan (after `prelude`)."""
+        return f"geo, scheme, cfg, ops, sizes = {self.plan}(x, weight, {', '.join(self.plan_args or self.geometry)})"
+
+    def head(self) -> list[str]:
+        """The launcher's first lines: x contiguous, the prelude, the plan."""
+        return ["x = x.contiguous()", *self.prelude, self.plan_line()]
 
 
 _TILE = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"]
@@ -77,10 +88,43 @@ DEPTHWISE = ConvForm(CONV.params, CONV.sizes, (CONV.tile[0].replace("conv_tile",
                      CONV.out_offs, "depthwise_plan", "conv_grid", CONV.geometry)
 
 
+# a ConvTranspose at stride 1 without output padding, on the convolution tile: the launcher turns the module's
+# weight and geometry into the convolution's first (kernels/conv_transpose.py transposed_as_conv)
+TRANSPOSED_AS_CONV = replace(CONV, geometry=CONV_TRANSPOSE.geometry, plan_args=CONV.geometry, prelude=(
+    "# stride 1: the convolution it is, on the convolution tile",
+    "weight, stride, padding, dilation, groups = transposed_as_conv(weight, stride, padding, output_padding, groups,",
+    "                                                               dilation)"))
+AS_CONV_SWITCH = "KFUSE_TRANSPOSED_AS_CONV"  # "0" when a file is generated: every ConvTranspose on the phase tile
+
+
+def as_convolution(anchor: Node) -> bool:
+    """Does a ConvTranspose run on the convolution tile as the convolution it is (stride 1, no output padding,
+    padding at most dilation * (kernel - 1): the convolution's padding is the difference)? The phase tile runs the
+    same products through its phase table at negative dilation: at its best config it reached 239 TFLOP/s of fp16
+    work on KernelBench level 2 19's stride-1 ConvTranspose2d on an H200, where the convolution tile reaches 316-338
+    on plain convolutions (benchmarks/conv/NOTES.md). Not with KFUSE_TRANSPOSED_AS_CONV=0 (the A/B)."""
+    if anchor.op != TRANSPOSED or os.environ.get(AS_CONV_SWITCH, "1") == "0":
+        return False
+    kernel = anchor.args[1].shape[2:]
+    stride, pad, out_pad, dil = (per_dim(anchor.attrs[f], len(kernel))
+                                 for f in ("stride", "padding", "output_padding", "dilation"))
+    return (all(v == 1 for v in stride) and not any(out_pad)
+            and all(d * (k - 1) >= p for d, k, p in zip(dil, kernel, pad)))
+
+
+def per_dim(v: object, dims: int) -> tuple:
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * dims
+
+
 def form_of(anchor: Node) -> ConvForm:
     if anchor.op == TRANSPOSED:
-        return CONV_TRANSPOSE
+        return TRANSPOSED_AS_CONV if as_convolution(anchor) else CONV_TRANSPOSE
     return DEPTHWISE if depthwise(anchor) else CONV
+
+
+def phase_tiled(anchor: Node) -> bool:
+    """Does the convolution run on the transposed tile's stride phases (rows per phase, no per-pixel recompute)?"""
+    return form_of(anchor) is CONV_TRANSPOSE
 
 
 def depthwise(n: Node) -> bool:
@@ -185,8 +229,7 @@ PACKED_COST = ("three fp16 products of each on a GPU", 4,
 def runs_direct(anchor: Node) -> bool:
     """Does the convolution run on the direct tile at the problem's shape (kernels/conv_geometry.direct_k; not
     transposed)? The generated file decides at run time, from the shape it is called with."""
-    groups = anchor.attrs.get("groups", 1)
-    return anchor.op in CONV_OPS and direct_k(anchor.args[1].shape[1], anchor.shape[1] // groups)
+    return (anchor.op in CONV_OPS or as_convolution(anchor)) and direct_k(*group_channels(anchor))
 
 
 def conv_cost(anchor: Node, g: Graph, outs: int) -> str:
@@ -284,8 +327,7 @@ def conv_launcher(form: ConvForm, name: str, outs: list[str], args: KernelArgs, 
                f"launch(tuned_conv({name}_kernel, geo, scheme, cfg, x, launch))"]
     else:
         run = launch.splitlines()
-    body = ["x = x.contiguous()",
-            f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
+    body = [*form.head(),
             *[f"{o} = torch.empty(geo.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
             "if geo.M:", *[f"    {ln}" for ln in run],
             f"return {', '.join(outs)}"]

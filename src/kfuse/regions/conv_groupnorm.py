@@ -207,8 +207,7 @@ def launcher_lines(region: Region, form: ConvForm, stem: str, p: NormParts, a1: 
         return f"buf_{v} = torch.empty(geo.out_shape, device=x.device, dtype={dtype})"
 
     y_dtype = "x.dtype" if p.y in region.outputs else "torch.float32"  # y stays fp32 when only pass 3 reads it
-    lines = ["x = x.contiguous()",
-             f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
+    lines = [*form.head(),
              "N, C = geo.out_shape[0], geo.C_out",
              "S = torch.Size(geo.out_shape[2:]).numel()  # pixels a channel plane",
              "norm_groups = C if norm_groups is None else norm_groups  # InstanceNorm: one channel a group",

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 
 from kfuse.ir import Graph, Node, Region
-from kfuse.ops import CONV_OPS, VIEW_OPS
+from kfuse.ops import VIEW_OPS
 from kfuse.regions.common import (
     KernelArgs,
     RegionCode,
@@ -47,7 +47,6 @@ from kfuse.regions.conv_common import (
     PACKED_COST,
     SAMPLE_ROWS,
     TILE_LAUNCH,
-    TRANSPOSED,
     WINDOWED,
     channel_operand,
     conv_bias,
@@ -59,6 +58,7 @@ from kfuse.regions.conv_common import (
     mean_at,
     mean_outputs,
     per_sample_channel,
+    phase_tiled,
     pool_at,
     pool_code,
     reads_outside,
@@ -104,8 +104,8 @@ def pool_after_conv(walk: Walk, n: Node) -> bool:
     """A windowed pool or a global mean of a value of the walk (at the conv's shape), nothing before it read outside
     the region; after a transposed convolution, when switched on."""
     anchor, g = walk.anchor, walk.g
-    transposed = anchor.op == TRANSPOSED and transposed_pools_on()
-    if not (anchor.op in CONV_OPS or transposed) or depthwise(anchor) or not n.args or n.args[0] not in walk.values:
+    if (phase_tiled(anchor) and not transposed_pools_on()) or depthwise(anchor) or not n.args \
+            or n.args[0] not in walk.values:
         return False
     if g.shape_of(n.args[0]) != anchor.shape or numel(n.shape) == 0:
         return False
@@ -168,8 +168,7 @@ def transposed_mean_generate(region: Region, g: Graph, stem: str) -> RegionCode:
                                         "S_rows", "SLOTS", "J", "C_out", "BLOCK_M"])]
     partial = conv_kernel(form, f"{stem}_partial", f"Phase 1 of: {doc}", ["part"], a1, body, ("SLOTS", "J"))
     finalize, a2 = finalize_kernel(region, stem, doc, outs, registry)
-    lines = ["x = x.contiguous()",
-             f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
+    lines = [*form.head(),
              "N, C = geo.out_shape[:2]",
              "S = torch.Size(geo.out_shape[2:]).numel()  # conv pixels per sample",
              *mean_outputs(outs, region),
@@ -202,8 +201,7 @@ def transposed_generate(region: Region, g: Graph, stem: str) -> RegionCode:
     a2 = KernelArgs(registry)
     pooled = stored_pool_kernel(f"{stem}_kernel", f"Pass 2 of: {doc}", pool, nodes[at + 1:],
                                 dict(zip(outs, region.outputs)), a2, {})
-    lines = ["x = x.contiguous()",
-             f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
+    lines = [*form.head(),
              *tuned_launch(form, f"{stem}_conv", ["y"], a1, ["y"],  # the tile tuned as the epilogue's
                            ["y = torch.empty(geo.out_shape, device=x.device, dtype=torch.float32)  # pool input"]),
              *stored_pool_launch(f"{stem}_kernel", "y", outs, a2),
@@ -312,10 +310,10 @@ def finalize_lines(stem: str, outs: list[str], a2: KernelArgs) -> list[str]:
 
 def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     anchor, nodes = region.anchor, list(region.nodes)
-    if anchor.op == TRANSPOSED:
+    if phase_tiled(anchor):
         at = pool_at(nodes)
         return (transposed_generate if nodes[at].op in WINDOWED else transposed_mean_generate)(region, g, stem)
-    pool, m_at = nodes[pool_at(nodes)], mean_at(nodes)
+    pool, m_at, form = nodes[pool_at(nodes)], mean_at(nodes), form_of(anchor)
     outs = [f"out{i}" for i in range(len(region.outputs))]
     replaced = ", ".join(n.origin for n in region.nodes)
     doc = f"Fused: {replaced}. {cost(region, g, pool)}"
@@ -325,7 +323,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     if windowed and m_at is None:  # one kernel: pooled pixels stored
         kernel, args = windowed_kernel(region, stem, doc, outs, registry)
         kernels: tuple[str, ...] = (kernel,)
-        lines = ["x = x.contiguous()", POOL_PLAN,
+        lines = ["x = x.contiguous()", *form.prelude, POOL_PLAN,
                  *[f"{o} = torch.empty(pool.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
                  "if pool.M:  # the tile tuned on a GPU's first call at each geometry (kernels/conv.py tuned_conv)",
                  "    def launch(cfg):",
@@ -337,20 +335,20 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
         kernel, a1 = windowed_kernel(region, stem, doc, outs, registry)
         finalize, a2 = finalize_kernel(region, stem, doc, outs, registry)
         kernels = (kernel, finalize)
-        lines = ["x = x.contiguous()", POOL_PLAN, "S = pool.QD * pool.QH * pool.QW  # pooled pixels per sample",
+        lines = ["x = x.contiguous()", *form.prelude, POOL_PLAN,
+                 "S = pool.QD * pool.QH * pool.QW  # pooled pixels per sample",
                  *mean_launch(stem, f"{stem}_kernel", a1, a2, outs, region, pool_args)]
     else:  # a global mean of the conv's pixels
         partial, a1 = mean_partial_kernel(region, stem, doc, registry)
         finalize, a2 = finalize_kernel(region, stem, doc, outs, registry)
         kernels = (partial, finalize)
-        lines = ["x = x.contiguous()",
-                 "geo, scheme, cfg, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups)",
+        lines = [*form.head(),
                  "S = geo.OD * geo.OH * geo.OW  # conv pixels per sample",
                  *mean_launch(stem, f"{stem}_partial_kernel", a1, a2, outs, region, [])]
     lines.append(f"return {', '.join(outs)}")
     params = [n for n, _ in registry.values()]  # every kernel's (one registry)
     pool_params = POOL_PARAMS if windowed else []
-    src = launcher(f"fused_{stem}", ["x", "weight", *params, *CONV.geometry, *pool_params], lines, doc)
+    src = launcher(f"fused_{stem}", ["x", "weight", *params, *form.geometry, *pool_params], lines, doc)
     call_args = [anchor.args[0], operand_code(anchor.args[1]), *registry, *geometry_code(anchor),
                  *(pool_code(pool) if windowed else [])]
     return RegionCode(kernels, src, (f"{', '.join(region.outputs)} = {call(f'fused_{stem}', call_args)}",))
@@ -372,7 +370,7 @@ class ConvPool(RegionKind):
         members, at = walk.members, pool_at(walk.members)
         m_at = mean_at(members)
         if m_at is None and n.op in MEANS:  # a windowed pool's values, averaged whole per sample and channel
-            return (walk.anchor.op != TRANSPOSED and is_global_mean(n, walk.g)
+            return (not phase_tiled(walk.anchor) and is_global_mean(n, walk.g)
                     and n.args[0] in {m.name for m in members[at:]} and walk.g.shape_of(n.args[0]) == members[at].shape
                     and read_only_inside(members[at:], n, walk.g))
         head = members[at if m_at is None else m_at]

@@ -145,8 +145,7 @@ def launcher_lines(region: Region, stem: str, p: NormParts, a1: KernelArgs, a3: 
         check = ["if tuple(geo.out_shape[-row_dims:]) != tuple(norm_shape):  # torch's LayerNorm check",
                  "    raise RuntimeError(f'LayerNorm: normalized_shape {list(norm_shape)} is not the last dims '",
                  "                       f'of the convolution output of size {list(geo.out_shape)}')"]
-    return ["x = x.contiguous()",
-            f"geo, scheme, cfg, ops, sizes = {form.plan}(x, weight, {', '.join(form.geometry)})",
+    return [*form.head(),
             "N, C = geo.out_shape[0], geo.C_out",
             "S = torch.Size(geo.out_shape[2:]).numel()  # pixels a channel plane",
             *check,
