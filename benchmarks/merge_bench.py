@@ -44,6 +44,14 @@ def merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def with_commit(report: dict[str, Any], path: Path, commits: list[tuple[str, ...]]) -> dict[str, Any]:
+    """The report, its `commit` set from the first (folder, sha) whose folder holds `path`, where it records none."""
+    if report.get("commit"):
+        return report
+    sha = next((c for folder, c in commits if Path(folder).resolve() in path.resolve().parents), None)
+    return report if sha is None else {**report, "commit": sha}
+
+
 def geomean(xs: list[float | None]) -> float | None:
     """The geometric mean of the measured values; None (JSON null, not NaN) when none was measured."""
     xs = [x for x in xs if x and x > 0 and not math.isnan(x)]
@@ -147,9 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("inputs", type=Path, nargs="+")
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--table", action="store_true", help="print a markdown table and the summary")
+    ap.add_argument("--commit", action="append", default=[], metavar="FOLDER=SHA",
+                    help="the commit a GPU call ran, for its files under FOLDER that record none (a device copy of the "
+                         "tree has no git metadata); repeatable")
     a = ap.parse_args(argv)
     try:
-        rep = merge([json.loads(p.read_text()) for p in a.inputs])
+        commits = [tuple(c.split("=", 1)) for c in a.commit]
+        if any(len(c) != 2 for c in commits):
+            raise ValueError(f"--commit takes FOLDER=SHA, got {a.commit}")
+        rep = merge([with_commit(json.loads(p.read_text()), p, commits) for p in a.inputs])
     except (OSError, ValueError, KeyError) as err:
         print(f"merge_bench: {err}", file=sys.stderr)
         return 2

@@ -5,7 +5,8 @@
 # Each file writes OUT/LEVEL-N.json (the contract checked on one draw set plus the extra shape: --trials 1), so a
 # call cut by the device's limit keeps every file it finished; no file is started once BUDGET seconds have passed.
 # Merge the calls' files with benchmarks/merge_bench.py. LEVEL (default level2), BASELINES (default
-# eager,eager_strict), PER_FILE (seconds, default 150).
+# eager,eager_strict), PER_FILE (seconds, default 150), COMMIT (the commit the caller sent, written into each JSON:
+# the device's copy of the tree has no git metadata).
 # The tuner's disk cache: TUNE_CACHE (default benchmarks/conv/h200-autotune.json), when it exists, seeds it, and the
 # call writes it back as OUT/autotune.json; put that file at TUNE_CACHE before the next call, and a kernel already
 # tuned at its geometry on this GPU kind (the key holds the GPU, the kernel's source hash and the shape) is not tuned
@@ -28,6 +29,10 @@ for n in ${NUMS:?NUMS: the problem numbers}; do
     timeout "${PER_FILE:-150}" python3 -m kfuse bench "$f" --baselines "${BASELINES:-eager,eager_strict}" --trials 1 \
         --json "$out/$level-$n.json" > "$out/$level-$n.log" 2>&1
     rc=$?
+    if [ -n "${COMMIT:-}" ] && [ -f "$out/$level-$n.json" ]; then  # the device's copy has no git metadata
+        python3 -c "import json, sys; p = sys.argv[1]; d = json.load(open(p)); d['commit'] = sys.argv[2]
+json.dump(d, open(p, 'w'), indent=2)" "$out/$level-$n.json" "$COMMIT"
+    fi
     # the verdict from the JSON (the log's table wraps long problem names)
     verdict=$(python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['results'][0]
 print('contract met' if r['correct'] else 'contract FAILED')" "$out/$level-$n.json" 2>/dev/null || echo "no JSON")

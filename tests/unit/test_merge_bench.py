@@ -83,3 +83,14 @@ def test_plot_draws_the_baselines_the_results_have(tmp_path, monkeypatch):
     assert labels == ["vs eager (torch's default flags)", "vs eager strict fp32"]
     title = titles[0]
     assert "abc1234" in title and "torch t" in title and "nan" not in title and "3.00x eager strict" in title
+
+
+def test_a_call_commit_is_set_by_folder(tmp_path):
+    a, b = tmp_path / "call1" / "a.json", tmp_path / "call2" / "b.json"
+    for path, rep in ((a, _rep("a", _res("p1"))), (b, _rep("b", _res("p2")))):
+        path.parent.mkdir()
+        path.write_text(json.dumps(rep))
+    out = tmp_path / "m.json"
+    assert mb.main([str(out), str(a), str(b), "--commit", f"{tmp_path / 'call1'}=abc1234"]) == 0
+    assert json.loads(out.read_text())["commit"] == "abc1234 ; unknown"
+    assert mb.main([str(out), str(a), "--commit", "nosha"]) == 2
