@@ -170,6 +170,39 @@ def _spatial_then_channels(n: Node, g: Graph) -> list[Node]:
     return [spatial, channels]
 
 
+def _literal(a: object, value: float) -> bool:
+    return isinstance(a, Scalar) and a.attr is None and a.value == value
+
+
+def _tanh_softplus_of(name: object, g: Graph) -> str | None:
+    """x where `name` is tanh(softplus(x)) at softplus's defaults (beta 1, threshold 20), each used only here."""
+    if not isinstance(name, str) or name in g.inputs or g.use_count(name) != 1:
+        return None
+    t = g.node(name)
+    if t.op != "tanh" or not isinstance(t.args[0], str) or t.args[0] in g.inputs or g.use_count(t.args[0]) != 1:
+        return None
+    s = g.node(t.args[0])
+    ok = s.op == "softplus" and _literal(s.args[1], 1.0) and _literal(s.args[2], 20.0) and isinstance(s.args[0], str)
+    return s.args[0] if ok else None
+
+
+def _mish_product(n: Node, g: Graph) -> bool:
+    """x * tanh(softplus(x)), either order (Mish written out)."""
+    if n.op != "mul" or len(n.args) != 2:
+        return False
+    a, b = n.args
+    return _tanh_softplus_of(a, g) == b or _tanh_softplus_of(b, g) == a
+
+
+def _mish(n: Node, g: Graph) -> Node:
+    """One mish node: ops.py's mish is x * n / (n + 2), n = e^x (e^x + 2): one exp and a division, where the written
+    form runs softplus's exp, log and divisions and then tanh's (and keeps their whole-tile temporaries live: on
+    sm_90 KernelBench level 2 52's eval kernel spilled 1092 bytes at 128 x 64)."""
+    a, b = n.args
+    x = b if _tanh_softplus_of(a, g) == b else a
+    return n.with_(op="mish", args=(x,), attrs={}, module=None, fx_code=f"torch.nn.functional.mish({x})")
+
+
 def _dropout_p0(n: Node, g: Graph) -> bool:
     return n.op == "dropout" and n.attrs.get("p") == 0.0 and isinstance(n.args[0], str)
 
@@ -261,6 +294,8 @@ RULES: list[Rule] = [
     Rule("mean-space-then-channels", "a mean over the channels and every spatial dim of a conv's or norm's output is "
          "the mean over the channels of the means over the spatial dims (equal counts): the conv kinds fuse the "
          "spatial mean", _mean_over_channels_and_space, _spatial_then_channels),
+    Rule("mish", "x * tanh(softplus(x)) at softplus's defaults is mish(x) (torch's own definition; past the threshold "
+         "both are x)", _mish_product, _mish),
     Rule("dropout-p0", "Dropout with p = 0 is the identity in training and eval mode",
          _dropout_p0, _identity),
     Rule("dropout-off", "F.dropout(x, p, training=False) is the identity", _dropout_off, _identity),

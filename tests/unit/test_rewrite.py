@@ -339,3 +339,31 @@ def test_matvec_rewrite_runs_as_torch_code():
     g, applied = rewrite(capture(model, [a, v]))
     assert "matvec->skinny" in applied and all(n.fx_code for n in g.nodes)
     torch.testing.assert_close(run_graph(g, model, [a, v]), model(a, v), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.multiply(torch.tanh(F.softplus(x)), x),  # KernelBench level 2 52's spelling
+    lambda x: x * torch.tanh(F.softplus(x, beta=1.0, threshold=20.0)),
+])
+def test_mish_written_out_is_one_node(fn):
+    class M(nn.Module):
+        def forward(self, x):
+            return fn(x)
+    model = M()
+    x = torch.randn(3, 4, 5, dtype=torch.float64) * 10.0  # some past softplus's threshold
+    g, applied = rewrite(capture(model, [x]))
+    assert "mish" in applied and [n.op for n in g.nodes] == ["mish"]
+    torch.testing.assert_close(run_graph(g, model, [x]), model(x), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x * torch.tanh(F.softplus(x, beta=2.0)),  # not softplus's defaults
+    lambda x: torch.relu(x) * torch.tanh(F.softplus(x)),  # another value times it
+    lambda x: (lambda t: (x * t, t))(torch.tanh(F.softplus(x))),  # the tanh read twice
+])
+def test_mish_rewrite_does_not_fire(fn):
+    class M(nn.Module):
+        def forward(self, x):
+            return fn(x)
+    _, applied = rewrite(capture(M(), [torch.randn(2, 3)]))
+    assert "mish" not in applied
