@@ -170,10 +170,6 @@ def _spatial_then_channels(n: Node, g: Graph) -> list[Node]:
     return [spatial, channels]
 
 
-def _literal(a: object, value: float) -> bool:
-    return isinstance(a, Scalar) and a.attr is None and a.value == value
-
-
 def _tanh_softplus_of(name: object, g: Graph) -> str | None:
     """x where `name` is tanh(softplus(x)) at softplus's defaults (beta 1, threshold 20), each used only here."""
     if not isinstance(name, str) or name in g.inputs or g.use_count(name) != 1:
@@ -182,7 +178,9 @@ def _tanh_softplus_of(name: object, g: Graph) -> str | None:
     if t.op != "tanh" or not isinstance(t.args[0], str) or t.args[0] in g.inputs or g.use_count(t.args[0]) != 1:
         return None
     s = g.node(t.args[0])
-    ok = s.op == "softplus" and _literal(s.args[1], 1.0) and _literal(s.args[2], 20.0) and isinstance(s.args[0], str)
+    beta, threshold = s.args[1:] if s.op == "softplus" else (None, None)
+    ok = (_is_literal(beta) and beta.value == 1.0 and _is_literal(threshold) and threshold.value == 20.0
+          and isinstance(s.args[0], str))
     return s.args[0] if ok else None
 
 

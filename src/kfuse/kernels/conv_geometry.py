@@ -113,6 +113,17 @@ def _triple(v, dims: int, fill: int, what: str) -> tuple[int, int, int]:
     return (fill,) * (3 - dims) + vals
 
 
+def stride1_padding(kernel: tuple[int, ...], stride, padding, output_padding, dilation) -> tuple[int, ...] | None:
+    """The padding of the convolution a ConvTranspose is at stride 1 without output padding: dilation * (K - 1) -
+    padding per spatial dim (output pixel o reads input o + padding - k * dilation for tap k); None for any other
+    geometry, or where that padding would be negative."""
+    dims = len(kernel)
+    st, pad, out_pad, dil = (_triple(v, dims, 0, what)[3 - dims:] for v, what in (
+        (stride, "stride"), (padding, "padding"), (output_padding, "output_padding"), (dilation, "dilation")))
+    pads = tuple(d * (k - 1) - p for d, k, p in zip(dil, kernel, pad))
+    return pads if all(s == 1 for s in st) and not any(out_pad) and min(pads) >= 0 else None
+
+
 def conv_pads(padding, kernel: tuple[int, ...], dilation: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(leading, trailing) zero padding per spatial dim. 'same': total dilation * (k - 1), the odd one out trailing,
     as torch pads; 'valid': none; ints or tuples: the same on both sides."""

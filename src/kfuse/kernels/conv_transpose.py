@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels.conv import ConvConfig, conv_config, conv_scheme, conv_tile, conv_tile_ids
+from kfuse.kernels.conv_geometry import stride1_padding
 from kfuse.kernels.conv_pack import cached_parts, pack_input, packed_channels
 from kfuse.kernels.conv_phases import TransposedGeometry, conv_transpose_geometry, phase_weight
 from kfuse.kernels.gemm_core import cdiv, split_weight
@@ -120,10 +121,6 @@ def conv_transpose_grid(geo: TransposedGeometry, cfg: ConvConfig) -> tuple[int, 
     return cdiv(geo.M, cfg.block_m) * cdiv(geo.COUT_G, cfg.block_n), geo.groups, geo.n_phases
 
 
-def _dims(v, dims: int) -> tuple[int, ...]:
-    return tuple(int(a) for a in v) if isinstance(v, (tuple, list)) else (int(v),) * dims
-
-
 def _as_conv_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
     """(C_in, C_out/g, K...) -> (C_out, C_in/g, K...), each group's block transposed, the taps reversed."""
     c_in, cout_g, *k = weight.shape
@@ -139,18 +136,17 @@ def transposed_as_conv(weight: torch.Tensor, stride, padding, output_padding, gr
     parameter's weight' is made once per version of it (conv_pack.cached_parts), a Parameter without gradient so that
     conv_plan caches its split on it too (the backward recomputes from the module's own weight)."""
     dims = weight.dim() - 2
-    st, pad, out_pad, dil = (_dims(v, dims) for v in (stride, padding, output_padding, dilation))
-    pads = tuple(d * (k - 1) - p for d, k, p in zip(dil, weight.shape[2:], pad))
-    if any(v != 1 for v in st) or any(out_pad) or min(pads) < 0:
+    pads = stride1_padding(tuple(weight.shape[2:]), stride, padding, output_padding, dilation)
+    if pads is None:
         raise ValueError(f"kfuse: this ModelNew runs its ConvTranspose as a stride-1 convolution, the geometry it was "
-                         f"generated for; now stride {st}, padding {pad}, output_padding {out_pad}: regenerate it "
-                         f"with `kfuse optimize`")
+                         f"generated for; now stride {stride}, padding {padding}, output_padding {output_padding}: "
+                         f"regenerate it with `kfuse optimize`")
     if isinstance(weight, torch.nn.Parameter):
         w = cached_parts(weight, "_kfuse_as_conv", (tensor_key(weight), groups),
                          lambda: torch.nn.Parameter(_as_conv_weight(weight, groups), requires_grad=False))
     else:
         w = _as_conv_weight(weight, groups)
-    return w, (1,) * dims, pads, dil, groups
+    return w, (1,) * dims, pads, dilation, groups
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -239,8 +239,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     by_name = {n.name: n for n in region.nodes}
     rets = ", ".join(buffer(v, p) if p.roles[v] in ("pre", "post") else
                      f"o_{v}.reshape({row_shape_code(by_name[v], anchor)})" for v in outputs)
-    plan = form.plan_line()
-    lines = ["x = x.contiguous()", *form.prelude, plan,
+    lines = [*form.head(),
              "P = geo.out_shape[0] * torch.Size(geo.out_shape[2:]).numel()  # output pixels",
              "C = geo.out_shape[1]",
              "T = geo.groups * cdiv(geo.COUT_G, cfg.block_n)  # column tiles over all groups",

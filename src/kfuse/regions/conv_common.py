@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass, replace
 
 from kfuse.ir import Arg, Graph, Node, Param, Region, Scalar
-from kfuse.kernels.conv_geometry import direct_k
-from kfuse.ops import CONV_OPS, TRANSPOSED_GEOMETRY, conv_geometry_code
+from kfuse.kernels.conv_geometry import direct_k, stride1_padding
+from kfuse.ops import CONV_OPS, TRANSPOSED_GEOMETRY, VIEW_OPS, conv_geometry_code
 from kfuse.regions.common import (
     Decl,
     KernelArgs,
@@ -100,20 +100,14 @@ AS_CONV_SWITCH = "KFUSE_TRANSPOSED_AS_CONV"  # "0" when a file is generated: eve
 def as_convolution(anchor: Node) -> bool:
     """Does a ConvTranspose run on the convolution tile as the convolution it is (stride 1, no output padding,
     padding at most dilation * (kernel - 1): the convolution's padding is the difference)? The phase tile runs the
-    same products through its phase table at negative dilation: at its best config it reached 239 TFLOP/s of fp16
-    work on KernelBench level 2 19's stride-1 ConvTranspose2d on an H200, where the convolution tile reaches 316-338
-    on plain convolutions (benchmarks/conv/NOTES.md). Not with KFUSE_TRANSPOSED_AS_CONV=0 (the A/B)."""
+    same products through its phase table at negative dilation; on an H200 the two ran KernelBench's 9 such files
+    measured at 0.92-1.04x of each other (benchmarks/conv/NOTES.md), and the kinds' plain forms fuse more (a windowed
+    pool in the tile, the ops after it). Not with KFUSE_TRANSPOSED_AS_CONV=0 (the A/B)."""
     if anchor.op != TRANSPOSED or os.environ.get(AS_CONV_SWITCH, "1") == "0":
         return False
-    kernel = anchor.args[1].shape[2:]
-    stride, pad, out_pad, dil = (per_dim(anchor.attrs[f], len(kernel))
-                                 for f in ("stride", "padding", "output_padding", "dilation"))
-    return (all(v == 1 for v in stride) and not any(out_pad)
-            and all(d * (k - 1) >= p for d, k, p in zip(dil, kernel, pad)))
-
-
-def per_dim(v: object, dims: int) -> tuple:
-    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * dims
+    a = anchor.attrs
+    return stride1_padding(tuple(anchor.args[1].shape[2:]), a["stride"], a["padding"], a["output_padding"],
+                           a["dilation"]) is not None
 
 
 def form_of(anchor: Node) -> ConvForm:
@@ -437,6 +431,21 @@ def is_global_mean(n: Node, g: Graph) -> bool:
 def per_sample_channel(shape: tuple[int, ...], pooled: tuple[int, ...]) -> bool:
     """(N, C) then unit dims only, N and C the global mean's."""
     return len(shape) >= 2 and shape[:2] == pooled[:2] and all(d == 1 for d in shape[2:])
+
+
+def joins_after_pool(members: list[Node], at: int, n: Node) -> bool:
+    """Does n join after the walk's pool or global mean (members[at])? Pointwise ops on its shape reading its values
+    and what follows it, numbers and per-channel parameters; after a global mean, whose values are one per (sample,
+    channel), ops and views that keep that (dropping or adding unit dims)."""
+    head = members[at]
+    readable = {m.name for m in members[at:]}
+    if head.op in WINDOWED:
+        shape_ok = n.shape == head.shape
+    else:
+        shape_ok = per_sample_channel(n.shape, head.shape)
+        if n.op in VIEW_OPS:
+            return shape_ok and n.args[0] in readable
+    return shape_ok and bool(n.value_args()) and pointwise_with(n, lambda a: channel_operand(a, n.shape, readable))
 
 
 def mean_outputs(outs: list[str], region: Region, values: list[str] | None = None) -> list[str]:

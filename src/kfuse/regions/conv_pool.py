@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 
 from kfuse.ir import Graph, Node, Region
-from kfuse.ops import VIEW_OPS
 from kfuse.regions.common import (
     KernelArgs,
     RegionCode,
@@ -48,16 +47,15 @@ from kfuse.regions.conv_common import (
     SAMPLE_ROWS,
     TILE_LAUNCH,
     WINDOWED,
-    channel_operand,
     conv_bias,
     conv_kernel,
     depthwise,
     form_of,
     geometry_code,
     is_global_mean,
+    joins_after_pool,
     mean_at,
     mean_outputs,
-    per_sample_channel,
     phase_tiled,
     pool_at,
     pool_code,
@@ -66,7 +64,7 @@ from kfuse.regions.conv_common import (
     tuned_launch,
     tuned_lines,
 )
-from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with
+from kfuse.regions.kind import RegionKind, Walk, numel
 from kfuse.regions.pool_pass import (
     POOL_PARAMS,
     POOL_SIZES,
@@ -373,16 +371,7 @@ class ConvPool(RegionKind):
             return (not phase_tiled(walk.anchor) and is_global_mean(n, walk.g)
                     and n.args[0] in {m.name for m in members[at:]} and walk.g.shape_of(n.args[0]) == members[at].shape
                     and read_only_inside(members[at:], n, walk.g))
-        head = members[at if m_at is None else m_at]
-        readable = {m.name for m in members[members.index(head):]}
-        if head.op in WINDOWED:
-            shape_ok = n.shape == head.shape
-        else:  # a global mean's values are one per (sample, channel): views that drop or add unit dims keep them
-            shape_ok = per_sample_channel(n.shape, head.shape)
-            if n.op in VIEW_OPS:
-                return shape_ok and n.args[0] in readable
-        return shape_ok and bool(n.value_args()) and pointwise_with(
-            n, lambda a: channel_operand(a, n.shape, readable))
+        return joins_after_pool(members, at if m_at is None else m_at, n)
 
     def generate(self, region: Region, g: Graph, stem: str) -> RegionCode:
         return generate(region, g, stem)

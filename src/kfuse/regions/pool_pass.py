@@ -14,18 +14,16 @@ from __future__ import annotations
 from typing import ClassVar
 
 from kfuse.ir import Graph, Node, Scalar
-from kfuse.ops import VIEW_OPS
 from kfuse.regions.common import KernelArgs, call, constexpr, docstring, plain, pointwise_lines, signature, var
 from kfuse.regions.conv_common import (
     MEANS,
     WINDOWED,
-    channel_operand,
     is_global_mean,
     is_max,
     joins_after_norm,
-    per_sample_channel,
+    joins_after_pool,
 )
-from kfuse.regions.kind import RegionKind, Walk, numel, pointwise_with, same_tile
+from kfuse.regions.kind import RegionKind, Walk, numel, same_tile
 
 POOL_SIZES = plain("PM", "QD", "QH", "QW", "PKD", "PKH", "PKW", "PSD", "PSH", "PSW", "PPD", "PPH", "PPW", "PDD", "PDH",
                    "PDW", "DIVISOR")
@@ -67,16 +65,7 @@ def joins_norm_then_pool(walk: Walk, n: Node, norm_ops: tuple[str, ...], norm_in
     members, g = walk.members, walk.g
     p_at = window_at(members)
     if p_at is not None:
-        head = members[p_at]
-        readable = {m.name for m in members[p_at:]}
-        if head.op in WINDOWED:
-            shape_ok = n.shape == head.shape
-        else:  # one value per (sample, channel)
-            shape_ok = per_sample_channel(n.shape, head.shape)
-            if n.op in VIEW_OPS:
-                return shape_ok and n.args[0] in readable
-        return shape_ok and bool(n.value_args()) and pointwise_with(
-            n, lambda a: channel_operand(a, n.shape, readable))
+        return joins_after_pool(members, p_at, n)
     if joins_after_norm(walk, n, norm_ops, norm_input):
         return True
     last = members[-1]
