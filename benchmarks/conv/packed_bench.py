@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,12 +39,22 @@ def configs(geo: cv.ConvGeometry) -> list[cv.ConvConfig]:
     default = cv.conv_config(geo, "fp16x3p", False)
     bn = default.block_n
     out = [default]
-    for m, n, k, w, s in ((128, bn, 32, 8, 3), (64, bn, 32, 8, 3), (128, bn, 16, 8, 4), (128, min(bn, 64), 32, 4, 3),
-                          (64, min(bn, 64), 32, 4, 4), (64, bn, 64, 4, 3), (128, bn, 64, 8, 3)):
+    few = os.environ.get("PACKED_CONFIGS") == "few"  # the default, the 8-warp 128 x 128 x 64 and the Gluon tile's
+    tiles = ((128, bn, 32, 8, 3), (64, bn, 32, 8, 3), (128, bn, 16, 8, 4), (128, min(bn, 64), 32, 4, 3),
+             (64, min(bn, 64), 32, 4, 4), (64, bn, 64, 4, 3), (128, bn, 64, 8, 3))
+    for m, n, k, w, s in tiles[-1:] if few else tiles:
         cfg = cv.ConvConfig(m, n, cv.k_block(geo, k), w, s)
         if cfg not in out:
             out.append(cfg)
+    if cv.wide_ok(torch.empty(0, device="cuda"), geo, "fp16x3p"):  # the Gluon tile (kernels/conv_sm90.py)
+        out += cv.conv_candidates(geo, cv.sm90_config(geo), "fp16x3p")
     return out
+
+
+def operands(x, w, args, cfg):
+    """conv_plan's operands for cfg: wide rows (the padded pack) for an sm90 config."""
+    cv.SM90_ON = cfg.sm90
+    return cv.conv_plan(x, w, *args)
 
 
 def bench_file(path: Path) -> dict:
@@ -64,13 +75,14 @@ def bench_file(path: Path) -> dict:
         rec["eager_strict_ms"] = do_bench(eager)
         rec["eager_strict_err"] = (eager()[:k].double() - ref).abs().max().item()
         torch.backends.cudnn.allow_tf32 = True
-        geo_, scheme, _, ops, sizes = cv.conv_plan(x, w, *args)
         rec["pack_ms"] = do_bench(lambda: cv.pack_input(x, geo.groups, True))
+        rec["pack_wide_ms"] = do_bench(lambda: cv.pack_input(x, geo.groups, True, geo.wide_pad()))
         out = torch.empty(geo.out_shape, device=x.device)
         rec["configs"] = []
         for cfg in configs(geo):
             row = {"config": cfg.short()}
             try:
+                _, scheme, _, ops, sizes = operands(x, w, args, cfg)
                 t0 = time.perf_counter()
                 y = cv.conv_forward(x, w, b, *args, cfg=cfg)
                 torch.cuda.synchronize()
@@ -79,10 +91,10 @@ def bench_file(path: Path) -> dict:
                 row["total_ms"] = do_bench(lambda: cv.conv_forward(x, w, b, *args, cfg=cfg))
 
                 def kernel_only():
-                    cv.conv_bias_kernel[cv.conv_grid(geo, cfg)](
+                    cv.pick_conv(cv.conv_bias_kernel, cv.conv_bias_kernel_sm90, cfg)[cv.conv_grid(geo, cfg)](
                         *ops, b if b is not None else out, out, *sizes, HAS_BIAS=b is not None, BLOCK_M=cfg.block_m,
-                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme, num_warps=cfg.num_warps,
-                        num_stages=cfg.num_stages)
+                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme, DENSE=geo.dense,
+                        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cv.conv_options(cfg))
                 row["kernel_ms"] = do_bench(kernel_only)
                 row["kernel_tflops_fp16"] = round(3 * flops / row["kernel_ms"] / 1e9, 1)
             except Exception as e:  # a config that does not compile or run: recorded, the others go on

@@ -31,6 +31,7 @@ MODULES: Modules = (
     ("kernels/conv_geometry", "convolutions: the geometry"),
     ("kernels/conv_pack", "convolutions: the packed operands"),
     ("kernels/conv_direct", "convolutions of few channels a group: the direct loop"),
+    ("kernels/conv_sm90", "convolutions: the tile on Hopper, in Gluon"),
     ("kernels/conv", "convolutions: the implicit-GEMM tile"),
     ("kernels/conv_phases", "transposed convolutions: the stride phases"),
     ("kernels/conv_transpose", "transposed convolutions: the stride-phase tile"),

@@ -62,7 +62,7 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels.conv_direct import conv_direct_at
-from kfuse.kernels.conv_geometry import DIRECT_FP64, ConvGeometry, conv_geometry
+from kfuse.kernels.conv_geometry import DIRECT_FP64, SM90_ON, ConvGeometry, conv_geometry
 from kfuse.kernels.conv_pack import (
     DENSE_K_ALIGN,
     INTERPRETER_ELEMENTS,
@@ -74,8 +74,17 @@ from kfuse.kernels.conv_pack import (
     packed_record,
     weight_parts,
 )
-from kfuse.kernels.gemm_core import _pow2_inv, cdiv
-from kfuse.kernels.runtime import GEMM_SCHEME, SETTINGS, TUNER, _kernel_hash, _kernel_name, scheme_for
+from kfuse.kernels.conv_sm90 import (
+    conv_sm90_loader,
+    conv_sm90_plan,
+    conv_sm90_scaled,
+    conv_sm90_setup,
+    conv_sm90_tile_ids,
+    wide_rows,
+)
+from kfuse.kernels.gemm_core import _num_sms, _pow2_inv, cdiv, ensure_tma_allocator
+from kfuse.kernels.gemm_sm90 import gl, sm90_jit, sm90_tile_mma
+from kfuse.kernels.runtime import GEMM_SCHEME, SETTINGS, TUNER, _kernel_hash, _kernel_name, scheme_for, sm90_ok
 
 # ----------------------------------------------------------------------------------------------------------------
 # the scheme and the operands (packed by kernels/conv_pack.py)
@@ -106,30 +115,53 @@ def direct_operands(x: torch.Tensor, weight: torch.Tensor) -> tuple:
     return x, w2, w2, x, x, w2.stride(0)
 
 
+def wide_ok(x: torch.Tensor, geo: ConvGeometry, scheme: str) -> bool:
+    """Whether the convolution runs kernels/conv_sm90.py's Gluon tile (wide rows): a Hopper GPU with Gluon
+    (runtime.sm90_ok), "fp16x3p", stride 1, the packed (not dense, not direct) tile with groups of more than 16
+    channels (SM90_MIN_CP), the padded input's rows addressable by TMA's 32-bit coordinates; KFUSE_CONV_SM90=0
+    turns it off."""
+    return (SM90_ON and scheme == "fp16x3p" and geo.stride1 and not geo.dense and not geo.direct
+            and packed_channels(geo.CIN_G) >= SM90_MIN_CP and 0 < geo.wide_pixels < 2 ** 31 and sm90_ok(x))
+
+
+# A group of 16 packed channels or fewer (CP = 16: 8-channel groups, say) makes 16-deep K blocks, a 32-byte row per
+# TMA box: on an H200 the Gluon tile (one tile a block) took 1.5 ms on level 2 problem 57's convolution where the
+# Triton tile took 0.81 (benchmarks/conv/NOTES.md, "The convolution tile in Gluon"); such groups keep the Triton tile.
+SM90_MIN_CP = 32
+
+
 def conv_operands(x: torch.Tensor, weight: torch.Tensor, geo: ConvGeometry, scheme: str,
-                  cached: bool = True) -> tuple:
+                  cached: bool = True, wide: bool = False) -> tuple:
     """(x, w, w_lo, w_scale, x_scale, stride_wn): what conv_tile reads under `scheme`, packed (pack_input, or
     pack_im2col for dense K; weight_parts: the weight's parts cached for a parameter). Unused pointers repeat x.
-    The direct tile reads x and the weight as they are (direct_operands)."""
+    The direct tile reads x and the weight as they are (direct_operands). `wide`: x packed on the padded grid of
+    kernels/conv_sm90.py's wide rows."""
     if scheme in DIRECT_SCHEMES:
         return direct_operands(x, weight)
     split, dense = scheme == "fp16x3p", geo.dense
-    xp, x_scale = pack_im2col(x, geo, split) if dense else pack_input(x, geo.groups, split)
+    if dense:
+        xp, x_scale = pack_im2col(x, geo, split)
+    else:
+        xp, x_scale = pack_input(x, geo.groups, split, geo.wide_pad() if wide else None)
     w, w_lo, w_scale, stride_wn = (cached_conv_weight(weight, scheme, dense) if cached
                                    else weight_parts(weight, scheme, dense))
     return xp, w, w_lo, w_scale, xp if x_scale is None else x_scale, stride_wn
 
 
 def conv_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int,
-              scheme: str | None = None, direct: bool = True) -> tuple:
+              scheme: str | None = None, direct: bool = True, sm90: bool = False) -> tuple:
     """(geo, scheme, cfg, ops, sizes) for one launch of a conv_tile kernel on contiguous x: its geometry, scheme
     (conv_scheme unless given; `direct=False`: never the direct tile), tile config (conv_config), operand tensors and
     size arguments (conv_tile's order). A parameter's packed weight is cached (cached_conv_weight); any other weight
-    is packed on every call."""
+    is packed on every call. `sm90`: the caller has a Hopper twin (kernels/conv_sm90.py's tile on wide rows), taken
+    where wide_ok holds: the config is then an sm90 one and x is packed on the padded grid."""
     geo = conv_geometry(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
     scheme = scheme or conv_scheme(x, geo if direct else None)
-    cfg = conv_config(geo, scheme, SETTINGS.interpret)
-    *ops, stride_wn = conv_operands(x, weight, geo, scheme, cached=isinstance(weight, torch.nn.Parameter))
+    wide = sm90 and wide_ok(x, geo, scheme)
+    if wide:
+        ensure_tma_allocator()  # the Gluon tile makes its TMA descriptors on the device
+    cfg = sm90_config(geo) if wide else conv_config(geo, scheme, SETTINGS.interpret)
+    *ops, stride_wn = conv_operands(x, weight, geo, scheme, cached=isinstance(weight, torch.nn.Parameter), wide=wide)
     return geo, scheme, cfg, tuple(ops), (stride_wn, *geo.args())
 
 
@@ -143,9 +175,11 @@ class ConvConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    sm90: bool = False  # kernels/conv_sm90.py's Gluon tile on wide rows (num_stages: its STAGES)
 
     def short(self) -> str:
-        return f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}_s{self.num_stages}"
+        return f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}_s{self.num_stages}" + (
+            "_sm90" if self.sm90 else "")
 
 
 def k_block(geo: ConvGeometry, cap: int) -> int:
@@ -183,6 +217,39 @@ def direct_config(geo: ConvGeometry, interpret: bool) -> ConvConfig:
     return ConvConfig(max(8192 // block_n, 64), block_n, 16, 4, 1)
 
 
+def sm90_config(geo: ConvGeometry) -> ConvConfig:
+    """The Gluon tile's default (kernels/conv_sm90.py): 128 rows over 8 consumer warps, the group's channels up to
+    128, K blocks of up to 64 channels of a tap; stages as many as fit one block per SM (SM90_SMEM)."""
+    return _sm90_tile(geo, 128, 128, 64, 8)
+
+
+SM90_SMEM = 200 * 1024  # the stages' bytes (the SM's 227 KB, less the epilogue's layout change and barriers)
+
+
+def _sm90_tile(geo: ConvGeometry, rows: int, cols: int, depth: int, warps: int) -> ConvConfig:
+    block_n = min(max(triton.next_power_of_2(geo.COUT_G), 16), cols)
+    block_k = k_block(geo, depth)
+    stage = 2 * 2 * (rows + block_n) * block_k  # hi and lo fp16 blocks of both operands
+    return ConvConfig(rows, block_n, block_k, warps, max(2, min(4, SM90_SMEM // stage)), sm90=True)
+
+
+# The Gluon tile's (rows, columns, K depth, warps) the tuner tries besides sm90_config's.
+SM90_TUNE_TILES = ((128, 64, 64, 8), (64, 128, 64, 4), (128, 128, 32, 8))
+
+
+def conv_options(cfg: ConvConfig) -> dict:
+    """A launch's extra arguments for cfg: the Gluon tile's stages and register cap (gemm_core.sm90_maxnreg's rule:
+    the consumer warps and the producer's group of 4 share the SM's registers)."""
+    if not cfg.sm90:
+        return {}
+    return {"STAGES": cfg.num_stages, "maxnreg": min(65536 // ((cfg.num_warps + 4) * 32) // 8 * 8, 248)}
+
+
+def pick_conv(kernel, kernel_sm90, cfg: ConvConfig):
+    """The kernel a config runs: the Gluon twin for sm90 configs."""
+    return kernel_sm90 if cfg.sm90 else kernel
+
+
 # Tiles the tuner tries besides conv_config's: (rows, columns, K block, warps, stages). Measured on an H100 (the
 # packed tile alone, benchmarks/conv/NOTES.md "The packed tile"): 128-row tiles at 4 warps won where a group has 64
 # channels or fewer (level 2 problems 67 and 23: 28% and 21% under the default), the 8-warp 128 x 128 x 64 tile on a
@@ -205,6 +272,12 @@ def conv_candidates(geo: ConvGeometry, default: ConvConfig, scheme: str = "",
     if same_columns:
         return [c for c in conv_candidates(geo, default, scheme) if c.block_n == default.block_n]
     out = [default]
+    if default.sm90:
+        for tile in SM90_TUNE_TILES:
+            cfg = _sm90_tile(geo, *tile)
+            if cfg not in out:
+                out.append(cfg)
+        return out
     if scheme in DIRECT_SCHEMES:
         for m, warps in DIRECT_TUNE_TILES:
             cfg = ConvConfig(m, default.block_n, default.block_k, warps, 1)
@@ -241,7 +314,11 @@ _CONV_CONFIGS: dict = {}  # (kernel, geometry, scheme, dtype, device) -> config:
 
 
 def conv_grid(geo: ConvGeometry, cfg: ConvConfig) -> tuple[int, int]:
-    """(row tiles x column tiles of a group, groups)."""
+    """(row tiles x column tiles of a group, groups); an sm90 config's: its blocks, one per SM at most, walking the
+    groups' tiles of wide rows (kernels/conv_sm90.py)."""
+    if cfg.sm90:
+        tiles = cdiv(geo.wide_pixels, cfg.block_m) * cdiv(geo.COUT_G, cfg.block_n) * geo.groups
+        return min(tiles, _num_sms(torch.device("cuda"))), 1
     return cdiv(geo.M, cfg.block_m) * cdiv(geo.COUT_G, cfg.block_n), geo.groups
 
 
@@ -402,12 +479,58 @@ def store_with_bias(acc, bias_ptr, out_ptr, pid_m, pid_n, g, M, OD, OH, OW, C_ou
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """A plain convolution tile's epilogue (the standalone kernels'): + bias where given, stored NC(D)HW."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    store_with_bias_at(acc, bias_ptr, out_ptr, offs_m, offs_m < M, pid_n * BLOCK_N + tl.arange(0, BLOCK_N), g, OD,
+                       OH, OW, C_out, COUT_G, HAS_BIAS)
+
+
+@triton.jit
+def store_with_bias_at(acc, bias_ptr, out_ptr, offs_m, mask_m, offs_c, g, OD, OH, OW, C_out, COUT_G,
+                       HAS_BIAS: tl.constexpr):
+    """acc (+ bias) stored NC(D)HW at output pixels offs_m where mask_m, channels g * COUT_G + offs_c."""
     offs_n = g * COUT_G + offs_c
-    mask = (offs_m < M)[:, None] & (offs_c < COUT_G)[None, :]
+    mask_n = offs_c < COUT_G
     if HAS_BIAS:
-        acc = acc + tl.load(bias_ptr + offs_n, mask=offs_c < COUT_G, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + conv_out_offsets(offs_m, offs_n, OD, OH, OW, C_out), acc, mask=mask)
+        acc = acc + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + conv_out_offsets(offs_m, offs_n, OD, OH, OW, C_out), acc, mask=mask_m[:, None] & mask_n[None, :])
+
+
+@sm90_jit
+def conv_bias_tiles_sm90(st, x_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, M, C_in, OD, OH, OW, C_out, CIN_G, COUT_G,
+                         KD, KH, KW, DD, DH, DW, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, STAGES: tl.constexpr, CHUNK: tl.constexpr):
+    """conv_bias_kernel_sm90's consumer warps: each of the block's tiles (kernels/conv_sm90.py's order), its K loop
+    (gemm_sm90.sm90_tile_mma), then its epilogue on the accumulator's layout while the producer loads the next."""
+    N, Dp, Hp, Wp, CP, NCB, n_k, row_tiles, col_tiles = conv_sm90_plan(
+        M, C_in, OD, OH, OW, CIN_G, COUT_G, KD, KH, KW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K)
+    i = 0
+    for tile in range(tl.program_id(0), row_tiles * col_tiles * (C_in // CIN_G), tl.num_programs(0)):
+        pid_m, pid_n, g = conv_sm90_tile_ids(tile, row_tiles, col_tiles)
+        acc = sm90_tile_mma(st, i, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK)
+        acc = conv_sm90_scaled(acc, x_scale_ptr, w_scale_ptr, pid_m, pid_n, g, N, Dp * Hp * Wp, COUT_G, BLOCK_M,
+                               BLOCK_N)
+        offs_m, mask_m = wide_rows(pid_m * BLOCK_M + gl.arange(0, BLOCK_M), N, OD, OH, OW, Dp, Hp, Wp)
+        store_with_bias_at(acc, bias_ptr, out_ptr, offs_m, mask_m, pid_n * BLOCK_N + gl.arange(0, BLOCK_N), g, OD,
+                           OH, OW, C_out, COUT_G, HAS_BIAS)
+        i += n_k
+
+
+@sm90_jit
+def conv_bias_kernel_sm90(x_ptr, w_ptr, w_lo_ptr, w_scale_ptr, x_scale_ptr, bias_ptr, out_ptr, stride_wn,
+                          M, C_in, D, H, W, OD, OH, OW, C_out, CIN_G, COUT_G, KD, KH, KW, SD, SH, SW, PD, PH, PW,
+                          DD, DH, DW, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, SCHEME: tl.constexpr, DENSE: tl.constexpr,
+                          STAGES: tl.constexpr = 3, CHUNK: tl.constexpr = 4):
+    """conv_bias_kernel (its parameters) on kernels/conv_sm90.py's tile over wide rows, x packed on the padded grid
+    (conv_operands with `wide`): a persistent grid (conv_grid of an sm90 config), a producer warp loading, the
+    consumer warps computing and storing."""
+    st = conv_sm90_setup(x_ptr, w_ptr, w_lo_ptr, stride_wn, M, C_in, OD, OH, OW, C_out, CIN_G, KD, KH, KW, DD, DH,
+                         DW, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+    gl.warp_specialize([
+        (conv_bias_tiles_sm90, (st, x_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, M, C_in, OD, OH, OW, C_out, CIN_G,
+                                COUT_G, KD, KH, KW, DD, DH, DW, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CHUNK)),
+        (conv_sm90_loader, (st, M, OD, OH, OW, C_in, CIN_G, COUT_G, KD, KH, KW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K,
+                            STAGES)),
+    ], [1], [24])
 
 
 def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1, padding=0,
@@ -415,14 +538,17 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """conv{1,2,3}d(x, weight, bias, stride, padding, dilation, groups) by conv_bias_kernel; no autograd.
     `scheme`: None for this file's (conv_scheme); `cfg`: None for conv_config's."""
     x = x.contiguous()
-    geo, scheme, default_cfg, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups, scheme)
+    geo, scheme, default_cfg, ops, sizes = conv_plan(x, weight, stride, padding, dilation, groups, scheme, sm90=True)
     cfg = cfg or default_cfg
+    if cfg.sm90 != default_cfg.sm90:
+        raise ValueError(f"conv_forward: config {cfg.short()} for {'wide' if default_cfg.sm90 else 'packed'} operands")
     out = torch.empty(geo.out_shape, device=x.device, dtype=x.dtype)
     if geo.M:
-        conv_bias_kernel[conv_grid(geo, cfg)](*ops, out if bias is None else bias, out, *sizes,
-                                              HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                                              BLOCK_K=cfg.block_k, SCHEME=scheme, DENSE=geo.dense,
-                                              num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        kernel = pick_conv(conv_bias_kernel, conv_bias_kernel_sm90, cfg)
+        kernel[conv_grid(geo, cfg)](*ops, out if bias is None else bias, out, *sizes, HAS_BIAS=bias is not None,
+                                    BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme,
+                                    DENSE=geo.dense, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                                    **conv_options(cfg))
     return out
 
 

@@ -45,6 +45,8 @@ DIRECT_WORK = 512
 # comes first: it is the explicit choice.
 DIRECT_ON = os.environ.get("KFUSE_CONV_DIRECT", "1") != "0"
 DIRECT_FP64 = os.environ.get("KFUSE_CONV_DIRECT", "1") == "64"
+# stride-1 convolutions on a Hopper GPU run kernels/conv_sm90.py's Gluon tile unless KFUSE_CONV_SM90=0
+SM90_ON = os.environ.get("KFUSE_CONV_SM90", "1") != "0"
 
 
 def direct_k(cin_g: int, cout_g: int) -> bool:
@@ -96,6 +98,22 @@ class ConvGeometry:
     def dense(self) -> bool:
         """Whether the tile runs dense K (dense_k): a group's few channels packed as im2col rows (conv_pack)."""
         return dense_k(self.CIN_G)
+
+    @property
+    def stride1(self) -> bool:
+        return self.SD == self.SH == self.SW == 1
+
+    @property
+    def wide_pixels(self) -> int:
+        """The padded input's pixels at stride 1 (kernels/conv_sm90.py's wide rows): N * Dp * Hp * Wp."""
+        n = self.M // (self.OD * self.OH * self.OW) if self.M else 0
+        return (n * (self.OD + self.DD * (self.KD - 1)) * (self.OH + self.DH * (self.KH - 1))
+                * (self.OW + self.DW * (self.KW - 1)))
+
+    def wide_pad(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """pack_input's `pad` for wide rows: the leading padding and the padded input's dims (Dp, Hp, Wp)."""
+        return ((self.PD, self.PH, self.PW), (self.OD + self.DD * (self.KD - 1), self.OH + self.DH * (self.KH - 1),
+                                              self.OW + self.DW * (self.KW - 1)))
 
     @property
     def direct(self) -> bool:

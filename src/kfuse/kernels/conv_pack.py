@@ -94,20 +94,27 @@ def conv_x_scales(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def conv_pack_kernel(x_ptr, scale_ptr, out_ptr, P, C_in, CIN_G, S, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr,
-                     BLOCK_C: tl.constexpr):
-    """x (N, C_in, S) -> the packed input (pack_input). Program (pixel block, group, channel block): reads
-    coalesced along the pixels, writes along the channels."""
+def conv_pack_kernel(x_ptr, scale_ptr, out_ptr, P, C_in, CIN_G, D, H, W, Dp, Hp, Wp, PD, PH, PW,
+                     SPLIT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """x (N, C_in, D, H, W) -> the packed input (pack_input) of P = N * Dp * Hp * Wp pixels: x's pixels at
+    (d + PD, h + PH, w + PW) of a (Dp, Hp, Wp) grid, zeros elsewhere (Dp = D and PD = 0 and so on: no padding).
+    Program (pixel block, group, channel block): reads coalesced along the pixels, writes along the channels."""
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     g = tl.program_id(1)
     offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     CP = tl.cdiv(CIN_G, PACK) * PACK
     REC = packed_record(CP, SPLIT)
     mask_p = offs_p < P
-    n = offs_p // S
-    src = (n.to(tl.int64) * C_in + g * CIN_G) * S + offs_p % S
-    v = tl.load(x_ptr + src[:, None] + offs_c[None, :].to(tl.int64) * S,
-                mask=mask_p[:, None] & (offs_c < CIN_G)[None, :], other=0.0).to(tl.float32)
+    w = offs_p % Wp - PW
+    t = offs_p // Wp
+    h = t % Hp - PH
+    t = t // Hp
+    d = t % Dp - PD
+    n = t // Dp
+    inside = mask_p & (w >= 0) & (w < W) & (h >= 0) & (h < H) & (d >= 0) & (d < D)
+    src = (n.to(tl.int64) * C_in + g * CIN_G) * (D * H * W) + (d * H + h) * W + w
+    v = tl.load(x_ptr + src[:, None] + offs_c[None, :].to(tl.int64) * (D * H * W),
+                mask=inside[:, None] & (offs_c < CIN_G)[None, :], other=0.0).to(tl.float32)
     dst = out_ptr + (offs_p.to(tl.int64) * (C_in // CIN_G) + g)[:, None] * REC + offs_c[None, :]
     mask = mask_p[:, None] & (offs_c < CP)[None, :]
     store_record(dst, v, CP, mask, scale_ptr, n, mask_p, SPLIT)
@@ -191,12 +198,19 @@ def pack_im2col(x: torch.Tensor, geo: ConvGeometry, split: bool) -> tuple[torch.
     return out, scale
 
 
-def pack_input(x: torch.Tensor, groups: int, split: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def pack_input(x: torch.Tensor, groups: int, split: bool,
+               pad: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(packed x, per-sample scales or None): x (N, C_in, D, H, W) as (N, D, H, W, groups, record), a record the
     group's CP channels (zeros past CIN_G), so each pixel's channels are contiguous. On `split` ("fp16x3p") a
     record is the fp16 hi parts of x * s[n] (conv_x_scales) then the lo parts (4 bytes an element, as x's fp32),
-    else x's fp32 values. Cost: one read of x (two with the scales), one write."""
-    n, c_in, s = x.shape[0], x.shape[1], x[0, 0].numel()
+    else x's fp32 values. `pad` = ((PD, PH, PW), (Dp, Hp, Wp)): the pixels laid out on a (Dp, Hp, Wp) grid at
+    offset (PD, PH, PW), zero records around them (kernels/conv_sm90.py's wide rows). Cost: one read of x (two
+    with the scales), one write."""
+    n, c_in = x.shape[:2]
+    dims = (1,) * (5 - x.dim()) + tuple(x.shape[2:])
+    lead, grid = pad or ((0, 0, 0), dims)
+    s = grid[0] * grid[1] * grid[2]
     cin_g = c_in // groups
     cp = packed_channels(cin_g)
     out, scale = packed_buffer(x, n * s * groups * cp, split)
@@ -204,6 +218,6 @@ def pack_input(x: torch.Tensor, groups: int, split: bool) -> tuple[torch.Tensor,
     block_p = pack_rows(n * s, block_c)
     if out.numel():
         conv_pack_kernel[(cdiv(n * s, block_p), groups, cdiv(cp, block_c))](
-            x, out if scale is None else scale, out, n * s, c_in, cin_g, s, SPLIT=split, BLOCK_P=block_p,
-            BLOCK_C=block_c)
+            x, out if scale is None else scale, out, n * s, c_in, cin_g, *dims, *grid, *lead, SPLIT=split,
+            BLOCK_P=block_p, BLOCK_C=block_c)
     return out, scale

@@ -70,6 +70,16 @@ def sm90_setup(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, M, N, K, stride_am, stride_bn, 
     a_lo_desc = tma.make_tensor_descriptor(a_lo_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K], a_sl)
     b_desc = tma.make_tensor_descriptor(b_ptr, [N, K], [stride_bn, 1], [BLOCK_N, BLOCK_K], b_sl)
     b_lo_desc = tma.make_tensor_descriptor(b_lo_ptr, [N, K], [stride_bn, 1], [BLOCK_N, BLOCK_K], b_sl)
+    a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty = sm90_buffers(BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+    return (a_desc, a_lo_desc, b_desc, b_lo_desc, a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty)
+
+
+@sm90_jit
+def sm90_buffers(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """(a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty): STAGES shared-memory stages of the four operand blocks and
+    their mbarriers (a stage is ready once loaded, empty once consumed)."""
+    a_sl: tl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float16)
+    b_sl: tl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.float16)
     a_hi_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_M, BLOCK_K], a_sl)
     a_lo_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_M, BLOCK_K], a_sl)
     b_hi_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, BLOCK_K], b_sl)
@@ -79,7 +89,7 @@ def sm90_setup(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, M, N, K, stride_am, stride_bn, 
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    return (a_desc, a_lo_desc, b_desc, b_lo_desc, a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty)
+    return a_hi_s, a_lo_s, b_hi_s, b_lo_s, ready, empty
 
 
 @sm90_jit

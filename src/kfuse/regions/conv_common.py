@@ -23,6 +23,7 @@ from kfuse.regions.common import (
     signature,
     var,
 )
+from kfuse.regions.conv_twin import conv_twin, epilogue_call, epilogue_fn, twin_ok
 from kfuse.regions.kind import Walk, numel, pointwise_with
 
 TRANSPOSED = "conv_transpose"  # capture's op for ConvTranspose1d/2d/3d and F.conv_transpose1d/2d/3d
@@ -46,13 +47,15 @@ class ConvForm:
     prelude: tuple[str, ...] = ()  # launcher lines before the plan (they may rebind the weight and the geometry)
     plan_args: tuple[str, ...] = ()  # the geometry the plan takes, when not `geometry`
 
-    def plan_line(self) -> str:
-        """The launcher's line calling the plan (after `prelude`)."""
-        return f"geo, scheme, cfg, ops, sizes = {self.plan}(x, weight, {', '.join(self.plan_args or self.geometry)})"
+    def plan_line(self, sm90: bool = False) -> str:
+        """The launcher's line calling the plan (after `prelude`); `sm90`: the kernel has a Hopper twin, which the
+        plan may pick (kernels/conv.py conv_plan)."""
+        args = ", ".join([*(self.plan_args or self.geometry), *(["sm90=True"] if sm90 else [])])
+        return f"geo, scheme, cfg, ops, sizes = {self.plan}(x, weight, {args})"
 
-    def head(self) -> list[str]:
+    def head(self, sm90: bool = False) -> list[str]:
         """The launcher's first lines: x contiguous, the prelude, the plan."""
-        return ["x = x.contiguous()", *self.prelude, self.plan_line()]
+        return ["x = x.contiguous()", *self.prelude, self.plan_line(sm90)]
 
 
 _TILE = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "SCHEME"]
@@ -259,10 +262,18 @@ SAMPLE_ROWS = {
 def tile_lines(form: ConvForm) -> list[str]:
     """Kernel lines: the tile's accumulator, its pixel and channel offsets and masks (the names KernelArgs' vector
     loads read: offs_n, mask_n), and the output offsets."""
-    return ["pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)",
-            *form.tile,
-            "offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # channels within group g",
-            "offs_n = g * COUT_G + offs_c  # the output channels",
+    return [*tile_head(form), *offset_lines(form)]
+
+
+def tile_head(form: ConvForm) -> list[str]:
+    """The tile's ids, accumulator `acc`, rows (offs_m, mask_m) and channels within the group (offs_c)."""
+    return ["pid_m, pid_n, g = conv_tile_ids(COUT_G, BLOCK_N)", *form.tile,
+            "offs_c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # channels within group g"]
+
+
+def offset_lines(form: ConvForm) -> list[str]:
+    """From the tile's rows and channels: the output channels, masks and offsets."""
+    return ["offs_n = g * COUT_G + offs_c  # the output channels",
             "mask_n = offs_c < COUT_G",
             "mask = mask_m[:, None] & mask_n[None, :]",
             form.out_offs]
@@ -302,26 +313,40 @@ def pixel_launch(kernel: str, args: list[str], sizes: list[str]) -> list[str]:
 
 
 def conv_kernel(form: ConvForm, name: str, doc: str, outs: list[str], args: KernelArgs, body: list[str],
-                extra: tuple[str, ...] = ()) -> str:
+                extra: tuple[str, ...] = (), sm90: bool = False) -> str:
     """`<name>_kernel`: the tile, the epilogue's loads, then `body`; its parameters the tile's operands, the `outs`
-    pointers, the `extra` sizes, the epilogue's operands, the tile's sizes and constexprs."""
+    pointers, the `extra` sizes, the epilogue's operands, the tile's sizes and constexprs. `sm90`: where twin_ok
+    holds, the epilogue is a jit function `<name>_epilogue` which the kernel and its Hopper twin
+    `<name>_kernel_sm90` (regions/conv_twin.py) call (has_twin tells the launcher)."""
     decls: tuple[Decl, ...] = (*form.params, *plain(*[f"{o}_ptr" for o in outs]), *plain(*extra), *args.decls(),
                                *form.sizes, *CONV_CONSTEXPRS)
-    lines = ["@triton.jit", f"def {name}_kernel({signature(decls)}):", docstring(doc),
-             *[f"    {ln}" for ln in (*tile_lines(form), *args.loads, *body)]]
-    return "\n".join(lines) + "\n"
+    head = ["@triton.jit", f"def {name}_kernel({signature(decls)}):", docstring(doc)]
+    epilogue = [*offset_lines(form), *args.loads, *body]
+    if not (sm90 and twin_ok(form, epilogue)):
+        return "\n".join([*head, *[f"    {ln}" for ln in (*tile_lines(form), *epilogue)]]) + "\n"
+    kernel = [*head, *[f"    {ln}" for ln in tile_head(form)],
+              "    " + epilogue_call(name, decls, ("offs_m", "mask_m", "offs_c"), indent=8)]
+    return "\n\n\n".join([epilogue_fn(name, decls, epilogue), "\n".join(kernel) + "\n", conv_twin(name, decls, doc)])
 
 
-def conv_launcher(form: ConvForm, name: str, outs: list[str], args: KernelArgs, doc: str) -> str:
+def has_twin(kernel_src: str, name: str) -> bool:
+    """Whether conv_kernel made `<name>_kernel` with a Hopper twin."""
+    return f"def {name}_kernel_sm90(" in kernel_src
+
+
+def conv_launcher(form: ConvForm, name: str, outs: list[str], args: KernelArgs, doc: str, sm90: bool = False) -> str:
     """fused_<name>(x, weight, <epilogue operands>, <geometry>): geometry, scheme, tile config and operands from the
-    kernels module (conv_plan or conv_transpose_plan), one launch, the outputs in x's layout and dtype."""
-    launch = call(f"{name}_kernel[{form.grid}(geo, cfg)]", ["*ops", *outs, *args.params, "*sizes"], TILE_LAUNCH)
+    kernels module (conv_plan or conv_transpose_plan), one launch, the outputs in x's layout and dtype. `sm90`: the
+    kernel has a Hopper twin (has_twin), which the plan may pick and pick_conv then launches."""
+    kernel = f"pick_conv({name}_kernel, {name}_kernel_sm90, cfg)" if sm90 else f"{name}_kernel"
+    launch = call(f"{kernel}[{form.grid}(geo, cfg)]", ["*ops", *outs, *args.params, "*sizes"],
+                  [*TILE_LAUNCH, *(["**conv_options(cfg)"] if sm90 else [])])
     if form.plan in ("conv_plan", "conv_transpose_plan"):  # the tile tuned on a GPU's first call at each geometry
         run = ["def launch(cfg):", *[f"    {ln}" for ln in launch.splitlines()],
                f"launch(tuned_conv({name}_kernel, geo, scheme, cfg, x, launch))"]
     else:
         run = launch.splitlines()
-    body = [*form.head(),
+    body = [*form.head(sm90),
             *[f"{o} = torch.empty(geo.out_shape, device=x.device, dtype=x.dtype)" for o in outs],
             "if geo.M:", *[f"    {ln}" for ln in run],
             f"return {', '.join(outs)}"]

@@ -33,6 +33,7 @@ from kfuse.regions.conv_common import (
     conv_launcher,
     form_of,
     geometry_code,
+    has_twin,
     is_conv_anchor,
     is_depthwise_anchor,
     outside_value,
@@ -80,8 +81,8 @@ class ConvEpilogue(RegionKind):
         body += [f"tl.store({o}_ptr + out_offs, {env[v]}, mask=mask)" for o, v in zip(outs, region.outputs)]
         doc = "Fused: " + ", ".join(n.origin for n in region.nodes) + "."
         form = form_of(anchor)
-        kernel = conv_kernel(form, stem, f"{doc} {conv_cost(anchor, g, len(outs))}", outs, args, body)
-        launch = conv_launcher(form, stem, outs, args, doc)
+        kernel = conv_kernel(form, stem, f"{doc} {conv_cost(anchor, g, len(outs))}", outs, args, body, sm90=True)
+        launch = conv_launcher(form, stem, outs, args, doc, sm90=has_twin(kernel, stem))
         line = call(f"fused_{stem}", [anchor.args[0], operand_code(anchor.args[1]), *args.values,
                                       *geometry_code(anchor)])
         return RegionCode((kernel,), launch, (f"{', '.join(region.outputs)} = {line}",))
