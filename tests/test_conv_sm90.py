@@ -12,6 +12,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import json  # noqa: E402
+import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
@@ -74,7 +75,8 @@ def test_wide_grid_and_rows():
 def test_sm90_configs_and_choice(monkeypatch):
     """The Gluon tile's configs: 128 rows over 8 warps (64 over 4), K blocks dividing a tap's channels, stages that
     fit the shared memory; the tuner times only its own configs against it (the operands differ); the grid is a
-    block per SM at most, walking the tiles of wide rows. The tile is chosen only for fp16x3p at stride 1 on a Hopper GPU (never here, without one)."""
+    block per SM at most, walking the tiles of wide rows. The tile is chosen only for fp16x3p at stride 1, groups of
+    more than 16 channels, on a Hopper GPU (never here, without one)."""
     geo = conv_geometry((2, 20, 37, 70), (37, 20, 3, 2), 1, 0, 1, 1)
     cfg = cv.sm90_config(geo)
     assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.sm90) == (128, 64, 32, 8, True)
@@ -134,6 +136,90 @@ def test_tile_compiles_for_sm90(tile):
     assert build["spill"] <= (128 if tile[1] == 128 else 0) and build["shared"] <= SM90_LIMIT_SMEM, build
 
 
+GENERATED = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from kfuse.kernels import conv as cv
+from kfuse.optimize import load_module
+from kfuse.sm90_compile import _ptxas_usage
+path, tile = sys.argv[1], json.loads(sys.argv[2])
+module = load_module(path)
+builds = []
+for name in sorted(n for n in dir(module) if n.endswith("_kernel_sm90")):
+    k = getattr(module, name)
+    cfg = cv.ConvConfig(*tile, sm90=True)
+    values = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "SCHEME": "fp16x3p",
+              "DENSE": False, "STAGES": cfg.num_stages, "CHUNK": 4}
+    signature, constexprs = {}, {}
+    for i, p in enumerate(k.params):
+        if p.is_constexpr:
+            signature[p.name] = "constexpr"
+            constexprs[(i,)] = values.get(p.name, p._param.default)
+        else:
+            signature[p.name] = "*fp16" if p.name in ("x_ptr", "w_ptr", "w_lo_ptr") else (
+                "*fp32" if p.name.endswith("_ptr") else "i32")
+    kernel = triton.compile(GluonASTSource(k, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": cfg.num_warps, "maxnreg": cv.conv_options(cfg)["maxnreg"]})
+    regs, spill = _ptxas_usage(kernel.asm["ptx"])
+    builds.append({"twin": name, "shared": kernel.metadata.shared, "spill": spill})
+print(json.dumps(builds))
+"""
+
+
+@pytest.mark.skipif(not runtime.HAVE_GLUON, reason="Triton without Gluon")
+@pytest.mark.parametrize("problem, twins", [("kb_level2_1", 1), ("51_conv2d_layernorm_hw_gelu_residual", 1)])
+def test_generated_twins_compile_for_sm90(tmp_path, problem, twins):
+    """A conv_epilogue region's kernel (KernelBench level 2 problem 1's ops, written here) and a LayerNorm region's
+    convolution pass come with a Hopper twin, their launchers plan with sm90=True, and the twins lower for sm_90a
+    at 128 x 64 x 64 (8 warps, 4 stages) without spilling."""
+    from kfuse.load import load_problem
+    from kfuse.optimize import Options, compile_problem
+    from kfuse_testing import ROOT
+
+    path = ROOT / "problems" / "conv" / f"{problem}.py"
+    if problem.startswith("kb_"):
+        path = tmp_path / "p1.py"
+        path.write_text(KB_LEVEL2_1)
+    src = compile_problem(load_problem(path, {}), Options(device="cpu")).source
+    out_path = tmp_path / "new.py"
+    out_path.write_text(src)
+    assert len(re.findall(r"^def \w+_kernel_sm90\(", src, re.M)) == twins and "sm90=True)" in src
+    out = subprocess.run([sys.executable, "-c", GENERATED, str(out_path), json.dumps([128, 64, 64, 8, 4])],
+                         capture_output=True, text=True, env=dict(os.environ, TRITON_INTERPRET="0"), timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    builds = json.loads(out.stdout.splitlines()[-1])
+    assert len(builds) == twins and all(b["spill"] == 0 and b["shared"] <= SM90_LIMIT_SMEM for b in builds), builds
+
+
+KB_LEVEL2_1 = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, bias_shape):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.bias = nn.Parameter(torch.randn(bias_shape))
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)) + self.bias
+
+
+batch_size, in_channels, out_channels, height, width, kernel_size = 2, 20, 24, 9, 11, 3
+
+
+def get_inputs():
+    return [torch.rand(batch_size, in_channels, height, width)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size, (out_channels, 1, 1)]
+"""
+
+
 def _on_hopper() -> bool:
     return (torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
             and runtime.sm90_ok(torch.empty(0, device="cuda")))
@@ -152,7 +238,7 @@ def test_gluon_tile_meets_the_contract(case, monkeypatch):
     strict = (cv.conv_ref(x, w, b, *geo).double() - ref).abs().max().item()
     bound = 2 * strict + 4 * 2.0 ** -24 * max(1.0, ref.abs().max().item())
     g = conv_geometry(tuple(x.shape), tuple(w.shape), *geo)
-    assert cv.conv_plan(x, w, *geo)[2].sm90, "the Gluon tile was not chosen"
+    assert cv.conv_plan(x, w, *geo, sm90=True)[2].sm90, "the Gluon tile was not chosen"
     for cfg in cv.conv_candidates(g, cv.sm90_config(g), "fp16x3p"):
         out = cv.conv_forward(x, w, b, *geo, cfg=cfg)
         err = (out.double() - ref).abs().max().item()

@@ -373,11 +373,13 @@ def stores(values: list[str], env: dict[str, str]) -> list[str]:
     return [f"tl.store(buf_{v}_ptr + out_offs, {env[v]}, mask=mask)" for v in values]
 
 
-def conv_launch(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs) -> list[str]:
-    """Launcher lines: one launch of a conv-tile kernel of this region under `geo`, `cfg`, `scheme`."""
+def conv_launch(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs, sm90: bool = False) -> list[str]:
+    """Launcher lines: one launch of a conv-tile kernel of this region under `geo`, `cfg`, `scheme`; `sm90`: the
+    kernel has a Hopper twin (has_twin), launched for an sm90 config (pick_conv)."""
+    name = f"pick_conv({kernel}_kernel, {kernel}_kernel_sm90, cfg)" if sm90 else f"{kernel}_kernel"
     return ["if geo.M:", *[f"    {ln}" for ln in call(
-        f"{kernel}_kernel[{form.grid}(geo, cfg)]", ["*ops", *ptrs, *args.params, "*sizes"],
-        TILE_LAUNCH).splitlines()]]
+        f"{name}[{form.grid}(geo, cfg)]", ["*ops", *ptrs, *args.params, "*sizes"],
+        [*TILE_LAUNCH, *(["**conv_options(cfg)"] if sm90 else [])]).splitlines()]]
 
 
 def tuned_lines(kernel: str, launch: str, body: list[str], buffers: list[str],
@@ -396,10 +398,10 @@ def tuned_lines(kernel: str, launch: str, body: list[str], buffers: list[str],
 
 
 def tuned_launch(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs, buffers: list[str],
-                 allocate: list[str], same_columns: bool = False) -> list[str]:
+                 allocate: list[str], same_columns: bool = False, sm90: bool = False) -> list[str]:
     """tuned_lines of conv_launch (of `<kernel>_kernel`, in `<kernel>_launch(cfg)`) after the `allocate` lines."""
-    return tuned_lines(f"{kernel}_kernel", f"{kernel}_launch", [*allocate, *conv_launch(form, kernel, ptrs, args)],
-                       buffers, same_columns)
+    return tuned_lines(f"{kernel}_kernel", f"{kernel}_launch",
+                       [*allocate, *conv_launch(form, kernel, ptrs, args, sm90)], buffers, same_columns)
 
 
 def row_shape_code(n: Node, anchor: Node) -> str:

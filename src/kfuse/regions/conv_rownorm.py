@@ -38,6 +38,7 @@ from kfuse.regions.conv_common import (
     depthwise,
     form_of,
     geometry_code,
+    has_twin,
     pixel_kernel,
     pixel_launch,
     pool_code,
@@ -74,7 +75,8 @@ def conv_pass(region: Region, stem: str, doc: str, p: NormParts,
     """Pass 1: the convolution and the ops before the norm; y and the region outputs before the norm stored."""
     args, env = KernelArgs(registry), {}
     body = conv_bias(region.anchor, env, args) + pointwise_lines(p.before, env, args) + stores(p.stored, env)
-    return conv_kernel(form_of(region.anchor), f"{stem}_conv", doc, [f"buf_{v}" for v in p.stored], args, body), args
+    return conv_kernel(form_of(region.anchor), f"{stem}_conv", doc, [f"buf_{v}" for v in p.stored], args, body,
+                       sm90=True), args
 
 
 def affine(args: KernelArgs, out: str, weight: Param | None, bias: Param | None) -> tuple[list[str], list[str]]:
@@ -126,7 +128,8 @@ def apply_pass(region: Region, stem: str, doc: str, p: NormParts,
     return pixel_kernel(f"{stem}_apply_kernel", doc, pointers, args, tuple(extra[1]), body), args
 
 
-def launcher_lines(region: Region, stem: str, p: NormParts, a1: KernelArgs, a3: KernelArgs) -> list[str]:
+def launcher_lines(region: Region, stem: str, p: NormParts, a1: KernelArgs, a3: KernelArgs,
+                   sm90: bool = False) -> list[str]:
     form = form_of(region.anchor)
     st_a, st_b, stats_call = STATS[p.norm.op]
 
@@ -145,13 +148,13 @@ def launcher_lines(region: Region, stem: str, p: NormParts, a1: KernelArgs, a3: 
         check = ["if tuple(geo.out_shape[-row_dims:]) != tuple(norm_shape):  # torch's LayerNorm check",
                  "    raise RuntimeError(f'LayerNorm: normalized_shape {list(norm_shape)} is not the last dims '",
                  "                       f'of the convolution output of size {list(geo.out_shape)}')"]
-    return [*form.head(),
+    return [*form.head(sm90),
             "N, C = geo.out_shape[0], geo.C_out",
             "S = torch.Size(geo.out_shape[2:]).numel()  # pixels a channel plane",
             *check,
             "norm_length = torch.Size(geo.out_shape[-row_dims:]).numel()  # a row's elements: the last row_dims dims",
             empty(p.y, y_dtype), *[empty(v) for v in p.pre_outs if v != p.y],
-            *tuned_launch(form, f"{stem}_conv", [f"buf_{v}" for v in p.stored], a1, [], []),
+            *tuned_launch(form, f"{stem}_conv", [f"buf_{v}" for v in p.stored], a1, [], [], sm90=sm90),
             f"{st_a}, {st_b} = {stats_call.format(y=f'buf_{p.y}')}",
             *apply,
             f"return {', '.join(f'buf_{v}' for v in region.outputs)}"]
@@ -177,7 +180,7 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     length = numel(anchor.shape[-dims:])
     src = launcher(f"fused_{stem}", ["x", "weight", "row_dims", "norm_shape", "norm_eps", *params, *form.geometry,
                                      *(POOL_PARAMS if pooled else [])],
-                   launcher_lines(region, stem, p, a1, a3),
+                   launcher_lines(region, stem, p, a1, a3, has_twin(conv, f"{stem}_conv")),
                    f"Fused: {replaced}. Statistics per row of {length} elements (the last {dims} "
                    f"dim{'s' if dims > 1 else ''}), merged in float64.")
     shape, eps_code = "None", "0.0"

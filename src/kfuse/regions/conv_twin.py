@@ -7,7 +7,8 @@ the producer warp (conv_sm90_loader) already loads the next tile. The tile's row
 its wide rows (wide_rows: rows that are none are masked like rows past M), its channel offsets made with Gluon's
 arange (no layout given: the compiler infers it from the accumulator's). Which kernels get one (twin_ok): the plain
 convolution tile's form, with stores of the output's shape only (a buffer per row tile would count the Triton
-tile's rows, not the twin's), and an epilogue that makes no tensor of its own (tl.arange, tl.zeros, tl.full).
+tile's rows, not the twin's: a kind sizes them by conv.row_tiles), and an epilogue that makes no tensor of its own
+(tl.arange, tl.zeros, tl.full) and reads no group from the grid.
 Launchers of such kernels plan with sm90=True (kernels/conv.py conv_plan) and run pick_conv's kernel.
 """
 
@@ -22,14 +23,16 @@ if TYPE_CHECKING:
 
 # the epilogue's parameters before the kernel's own: the tile's accumulator, ids and offsets
 EPILOGUE_HEAD = plain("acc", "pid_m", "pid_n", "g", "offs_m", "mask_m", "offs_c")
-_MAKES_TENSORS = ("tl.arange", "tl.zeros", "tl.full")
+# what an epilogue may not hold to get a twin: tensors of its own layout; the group's grid dim (the twin's grid is a
+# block per SM, groups walked as tiles; program_id(2) is 0 in both, as a convolution's Triton grid has two dims)
+_NOT_IN_TWINS = ("tl.arange", "tl.zeros", "tl.full", "program_id(1)", "num_programs(1)")
 _TILE_SIZES = "M, C_in, OD, OH, OW, CIN_G, COUT_G, KD, KH, KW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K"
 
 
 def twin_ok(form: ConvForm, lines: list[str]) -> bool:
     """Whether a kernel of `form` whose epilogue is `lines` gets a Hopper twin (module docstring)."""
     from kfuse.regions.conv_common import CONV
-    return form.tile == CONV.tile and not any(t in ln for ln in lines for t in _MAKES_TENSORS)
+    return form.tile == CONV.tile and not any(t in ln for ln in lines for t in _NOT_IN_TWINS)
 
 
 def epilogue_fn(name: str, decls: tuple[Decl, ...], lines: list[str]) -> str:
