@@ -78,9 +78,11 @@ def batch_norm_stats(mean_part: torch.Tensor, m2_part: torch.Tensor, M: int, til
                      bn: torch.nn.Module, factor: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-column mean and 1/sqrt(var + eps) from the (num_tiles, N) partials of M values per column; with
     `factor` (the momentum, or 1/num_batches_tracked when momentum is None) also update bn's running statistics in
-    place. `tile_rows`: the rows of every tile but the last (a GEMM's), or each tile's rows as a tensor (a
-    convolution's, kernels/conv_norm.py)."""
+    place. `tile_rows`: the rows of every tile but the last (a GEMM's), or each tile's rows as a (num_tiles, N)
+    tensor, the same in every column (a convolution's: regions/conv_batchnorm.py STATS_LINES)."""
     num_tiles, N = mean_part.shape
+    if isinstance(tile_rows, torch.Tensor):
+        tile_rows = tile_rows[:, 0].contiguous()
     mean = torch.empty(N, device=mean_part.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
     update = factor is not None

@@ -303,7 +303,8 @@ def tuned_conv(kernel, geo: ConvGeometry, scheme: str, default: ConvConfig, x: t
     cfg = _CONV_CONFIGS.get(key)
     if cfg is None:  # the GEMM tuner's timing and disk cache, under a key of the convolution's own
         disk_key = "|".join([torch.cuda.get_device_name(x.device), _kernel_name(kernel), _kernel_hash(kernel),
-                             "conv:" + "x".join(map(str, geo.args())), str(x.dtype).replace("torch.", ""), scheme])
+                             "conv:" + "x".join(map(str, geo.args())), str(x.dtype).replace("torch.", ""), scheme]
+                            + (["sm90"] if default.sm90 else []))  # the twin's picks apart from the Triton tile's
         candidates = conv_candidates(geo, default, scheme, same_columns)
         cfg = TUNER._pick(disk_key, candidates, launch, lambda d: ConvConfig(**d))[0]
         _CONV_CONFIGS[key] = cfg

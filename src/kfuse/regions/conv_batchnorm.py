@@ -50,6 +50,7 @@ from kfuse.regions.conv_common import (
     depthwise,
     form_of,
     geometry_code,
+    has_twin,
     phase_tiled,
     pixel_kernel,
     pool_code,
@@ -69,17 +70,29 @@ FOLD_RULE = "bn-eval-fold"
 
 # per (tile, channel) partial statistics of the norm's input {y}, centred on the tile's own mean, in float64; the
 # tile index counts row tiles within a phase (program_id(2), 0 for a plain convolution)
+# The row count is summed and stored per (row tile, channel) like the moments (the same in every column): a count
+# reduced to one scalar, or stored through a scalar pointer, did not compile in the Hopper twin (Gluon's layout
+# inference, Triton 3.6: "parent layout must have at least rank >= 2", "tt.splat op failed to infer return type").
+# program_id(2) is the stride phase of a transposed tile (0 in a convolution's two-dimensional grid and the twin's).
 STATS_LINES = (
     "# per-channel partial statistics of this row tile (float64, centred on the tile's mean) and its row count",
     "tile = tl.program_id(2) * (tl.num_programs(0) // tl.cdiv(COUT_G, BLOCK_N)) + pid_m",
-    "t_count = tl.sum(mask_m.to(tl.float64), axis=0)",
+    "t_count = tl.sum(mask.to(tl.float64), axis=0)  # the tile's rows, in each of the group's columns",
     "t_y = tl.where(mask, {y}, 0.0).to(tl.float64)",
     "t_mean = tl.sum(t_y, axis=0) / tl.maximum(t_count, 1.0)",
     "t_dev = tl.where(mask, t_y - t_mean[None, :], 0.0)",
     "tl.store(mean_part_ptr + tile * C_out + offs_n, t_mean, mask=mask_n)",
     "tl.store(m2_part_ptr + tile * C_out + offs_n, tl.sum(t_dev * t_dev, axis=0), mask=mask_n)",
-    "tl.store(count_ptr + tile, t_count)",
+    "tl.store(count_ptr + tile * C_out + offs_n, t_count, mask=mask_n)",
 )
+
+
+def tile_count(form: ConvForm, sm90: bool) -> list[str]:
+    """Launcher lines: `tiles`, the row tiles the stats kernel writes partials for (STATS_LINES' tile index)."""
+    if sm90:
+        return ["tiles = row_tiles(geo, cfg)  # partials by row tile (of wide rows for the Hopper twin)"]
+    return ["grid = " + f"{form.grid}(geo, cfg)  # partials by row tile",
+            "tiles = grid[0] // cdiv(geo.COUT_G, cfg.block_n) * (grid[2] if len(grid) > 2 else 1)"]
 
 
 def norm_node(region: Region) -> tuple[int, Node]:
@@ -117,7 +130,7 @@ def stats_kernel(region: Region, form: ConvForm, name: str, doc: str, p: NormPar
     body += stores(p.stored, env)
     body += [ln.format(y=env[p.y]) for ln in STATS_LINES]
     ptrs = [f"buf_{v}" for v in p.stored] + ["mean_part", "m2_part", "count"]
-    return conv_kernel(form, f"{name}_stats", doc, ptrs, args, body), args
+    return conv_kernel(form, f"{name}_stats", doc, ptrs, args, body, sm90=True), args
 
 
 def eval_kernel(region: Region, form: ConvForm, name: str, doc: str, p: NormParts,
@@ -135,7 +148,7 @@ def eval_kernel(region: Region, form: ConvForm, name: str, doc: str, p: NormPart
     env[p.norm.name] = var(p.norm.name)
     body += pointwise_lines(p.after, env, args) + stores(p.pre_outs + p.post_outs, env)
     outs = [f"buf_{v}" for v in p.pre_outs + p.post_outs]
-    return conv_kernel(form, f"{name}_eval", doc, outs, args, body), args
+    return conv_kernel(form, f"{name}_eval", doc, outs, args, body, sm90=True), args
 
 
 def folded_kernel(region: Region, form: ConvForm, name: str, doc: str, p: NormParts,
@@ -147,7 +160,7 @@ def folded_kernel(region: Region, form: ConvForm, name: str, doc: str, p: NormPa
     env[p.norm.name] = var(p.norm.name)
     body += pointwise_lines(p.after, env, args) + stores(p.post_outs, env)
     outs = [f"buf_{v}" for v in p.post_outs] + ["fold_b"]
-    return conv_kernel(form, f"{name}_folded", doc, outs, args, body), args
+    return conv_kernel(form, f"{name}_folded", doc, outs, args, body, sm90=True), args
 
 
 def apply_pass(region: Region, name: str, doc: str, p: NormParts,
@@ -212,7 +225,10 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     def empty(v: str, dtype: str = "x.dtype") -> str:
         return f"buf_{v} = torch.empty(geo.out_shape, device=x.device, dtype={dtype})"
 
-    plan = form.plan_line()
+    # one plan for the region's convolution kernels: the Hopper twin where each of them has one (has_twin)
+    kinds = [("stats", stats), *([("folded" if fold else "eval", evalk[0])] if evalk is not None else [])]
+    sm90 = all(has_twin(src, f"{stem}_{kind}") for kind, src in kinds)
+    plan = form.plan_line(sm90)
     outs = ", ".join(f"buf_{v}" for v in region.outputs)
     lines = ["x = x.contiguous()", *form.prelude]
     if evalk is not None:
@@ -226,21 +242,19 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
         body += [plan,
                  *tuned_launch(form, f"{stem}_{'folded' if fold else 'eval'}",
                                [f"buf_{v}" for v in region.outputs] + (["fold_b"] if fold else []), evalk[1],
-                               [f"buf_{v}" for v in region.outputs], [empty(v) for v in region.outputs]),
+                               [f"buf_{v}" for v in region.outputs], [empty(v) for v in region.outputs], sm90=sm90),
                  f"return {outs}"]
         lines += [f"    {ln}" for ln in body]
     y_dtype = "x.dtype" if p.y in region.outputs else "torch.float32"  # y stays fp32 when only pass 3 reads it
     stats_launch = [empty(p.y, y_dtype), *[empty(v) for v in p.pre_outs if v != p.y],
                     *tuned_launch(form, f"{stem}_stats", [f"buf_{v}" for v in p.stored]
                                   + ["mean_part", "m2_part", "count"], a1, ["mean_part", "m2_part", "count"],
-                                  ["grid = " + f"{form.grid}(geo, cfg)  # partials by row tile",
-                                   "tiles = grid[0] // cdiv(geo.COUT_G, cfg.block_n) * (grid[2] if len(grid) > 2 "
-                                   "else 1)",
+                                  [*tile_count(form, sm90),
                                    "mean_part = torch.empty((tiles, geo.C_out), device=x.device, dtype=torch.float64)",
                                    "m2_part = torch.empty_like(mean_part)",
-                                   "count = torch.empty((tiles,), device=x.device, dtype=torch.float64)"])]
+                                   "count = torch.empty_like(mean_part)  # each tile's rows, per channel"], sm90=sm90)]
     if pooled:
-        lines = pooled_lines(stem, p, a3, form.head(), stats_launch, outs)
+        lines = pooled_lines(stem, p, a3, form.head(sm90), stats_launch, outs)
     else:
         lines += [plan,
                   "M = geo.out_shape[0] * (torch.Size(geo.out_shape[2:]).numel())  # values per channel",

@@ -47,6 +47,7 @@ from kfuse.regions.conv_common import (
     depthwise,
     form_of,
     geometry_code,
+    has_twin,
     phase_tiled,
     pixel_kernel,
     reads_outside,
@@ -212,7 +213,8 @@ def one_tile_kernel(region: Region, form: ConvForm, name: str, doc: str, p: Part
         body.append(PIXEL[phase_tiled(region.anchor)])
     body += [f"tl.store({buffer(v, p)}_ptr + out_offs, {env[v]}, mask=mask)" for v in outs]
     body += [f"tl.store(o_{v}_ptr + pix, {env[v]}, mask=mask_m)" for v in rows]
-    return conv_kernel(form, f"{name}_one_tile", doc, [buffer(v, p) for v in outs + rows], args, body), args
+    return conv_kernel(form, f"{name}_one_tile", doc, [buffer(v, p) for v in outs + rows], args, body,
+                       sm90=True), args
 
 
 def buffer(v: str, p: Parts) -> str:
@@ -239,7 +241,8 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
     by_name = {n.name: n for n in region.nodes}
     rets = ", ".join(buffer(v, p) if p.roles[v] in ("pre", "post") else
                      f"o_{v}.reshape({row_shape_code(by_name[v], anchor)})" for v in outputs)
-    lines = [*form.head(),
+    sm90 = has_twin(one, f"{stem}_one_tile")  # the partials kernel has none (it reads the groups' grid dim)
+    lines = [*form.head(sm90),
              "P = geo.out_shape[0] * torch.Size(geo.out_shape[2:]).numel()  # output pixels",
              "C = geo.out_shape[1]",
              "T = geo.groups * cdiv(geo.COUT_G, cfg.block_n)  # column tiles over all groups",
@@ -248,8 +251,10 @@ def generate(region: Region, g: Graph, stem: str) -> RegionCode:
              *[f"    {ln}" for ln in tuned_launch(form, f"{stem}_one_tile", [buffer(v, p) for v in outputs
                                                                                 if p.roles[v] in ("pre", "post")]
                                                   + [f"o_{v}" for v in outputs if p.roles[v] not in ("pre", "post")],
-                                                  a0, [], [], same_columns=True)],
+                                                  a0, [], [], same_columns=True, sm90=sm90)],
              f"    return {rets}"]
+    if sm90:
+        lines += ["if cfg.sm90:  # the two phases on the Triton tile: its operands", "    " + form.plan_line()]
     lines += [f"buf_{v} = torch.empty(geo.out_shape, device=x.device, dtype={dtype(v in outputs)})" for v in p.full]
     lines += tuned_launch(form, stem, [f"buf_{v}" for v in p.full] + ["pa", "pb"], a1, ["pa", "pb", "T"],
                           ["T = geo.groups * cdiv(geo.COUT_G, cfg.block_n)  # partials by column tile",
