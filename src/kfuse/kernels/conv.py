@@ -27,7 +27,9 @@ its taps * CIN_G values, zeros past them to a multiple of DENSE_K_ALIGN), so the
 unmasked, contiguous K blocks and no per-tap bounds checks, for a write and a read of those rows. The direct tile
 (direct_k, on unless KFUSE_CONV_DIRECT=0; dense K where turned on comes first): a narrow group (fewer than
 DIRECT_BELOW input channels, CIN_G x COUT_G at most DIRECT_WORK) skips the pack and the tensor cores, a loop over its
-channels and taps on CUDA cores (kernels/conv_direct.py).
+channels and taps on CUDA cores (kernels/conv_direct.py). On a Hopper GPU a stride-1 convolution with groups of more
+than 16 channels runs kernels/conv_sm90.py's tile in Gluon instead (wide_ok; sm90 configs, the kernels' twins:
+regions/conv_twin.py), x packed with its padding written out.
 
 Precision: the scheme comes from the same switch as the GEMM's (conv_scheme -> runtime.scheme_for):
   "fp16x3p" on a GPU: the fp16 hi/lo split of kernels/gemm_core.py. The weight is split once per version
