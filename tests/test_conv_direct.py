@@ -8,6 +8,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kfuse.kernels import conv as cv  # noqa: E402
+from kfuse.kernels import conv_config as cc  # noqa: E402
 from kfuse.kernels import conv_geometry as cg  # noqa: E402
 from kfuse.kernels import pooling as pl  # noqa: E402
 from test_conv_kernel import CASES, _check, _inputs, compile_sm90  # noqa: E402
@@ -22,7 +23,7 @@ DIRECT_CASES = {**{c: CASES[c] for c, (xs, ws, *_, groups) in CASES.items() if c
 
 
 @pytest.mark.parametrize("case", DIRECT_CASES, ids=list(DIRECT_CASES))
-@pytest.mark.parametrize("scheme", cv.DIRECT_SCHEMES)
+@pytest.mark.parametrize("scheme", cc.DIRECT_SCHEMES)
 def test_direct_matches_float64(case, scheme):
     _check(scheme, *DIRECT_CASES[case])
 
@@ -37,7 +38,7 @@ def test_direct64_is_the_float64_result_rounded_once():
     the sum's own float64 rounding does not straddle an fp32 tie (at these sizes: everywhere)."""
     xs, ws, *geo = DIRECT_CASES["3d_grouped_dilated"]
     x, w, b = _inputs(xs, ws, 11, bias=False)
-    out = cv.conv_forward(x, w, None, *geo, scheme="direct64", cfg=cv.ConvConfig(16, 4, 16, 4, 1))
+    out = cv.conv_forward(x, w, None, *geo, scheme="direct64", cfg=cc.ConvConfig(16, 4, 16, 4, 1))
     assert torch.equal(out, cv.conv_ref(x.double(), w.double(), None, *geo).float())
 
 
@@ -45,7 +46,7 @@ def test_plan_picks_the_direct_tile_for_few_channels(monkeypatch):
     x = torch.randn(2, 3, 9, 8)
     geo, scheme, cfg, ops, _ = cv.conv_plan(x, torch.randn(5, 3, 3, 3), 1, 0, 1, 1)
     assert geo.direct and scheme == "direct64" and ops[0] is x  # x as it is: no pack
-    assert ops[1].shape == (5, 27) and cfg == cv.direct_config(geo, True)
+    assert ops[1].shape == (5, 27) and cfg == cc.direct_config(geo, True)
     geo8, scheme8, *_ = cv.conv_plan(torch.randn(2, 8, 9, 8), torch.randn(5, 8, 3, 3), 1, 0, 1, 1)
     assert not geo8.direct and scheme8 == "fp64"  # 8 channels: the implicit GEMM
     assert cv.conv_plan(torch.randn(2, 7, 9, 8), torch.randn(64, 7, 3, 3), 1, 0, 1, 1)[0].direct  # 7 x 64
@@ -63,12 +64,12 @@ def test_plan_picks_the_direct_tile_for_few_channels(monkeypatch):
 
 def test_direct_configs_and_candidates():
     geo = cg.conv_geometry((128, 3, 24, 32, 32), (24, 3, 3, 3, 3), 1, 0, 1, 1)  # KernelBench level 2 problem 23
-    default = cv.conv_config(geo, "direct64", interpret=False)
+    default = cc.conv_config(geo, "direct64", interpret=False)
     assert (default.block_m, default.block_n) == (256, 32)
-    wide = cv.conv_config(cg.conv_geometry((2, 3, 9, 9), (200, 3, 3, 3), 1, 0, 1, 1), "direct64", False)
+    wide = cc.conv_config(cg.conv_geometry((2, 3, 9, 9), (200, 3, 3, 3), 1, 0, 1, 1), "direct64", False)
     assert (wide.block_m, wide.block_n) == (128, 64)  # 8192 float64 accumulators a program
-    cands = cv.conv_candidates(geo, default, "direct64")
-    assert cands[0] == default and len(set(cands)) == len(cands) == 1 + len(cv.DIRECT_TUNE_TILES)
+    cands = cc.conv_candidates(geo, default, "direct64")
+    assert cands[0] == default and len(set(cands)) == len(cands) == 1 + len(cc.DIRECT_TUNE_TILES)
     assert all(c.block_n == default.block_n and c.num_stages == 1 for c in cands)
 
 
@@ -79,7 +80,7 @@ def test_pools_after_a_narrow_conv(mode):
     tiles: cfg)."""
     x, w, b = _inputs((2, 3, 11, 13), (6, 3, 3, 3), 4)
     assert cg.conv_geometry(tuple(x.shape), tuple(w.shape), 1, 1, 1, 1).direct
-    cfg = cv.ConvConfig(16, 8, 16, 4, 1)
+    cfg = cc.ConvConfig(16, 8, 16, 4, 1)
     if mode == "mean":
         assert cv.conv_plan(x, w, 1, 1, 1, 1)[1] == "direct64"
         out = pl.conv_mean_forward(x, w, b, 1, 1, 1, 1, cfg=cfg, blocks=(2, 2))
@@ -96,25 +97,25 @@ def test_pools_after_a_narrow_conv(mode):
 def test_direct_tile_at_pooled_pixels():
     """conv_tile_at's direct branch at arbitrary pixels (a pooling kind's rows), given the scheme explicitly."""
     x, w, b = _inputs((2, 3, 11, 13), (6, 3, 3, 3), 6)
-    cfg = cv.ConvConfig(16, 8, 16, 4, 1)
+    cfg = cc.ConvConfig(16, 8, 16, 4, 1)
     out = pl.conv_pool_forward(x, w, b, 1, 1, 1, 1, "max", 2, 2, 0, scheme="direct64", cfg=cfg)
     ref = pl.conv_pool_ref(x.double(), w.double(), b.double(), 1, 1, 1, 1, "max", 2, 2, 0)
     assert (out.double() - ref).abs().max().item() < 1e-6
 
 
-@pytest.mark.parametrize("scheme", cv.DIRECT_SCHEMES)
+@pytest.mark.parametrize("scheme", cc.DIRECT_SCHEMES)
 def test_direct_compiles_for_sm90(scheme):
     """The direct tile's default config at KernelBench level 2 problem 23's geometry (3 -> 24 channels, 3 x 3 x 3)
     lowers for sm_90 and fits without a spill (Triton's bundled ptxas, no GPU)."""
     geo = cg.conv_geometry((128, 3, 24, 32, 32), (24, 3, 3, 3, 3), 1, 0, 1, 1)
-    build = compile_sm90("kfuse.kernels.conv", "conv_bias_kernel", scheme, cv.conv_config(geo, scheme, False))
+    build = compile_sm90("kfuse.kernels.conv", "conv_bias_kernel", scheme, cc.conv_config(geo, scheme, False))
     assert build["spill"] == 0, build
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                     reason="the compiled tile: a GPU, TRITON_INTERPRET=0")
-@pytest.mark.parametrize("scheme", cv.DIRECT_SCHEMES)
+@pytest.mark.parametrize("scheme", cc.DIRECT_SCHEMES)
 @pytest.mark.parametrize("case", [*DIRECT_CASES, "problem_23"])
 def test_direct_on_the_gpu(case, scheme):
     """The compiled direct tile, against float64: within 2x the error of a strict fp32 convolution (cuDNN, TF32 off)

@@ -10,12 +10,13 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kfuse.kernels import conv as cv  # noqa: E402
+from kfuse.kernels import conv_config as cc  # noqa: E402
 from kfuse.kernels import conv_geometry as cg  # noqa: E402
 from kfuse.kernels import conv_pack as pk  # noqa: E402
 
 # (input shape, weight shape, stride, padding, dilation, groups): each straddles the tiles of TILES (several row and
 # K blocks, a column tile wider than a group's channels), not the interpreter's default (few, large tiles)
-TILES = cv.ConvConfig(32, 16, 16, 4, 1)
+TILES = cc.ConvConfig(32, 16, 16, 4, 1)
 CASES = {
     "2d_strided_dilated": ((3, 5, 13, 11), (7, 5, 3, 2), 2, 1, 2, 1),
     "2d_depthwise": ((2, 4, 9, 7), (4, 1, 3, 3), 1, 1, 1, 4),
@@ -88,7 +89,7 @@ def test_dense_k_problem_23_shape_in_several_blocks(dense):
     xs, ws = (2, 3, 5, 6, 7), (24, 3, 3, 3, 3)
     x, w, b = _inputs(xs, ws, 11)
     ref = cv.conv_ref(x.double(), w.double(), b.double())
-    for cfg in (cv.ConvConfig(16, 16, 32, 4, 1), None):
+    for cfg in (cc.ConvConfig(16, 16, 32, 4, 1), None):
         out = cv.conv_forward(x, w, b, scheme="fp16x3p", cfg=cfg)
         assert (out.double() - ref).abs().max().item() < 1e-6
 
@@ -109,7 +110,7 @@ def test_dense_layouts_and_k_blocks(dense):
     wp = pk.packed_weight(w, dense=True)
     assert wp.shape == (4, 32) and (wp[:, 27:] == 0).all()
     assert torch.equal(wp[:, :27].view(4, 9, 3), w.view(4, 3, 9).transpose(1, 2))
-    assert cv.k_block(geo, 64) == 32 and cv.k_block(geo, 16) == 16
+    assert cc.k_block(geo, 64) == 32 and cc.k_block(geo, 16) == 16
     assert not cv.conv_geometry((2, 8, 9, 9), (8, 8, 3, 3), 1, 0, 1, 1).dense  # 8 channels stay padded
 
 
@@ -190,8 +191,8 @@ def test_k_blocks_divide_a_taps_channels(cin_g):
     channels, and as deep as they can be (up to the cap)."""
     geo = cv.conv_geometry((2, cin_g, 9, 9), (8, cin_g, 3, 3), 1, 0, 1, 1)
     cp = pk.packed_channels(cin_g)
-    configs = [cv.conv_config(geo, s, i) for s in ("fp16x3p", "ieee", "fp64") for i in (False, True)]
-    configs += cv.conv_candidates(geo, configs[0])
+    configs = [cc.conv_config(geo, s, i) for s in ("fp16x3p", "ieee", "fp64") for i in (False, True)]
+    configs += cc.conv_candidates(geo, configs[0])
     assert all(cp % c.block_k == 0 and c.block_k >= 16 for c in configs)
     assert configs[0].block_k == min(32, cp & -cp) and cp % 16 == 0 and cp - cin_g < 16
 
@@ -268,7 +269,7 @@ print(json.dumps({"shared": built.metadata.shared, "registers": regs, "spill": s
 '''
 
 
-def compile_sm90(path: str, name: str, scheme: str, cfg: cv.ConvConfig, dense: bool = False) -> dict:
+def compile_sm90(path: str, name: str, scheme: str, cfg: cc.ConvConfig, dense: bool = False) -> dict:
     import json
     import subprocess
     import sys
@@ -288,7 +289,7 @@ GPU_GEOMETRIES = {"wide": cv.conv_geometry((128, 64, 128, 128), (128, 64, 3, 3),
 def test_compiles_for_sm90(geo, scheme):
     """The default scheme's tiles fit without spilling. (tf32x3 at the wide 64 x 128 x 32 tile spills 20 bytes:
     a speed matter for a scheme no default picks.)"""
-    cfg = cv.conv_config(GPU_GEOMETRIES[geo], scheme, interpret=False)
+    cfg = cc.conv_config(GPU_GEOMETRIES[geo], scheme, interpret=False)
     build = compile_sm90("kfuse.kernels.conv", "conv_bias_kernel", scheme, cfg)
     assert build["spill"] == 0 and build["shared"] <= 232448, build
 
@@ -297,11 +298,11 @@ def test_dense_k_compiles_for_sm90(dense):
     """The dense tile at KernelBench level 2 problem 23's geometry (3 -> 24 channels, 3 x 3 x 3): the default tile
     and the tuner's 128-row ones lower and fit without a spill."""
     geo = cv.conv_geometry((128, 3, 24, 32, 32), (24, 3, 3, 3, 3), 1, 0, 1, 1)
-    default = cv.conv_config(geo, "fp16x3p", interpret=False)
-    candidates = cv.conv_candidates(geo, default)
+    default = cc.conv_config(geo, "fp16x3p", interpret=False)
+    candidates = cc.conv_candidates(geo, default)
     assert default.block_k == 32
-    assert cv.ConvConfig(128, 32, 32, 8, 3) in candidates and cv.ConvConfig(128, 32, 32, 4, 3) in candidates
-    for cfg in (default, cv.ConvConfig(128, 32, 32, 8, 3), cv.ConvConfig(128, 32, 32, 4, 3)):
+    assert cc.ConvConfig(128, 32, 32, 8, 3) in candidates and cc.ConvConfig(128, 32, 32, 4, 3) in candidates
+    for cfg in (default, cc.ConvConfig(128, 32, 32, 8, 3), cc.ConvConfig(128, 32, 32, 4, 3)):
         build = compile_sm90("kfuse.kernels.conv", "conv_bias_kernel", "fp16x3p", cfg, dense=True)
         assert build["spill"] == 0 and build["shared"] <= 232448, (cfg, build)
 
@@ -315,7 +316,7 @@ def test_generated_region_compiles_for_sm90(tmp_path):
                         {"batch_size": 2, "height": 7, "width": 6})
     path = tmp_path / "generated.py"
     path.write_text(compile_problem(prob, Options(device="cpu")).source)
-    cfg = cv.conv_config(GPU_GEOMETRIES["wide"], "fp16x3p", interpret=False)
+    cfg = cc.conv_config(GPU_GEOMETRIES["wide"], "fp16x3p", interpret=False)
     build = compile_sm90(str(path), "conv_add_mul_kernel", "fp16x3p", cfg)
     assert build["spill"] == 0, build
 
@@ -325,19 +326,19 @@ def test_tuned_conv_candidates_and_untuned_paths():
     divide a tap's packed channels; on the CPU (and in the interpreter) tuned_conv returns the default untimed."""
     kc = cv
     geo = kc.conv_geometry((2, 3, 9, 11), (5, 3, 3, 3), 1, 1, 1, 1)  # K = 27, 5 channels
-    default = kc.conv_config(geo, "fp16x3p", interpret=False)
-    cands = kc.conv_candidates(geo, default)
+    default = cc.conv_config(geo, "fp16x3p", interpret=False)
+    cands = cc.conv_candidates(geo, default)
     assert cands[0] == default and len(set(cands)) == len(cands) > 1
     assert all(c.block_n <= default.block_n and c.block_k == 16 and c.num_warps in (4, 8) for c in cands)
     assert all(c.block_m * c.block_n <= 128 * 128 for c in cands)
     wide = kc.conv_geometry((2, 64, 9, 11), (128, 64, 3, 3), 1, 1, 1, 1)  # a 128-wide default: narrower candidates
-    wide_default = kc.conv_config(wide, "fp16x3p", interpret=False)
-    same = kc.conv_candidates(wide, wide_default, "fp16x3p", same_columns=True)
-    assert same[0] == wide_default and 1 < len(same) < len(kc.conv_candidates(wide, wide_default, "fp16x3p"))
+    wide_default = cc.conv_config(wide, "fp16x3p", interpret=False)
+    same = cc.conv_candidates(wide, wide_default, "fp16x3p", same_columns=True)
+    assert same[0] == wide_default and 1 < len(same) < len(cc.conv_candidates(wide, wide_default, "fp16x3p"))
     assert all(c.block_n == wide_default.block_n == 128 for c in same)
     calls = []
     x = torch.randn(2, 3, 9, 11)
-    assert kc.tuned_conv("k", geo, "fp16x3p", default, x, calls.append) == default and calls == []
+    assert cc.tuned_conv("k", geo, "fp16x3p", default, x, calls.append) == default and calls == []
 
 
 @pytest.mark.gpu

@@ -20,6 +20,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kfuse.kernels import conv as cv  # noqa: E402
+from kfuse.kernels import conv_config as cc  # noqa: E402
 from kfuse.kernels import conv_pack as pk  # noqa: E402
 from kfuse.kernels import runtime  # noqa: E402
 from kfuse.kernels.conv_geometry import conv_geometry  # noqa: E402
@@ -78,14 +79,14 @@ def test_sm90_configs_and_choice(monkeypatch):
     block per SM at most, walking the tiles of wide rows. The tile is chosen only for fp16x3p at stride 1, groups of
     more than 16 channels, on a Hopper GPU (never here, without one)."""
     geo = conv_geometry((2, 20, 37, 70), (37, 20, 3, 2), 1, 0, 1, 1)
-    cfg = cv.sm90_config(geo)
+    cfg = cc.sm90_config(geo)
     assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.sm90) == (128, 64, 32, 8, True)
-    assert 2 * 2 * (cfg.block_m + cfg.block_n) * cfg.block_k * cfg.num_stages <= cv.SM90_SMEM
-    cands = cv.conv_candidates(geo, cfg, "fp16x3p")
+    assert 2 * 2 * (cfg.block_m + cfg.block_n) * cfg.block_k * cfg.num_stages <= cc.SM90_SMEM
+    cands = cc.conv_candidates(geo, cfg, "fp16x3p")
     assert cands[0] == cfg and all(c.sm90 and 32 % c.block_k == 0 for c in cands) and len(cands) > 1
-    monkeypatch.setattr(cv, "_num_sms", lambda device: 132)
-    assert cv.conv_grid(geo, cfg) == (min(-(-geo.wide_pixels // 128), 132), 1)  # persistent: a block per SM at most
-    assert cv.conv_options(cfg) == {"STAGES": cfg.num_stages, "maxnreg": 168}
+    monkeypatch.setattr(cc, "_num_sms", lambda device: 132)
+    assert cc.conv_grid(geo, cfg) == (min(-(-geo.wide_pixels // 128), 132), 1)  # persistent: a block per SM at most
+    assert cc.conv_options(cfg) == {"STAGES": cfg.num_stages, "maxnreg": 168}
     assert not cv.wide_ok(torch.empty(0), geo, "fp16x3p")  # a CPU tensor
     monkeypatch.setattr(cv, "sm90_ok", lambda t: True)
     assert cv.wide_ok(torch.empty(0), geo, "fp16x3p") and not cv.wide_ok(torch.empty(0), geo, "ieee")
@@ -102,10 +103,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from kfuse.kernels import conv as cv
+from kfuse.kernels import conv_config as cc
 from kfuse.sm90_compile import _ptxas_usage
 bm, bn, bk, warps, stages = json.loads(sys.argv[1])
 k = cv.conv_bias_kernel_sm90
-cfg = cv.ConvConfig(bm, bn, bk, warps, stages, sm90=True)
+cfg = cc.ConvConfig(bm, bn, bk, warps, stages, sm90=True)
 values = {"HAS_BIAS": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SCHEME": "fp16x3p", "DENSE": False,
           "STAGES": stages, "CHUNK": 4}
 signature, constexprs = {}, {}
@@ -117,7 +119,7 @@ for i, p in enumerate(k.params):
         signature[p.name] = "*fp16" if p.name in ("x_ptr", "w_ptr", "w_lo_ptr") else (
             "*fp32" if p.name.endswith("_ptr") else "i32")
 kernel = triton.compile(GluonASTSource(k, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
-                        options={"num_warps": warps, "maxnreg": cv.conv_options(cfg)["maxnreg"]})
+                        options={"num_warps": warps, "maxnreg": cc.conv_options(cfg)["maxnreg"]})
 regs, spill = _ptxas_usage(kernel.asm["ptx"])
 print(json.dumps({"shared": kernel.metadata.shared, "regs": regs, "spill": spill}))
 """
@@ -141,7 +143,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
-from kfuse.kernels import conv as cv
+from kfuse.kernels import conv_config as cc
 from kfuse.optimize import load_module
 from kfuse.sm90_compile import _ptxas_usage
 path, tile = sys.argv[1], json.loads(sys.argv[2])
@@ -149,7 +151,7 @@ module = load_module(path)
 builds = []
 for name in sorted(n for n in dir(module) if n.endswith("_kernel_sm90")):
     k = getattr(module, name)
-    cfg = cv.ConvConfig(*tile, sm90=True)
+    cfg = cc.ConvConfig(*tile, sm90=True)
     values = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "SCHEME": "fp16x3p",
               "DENSE": False, "STAGES": cfg.num_stages, "CHUNK": 4}
     signature, constexprs = {}, {}
@@ -161,7 +163,7 @@ for name in sorted(n for n in dir(module) if n.endswith("_kernel_sm90")):
             signature[p.name] = "*fp16" if p.name in ("x_ptr", "w_ptr", "w_lo_ptr") else (
                 "*fp32" if p.name.endswith("_ptr") else "i32")
     kernel = triton.compile(GluonASTSource(k, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": cfg.num_warps, "maxnreg": cv.conv_options(cfg)["maxnreg"]})
+                            options={"num_warps": cfg.num_warps, "maxnreg": cc.conv_options(cfg)["maxnreg"]})
     regs, spill = _ptxas_usage(kernel.asm["ptx"])
     builds.append({"twin": name, "shared": kernel.metadata.shared, "spill": spill})
 print(json.dumps(builds))
@@ -239,7 +241,7 @@ def test_gluon_tile_meets_the_contract(case, monkeypatch):
     bound = 2 * strict + 4 * 2.0 ** -24 * max(1.0, ref.abs().max().item())
     g = conv_geometry(tuple(x.shape), tuple(w.shape), *geo)
     assert cv.conv_plan(x, w, *geo, sm90=True)[2].sm90, "the Gluon tile was not chosen"
-    for cfg in cv.conv_candidates(g, cv.sm90_config(g), "fp16x3p"):
+    for cfg in cc.conv_candidates(g, cc.sm90_config(g), "fp16x3p"):
         out = cv.conv_forward(x, w, b, *geo, cfg=cfg)
         err = (out.double() - ref).abs().max().item()
         assert err <= bound, (cfg.short(), err, strict)

@@ -9,12 +9,13 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kfuse.kernels import conv as cv  # noqa: E402
+from kfuse.kernels import conv_config as cc  # noqa: E402
 from kfuse.kernels import conv_geometry as cg  # noqa: E402
 from kfuse.kernels import conv_transpose as ct  # noqa: E402
 
 # (input shape, weight shape (C_in, C_out/groups, k...), stride, padding, output_padding, groups, dilation); TILES
 # straddles them (several row and K blocks, a column tile wider than a group's channels)
-TILES = cv.ConvConfig(16, 16, 16, 4, 1)
+TILES = cc.ConvConfig(16, 16, 16, 4, 1)
 CASES = {
     "1d_s3_op2_dil2": ((2, 5, 9), (5, 3, 4), 3, 2, 2, 1, 2),
     "1d_batch1_stride_over_kernel": ((1, 4, 7), (4, 3, 2), 3, 0, 1, 1, 1),
@@ -184,9 +185,9 @@ def test_transposed_region_tunes_its_tile():
     from kfuse_testing import ROOT
     for geo in GPU_GEOMETRIES.values():
         default = ct.conv_transpose_config(geo, "fp16x3p", interpret=False)
-        candidates = cv.conv_candidates(geo, default, "fp16x3p")
+        candidates = cc.conv_candidates(geo, default, "fp16x3p")
         assert candidates[0] == default and len(set(candidates)) == len(candidates)
-        assert cv.ConvConfig(128, 64, 32, 4, 3) in candidates
+        assert cc.ConvConfig(128, 64, 32, 4, 3) in candidates
     prob = load_problem(ROOT / "problems" / "conv" / "19_conv_transpose2d_output_padding_relu.py",
                         {"batch_size": 2, "height": 5, "width": 4})
     source = compile_problem(prob, Options(device="cpu")).source

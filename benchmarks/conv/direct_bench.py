@@ -20,6 +20,7 @@ import torch
 import triton
 
 from kfuse.kernels import conv as cv
+from kfuse.kernels import conv_config as cc
 from kfuse.load import load_problem
 
 CONVS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
@@ -60,8 +61,8 @@ def rows_for(path: Path) -> list[dict]:
             "cudnn_tf32_ms": tf32_ms, "cudnn_strict_ms": strict_ms, "strict_err": strict_err}
     out = []
     for scheme in ("fp16x3p", "direct64", "direct32"):
-        default = cv.conv_config(geo, scheme, interpret=False)
-        cfgs = cv.conv_candidates(geo, default, scheme) if scheme in cv.DIRECT_SCHEMES else [default]
+        default = cc.conv_config(geo, scheme, interpret=False)
+        cfgs = cc.conv_candidates(geo, default, scheme) if scheme in cc.DIRECT_SCHEMES else [default]
         timed = []
         for cfg in cfgs:
             try:

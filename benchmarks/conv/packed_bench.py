@@ -24,6 +24,7 @@ import triton
 from triton.testing import do_bench
 
 from kfuse.kernels import conv as cv
+from kfuse.kernels import conv_config as cc
 from kfuse.load import load_problem
 
 
@@ -35,19 +36,19 @@ def first_conv(path: Path) -> tuple[torch.nn.Module, torch.Tensor]:
     return conv, prob.inputs("cuda")[0]
 
 
-def configs(geo: cv.ConvGeometry) -> list[cv.ConvConfig]:
-    default = cv.conv_config(geo, "fp16x3p", False)
+def configs(geo: cv.ConvGeometry) -> list[cc.ConvConfig]:
+    default = cc.conv_config(geo, "fp16x3p", False)
     bn = default.block_n
     out = [default]
     few = os.environ.get("PACKED_CONFIGS") == "few"  # the default, the 8-warp 128 x 128 x 64 and the Gluon tile's
     tiles = ((128, bn, 32, 8, 3), (64, bn, 32, 8, 3), (128, bn, 16, 8, 4), (128, min(bn, 64), 32, 4, 3),
              (64, min(bn, 64), 32, 4, 4), (64, bn, 64, 4, 3), (128, bn, 64, 8, 3))
     for m, n, k, w, s in tiles[-1:] if few else tiles:
-        cfg = cv.ConvConfig(m, n, cv.k_block(geo, k), w, s)
+        cfg = cc.ConvConfig(m, n, cc.k_block(geo, k), w, s)
         if cfg not in out:
             out.append(cfg)
     if cv.wide_ok(torch.empty(0, device="cuda"), geo, "fp16x3p"):  # the Gluon tile (kernels/conv_sm90.py)
-        out += cv.conv_candidates(geo, cv.sm90_config(geo), "fp16x3p")
+        out += cc.conv_candidates(geo, cc.sm90_config(geo), "fp16x3p")
     return out
 
 
@@ -91,10 +92,10 @@ def bench_file(path: Path) -> dict:
                 row["total_ms"] = do_bench(lambda: cv.conv_forward(x, w, b, *args, cfg=cfg))
 
                 def kernel_only():
-                    cv.pick_conv(cv.conv_bias_kernel, cv.conv_bias_kernel_sm90, cfg)[cv.conv_grid(geo, cfg)](
+                    cc.pick_conv(cv.conv_bias_kernel, cv.conv_bias_kernel_sm90, cfg)[cc.conv_grid(geo, cfg)](
                         *ops, b if b is not None else out, out, *sizes, HAS_BIAS=b is not None, BLOCK_M=cfg.block_m,
                         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCHEME=scheme, DENSE=geo.dense,
-                        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cv.conv_options(cfg))
+                        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cc.conv_options(cfg))
                 row["kernel_ms"] = do_bench(kernel_only)
                 row["kernel_tflops_fp16"] = round(3 * flops / row["kernel_ms"] / 1e9, 1)
             except Exception as e:  # a config that does not compile or run: recorded, the others go on

@@ -20,21 +20,21 @@ import torch
 import triton
 
 from direct_bench import first_conv
-from kfuse.kernels import conv as cv
+from kfuse.kernels import conv_config as cc
 from kfuse.kernels import conv_transpose as ct
 
 TRANSPOSED = (torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
 EXTRA = ((64, 128, 32, 8, 3), (128, 128, 32, 8, 3), (128, 64, 32, 8, 3), (64, 128, 64, 8, 3), (64, 64, 64, 4, 3))
 
 
-def candidates(geo) -> list[cv.ConvConfig]:
+def candidates(geo) -> list[cc.ConvConfig]:
     default = ct.conv_transpose_config(geo, "fp16x3p", interpret=False)
     out = [default]
-    for cfg in cv.conv_candidates(geo, cv.conv_config(geo, "fp16x3p", interpret=False), "fp16x3p"):
+    for cfg in cc.conv_candidates(geo, cc.conv_config(geo, "fp16x3p", interpret=False), "fp16x3p"):
         if cfg not in out:
             out.append(cfg)
     for m, n, k, warps, stages in EXTRA:
-        cfg = cv.ConvConfig(m, min(n, default.block_n), cv.k_block(geo, k), warps, stages)
+        cfg = cc.ConvConfig(m, min(n, default.block_n), cc.k_block(geo, k), warps, stages)
         if cfg not in out:
             out.append(cfg)
     return out

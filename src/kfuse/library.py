@@ -30,6 +30,7 @@ MODULES: Modules = (
     ("kernels/runtime", "run-time helpers: operands, tile configs, tuning"),
     ("kernels/conv_geometry", "convolutions: the geometry"),
     ("kernels/conv_pack", "convolutions: the packed operands"),
+    ("kernels/conv_config", "convolutions: the tile's configs, tuning and grid"),
     ("kernels/conv_direct", "convolutions of few channels a group: the direct loop"),
     ("kernels/conv_sm90", "convolutions: the tile on Hopper, in Gluon"),
     ("kernels/conv", "convolutions: the implicit-GEMM tile"),

@@ -34,7 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.conv import ConvConfig, conv_grid, conv_ref, conv_tile_ids, direct_operands, store_with_bias
+from kfuse.kernels.conv import conv_ref, conv_tile_ids, direct_operands, store_with_bias
+from kfuse.kernels.conv_config import ConvConfig, conv_grid
 from kfuse.kernels.conv_direct import conv_direct_at
 from kfuse.kernels.conv_geometry import ConvGeometry, conv_geometry
 from kfuse.kernels.conv_pack import INTERPRETER_ELEMENTS

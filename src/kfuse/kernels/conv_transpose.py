@@ -44,7 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.conv import ConvConfig, conv_config, conv_scheme, conv_tile, conv_tile_ids
+from kfuse.kernels.conv import conv_scheme, conv_tile, conv_tile_ids
+from kfuse.kernels.conv_config import ConvConfig, conv_config
 from kfuse.kernels.conv_geometry import stride1_padding
 from kfuse.kernels.conv_pack import cached_parts, pack_input, packed_channels
 from kfuse.kernels.conv_phases import TransposedGeometry, conv_transpose_geometry, phase_weight

@@ -32,7 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.conv import conv_config, conv_plan, conv_tile_at, conv_tile_ids
+from kfuse.kernels.conv import conv_plan, conv_tile_at, conv_tile_ids
+from kfuse.kernels.conv_config import conv_config
 from kfuse.kernels.conv_geometry import ConvGeometry
 from kfuse.kernels.gemm_core import cdiv
 from kfuse.kernels.pool_geometry import PoolGeometry, pool_geometry
