@@ -322,7 +322,7 @@ def conv_kernel(form: ConvForm, name: str, doc: str, outs: list[str], args: Kern
                                *form.sizes, *CONV_CONSTEXPRS)
     head = ["@triton.jit", f"def {name}_kernel({signature(decls)}):", docstring(doc)]
     epilogue = [*offset_lines(form), *args.loads, *body]
-    if not (sm90 and twin_ok(form, epilogue)):
+    if not (sm90 and twin_ok(form.tile == CONV.tile, epilogue)):
         return "\n".join([*head, *[f"    {ln}" for ln in (*tile_lines(form), *epilogue)]]) + "\n"
     kernel = [*head, *[f"    {ln}" for ln in tile_head(form)],
               "    " + epilogue_call(name, decls, ("offs_m", "mask_m", "offs_c"), indent=8)]

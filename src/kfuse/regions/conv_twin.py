@@ -14,12 +14,7 @@ Launchers of such kernels plan with sm90=True (kernels/conv.py conv_plan) and ru
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kfuse.regions.common import Decl, call, docstring, names, plain, signature
-
-if TYPE_CHECKING:
-    from kfuse.regions.conv_common import ConvForm
 
 # the epilogue's parameters before the kernel's own: the tile's accumulator, ids and offsets
 EPILOGUE_HEAD = plain("acc", "pid_m", "pid_n", "g", "offs_m", "mask_m", "offs_c")
@@ -29,10 +24,10 @@ _NOT_IN_TWINS = ("tl.arange", "tl.zeros", "tl.full", "program_id(1)", "num_progr
 _TILE_SIZES = "M, C_in, OD, OH, OW, CIN_G, COUT_G, KD, KH, KW, DD, DH, DW, BLOCK_M, BLOCK_N, BLOCK_K"
 
 
-def twin_ok(form: ConvForm, lines: list[str]) -> bool:
-    """Whether a kernel of `form` whose epilogue is `lines` gets a Hopper twin (module docstring)."""
-    from kfuse.regions.conv_common import CONV
-    return form.tile == CONV.tile and not any(t in ln for ln in lines for t in _NOT_IN_TWINS)
+def twin_ok(plain_tile: bool, lines: list[str]) -> bool:
+    """Whether a kernel whose epilogue is `lines` gets a Hopper twin (module docstring); `plain_tile`: its form runs
+    the plain convolution tile (regions/conv_common.CONV's)."""
+    return plain_tile and not any(t in ln for ln in lines for t in _NOT_IN_TWINS)
 
 
 def epilogue_fn(name: str, decls: tuple[Decl, ...], lines: list[str]) -> str:
