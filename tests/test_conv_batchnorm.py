@@ -170,10 +170,10 @@ def test_stats_reference_is_per_channel():
 
 def test_stats_launch_tunes_with_its_own_partials():
     """As conv_groupnorm's: the training statistics' per-tile partials are allocated inside the tuned launch, as many
-    as the config's row tiles (row_tiles: of wide rows for the Hopper twin, which this plain convolution's kernels
-    have); the eval launch (folded into the weights) is tuned too, its output allocated inside."""
+    as the config's row tiles (conv_row_tiles: of wide rows for the Hopper twin, which this plain convolution's
+    kernels have); the eval launch (folded into the weights) is tuned too, its output allocated inside."""
     body = tuned_stats_launch("18_conv2d_batchnorm_relu.py", "conv_batch_norm_relu_stats")
-    assert "tiles = row_tiles(geo, cfg)" in body and "mean_part = torch.empty((tiles, geo.C_out)" in body
+    assert "tiles = conv_row_tiles(geo, cfg)" in body and "mean_part = torch.empty((tiles, geo.C_out)" in body
     source = compile_problem(load_problem(ROOT / "problems" / "conv" / "18_conv2d_batchnorm_relu.py",
                                           {"batch_size": 2}), Options(device="cpu")).source
     folded = source[source.index("def conv_batch_norm_relu_folded_launch(cfg):"):]

@@ -79,7 +79,7 @@ def batch_norm_stats(mean_part: torch.Tensor, m2_part: torch.Tensor, M: int, til
     """Per-column mean and 1/sqrt(var + eps) from the (num_tiles, N) partials of M values per column; with
     `factor` (the momentum, or 1/num_batches_tracked when momentum is None) also update bn's running statistics in
     place. `tile_rows`: the rows of every tile but the last (a GEMM's), or each tile's rows as a (num_tiles, N)
-    tensor, the same in every column (a convolution's: regions/conv_batchnorm.py STATS_LINES)."""
+    tensor, the same in every column (a convolution's statistics kernel stores it so, beside the moments)."""
     num_tiles, N = mean_part.shape
     if isinstance(tile_rows, torch.Tensor):
         tile_rows = tile_rows[:, 0].contiguous()

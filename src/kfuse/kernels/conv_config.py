@@ -163,7 +163,7 @@ def tuned_conv(kernel, geo: ConvGeometry, scheme: str, default: ConvConfig, x: t
 _CONV_CONFIGS: dict = {}  # (kernel, geometry, scheme, dtype, device) -> config: the per-call lookup
 
 
-def row_tiles(geo: ConvGeometry, cfg: ConvConfig) -> int:
+def conv_row_tiles(geo: ConvGeometry, cfg: ConvConfig) -> int:
     """The row tiles of a group (the pid_m range): of output pixels, or of wide rows for an sm90 config."""
     return cdiv(geo.wide_pixels if cfg.sm90 else geo.M, cfg.block_m)
 
@@ -172,5 +172,6 @@ def conv_grid(geo: ConvGeometry, cfg: ConvConfig) -> tuple[int, int]:
     """(row tiles x column tiles of a group, groups); an sm90 config's: its blocks, one per SM at most, walking the
     groups' tiles of wide rows (kernels/conv_sm90.py)."""
     if cfg.sm90:
-        return min(row_tiles(geo, cfg) * cdiv(geo.COUT_G, cfg.block_n) * geo.groups, _num_sms(torch.device("cuda"))), 1
+        tiles = conv_row_tiles(geo, cfg) * cdiv(geo.COUT_G, cfg.block_n) * geo.groups
+        return min(tiles, _num_sms(torch.device("cuda"))), 1
     return cdiv(geo.M, cfg.block_m) * cdiv(geo.COUT_G, cfg.block_n), geo.groups

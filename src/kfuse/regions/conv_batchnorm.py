@@ -90,7 +90,7 @@ STATS_LINES = (
 def tile_count(form: ConvForm, sm90: bool) -> list[str]:
     """Launcher lines: `tiles`, the row tiles the stats kernel writes partials for (STATS_LINES' tile index)."""
     if sm90:
-        return ["tiles = row_tiles(geo, cfg)  # partials by row tile (of wide rows for the Hopper twin)"]
+        return ["tiles = conv_row_tiles(geo, cfg)  # partials by row tile (of wide rows for the Hopper twin)"]
     return ["grid = " + f"{form.grid}(geo, cfg)  # partials by row tile",
             "tiles = grid[0] // cdiv(geo.COUT_G, cfg.block_n) * (grid[2] if len(grid) > 2 else 1)"]
 

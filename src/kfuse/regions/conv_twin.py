@@ -6,9 +6,8 @@ running each tile's K loop (gemm_sm90.sm90_tile_mma) and then the epilogue on th
 the producer warp (conv_sm90_loader) already loads the next tile. The tile's row offsets are the output pixels of
 its wide rows (wide_rows: rows that are none are masked like rows past M), its channel offsets made with Gluon's
 arange (no layout given: the compiler infers it from the accumulator's). Which kernels get one (twin_ok): the plain
-convolution tile's form, with stores of the output's shape only (a buffer per row tile would count the Triton
-tile's rows, not the twin's: a kind sizes them by conv.row_tiles), and an epilogue that makes no tensor of its own
-(tl.arange, tl.zeros, tl.full) and reads no group from the grid.
+convolution tile's form (a buffer per row tile must count the twin's rows: conv_config.conv_row_tiles), and an
+epilogue that makes no tensor of its own (tl.arange, tl.zeros, tl.full) and reads no group from the grid.
 Launchers of such kernels plan with sm90=True (kernels/conv.py conv_plan) and run pick_conv's kernel.
 """
 
@@ -48,15 +47,17 @@ def conv_twin(name: str, decls: tuple[Decl, ...], doc: str) -> str:
     offsets = ("offs_m", "mask_m", "pid_n * BLOCK_N + gl.arange(0, BLOCK_N)")
     lines = [
         "@sm90_jit",
-        f"def {name}_tiles_sm90(st, STAGES: tl.constexpr, CHUNK: tl.constexpr, {params}):",
+        f"def {name}_tiles_sm90(st, STAGES: tl.constexpr, CHUNK: tl.constexpr,",
+        f"        {params}):",
         f'    """{name}_kernel_sm90\'s consumer warps: each of the block\'s tiles, its K loop, then its epilogue."""',
-        f"    N, Dp, Hp, Wp, CP, NCB, n_k, row_tiles, col_tiles = conv_sm90_plan({_TILE_SIZES})",
+        "    N, Dp, Hp, Wp, CP, NCB, n_k, row_tiles, col_tiles = conv_sm90_plan(",
+        f"        {_TILE_SIZES})",
         "    i = 0",
         "    for tile in range(tl.program_id(0), row_tiles * col_tiles * (C_in // CIN_G), tl.num_programs(0)):",
         "        pid_m, pid_n, g = conv_sm90_tile_ids(tile, row_tiles, col_tiles)",
         "        acc = sm90_tile_mma(st, i, n_k, BLOCK_M, BLOCK_N, STAGES, CHUNK)",
-        "        acc = conv_sm90_scaled(acc, x_scale_ptr, w_scale_ptr, pid_m, pid_n, g, N, Dp * Hp * Wp, COUT_G, "
-        "BLOCK_M, BLOCK_N)",
+        "        acc = conv_sm90_scaled(acc, x_scale_ptr, w_scale_ptr, pid_m, pid_n, g, N, Dp * Hp * Wp, COUT_G,",
+        "                               BLOCK_M, BLOCK_N)",
         "        offs_m, mask_m = wide_rows(pid_m * BLOCK_M + gl.arange(0, BLOCK_M), N, OD, OH, OW, Dp, Hp, Wp)",
         "        " + epilogue_call(name, decls, offsets, indent=12),
         "        i += n_k",
