@@ -90,7 +90,7 @@ def test_sm90_configs_and_candidates():
     assert not any(c.sm90 for c in runtime.tune_candidates(*big, "fp16x3p", 256, sm90=True))  # groups of 256 columns
     assert SM90.short().endswith("_sm90c4") and "sm90" not in dataclasses.replace(SM90, sm90=False).short()
     # the consumers' and the producer group's registers fit the SM's 65536 at launch
-    assert (SM90.num_warps + 4) * 32 * gc.sm90_maxnreg(SM90) <= 65536
+    assert (SM90.num_warps + 4) * 32 * gc.sm90_maxnreg(SM90.num_warps) <= 65536
     assert not runtime.sm90_ok(torch.zeros(1))  # a CPU tensor never runs the twin
 
 

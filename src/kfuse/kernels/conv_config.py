@@ -11,7 +11,7 @@ import triton
 
 from kfuse.kernels.conv_geometry import ConvGeometry
 from kfuse.kernels.conv_pack import DENSE_K_ALIGN, INTERPRETER_ELEMENTS, packed_channels
-from kfuse.kernels.gemm_core import _num_sms, cdiv
+from kfuse.kernels.gemm_core import _num_sms, cdiv, sm90_maxnreg
 from kfuse.kernels.runtime import SETTINGS, TUNER, _kernel_hash, _kernel_name
 
 DIRECT_SCHEMES = ("direct64", "direct32")  # the direct tile (kernels/conv_direct.py): float64 or fp32 sums
@@ -87,15 +87,16 @@ SM90_TUNE_TILES = ((128, 64, 64, 8), (64, 128, 64, 4), (128, 128, 32, 8))
 
 
 def conv_options(cfg: ConvConfig) -> dict:
-    """A launch's extra arguments for cfg: the Gluon tile's stages and register cap (gemm_core.sm90_maxnreg's rule:
-    the consumer warps and the producer's group of 4 share the SM's registers)."""
+    """A launch's extra arguments for cfg: the Gluon tile's stages and register cap (gemm_core.sm90_maxnreg, at
+    most 248: 4 consumer warps would get 256, past ptxas's 255)."""
     if not cfg.sm90:
         return {}
-    return {"STAGES": cfg.num_stages, "maxnreg": min(65536 // ((cfg.num_warps + 4) * 32) // 8 * 8, 248)}
+    return {"STAGES": cfg.num_stages, "maxnreg": min(sm90_maxnreg(cfg.num_warps), 248)}
 
 
 def pick_conv(kernel, kernel_sm90, cfg: ConvConfig):
-    """The kernel a config runs: the Gluon twin for sm90 configs."""
+    """The kernel a config runs: the Gluon twin for sm90 configs. runtime.pick_kernel's rule, kept apart because
+    sm90_compile.record_launches hooks pick_kernel to find the GEMM launches (whose twins take GEMM arguments)."""
     return kernel_sm90 if cfg.sm90 else kernel
 
 
@@ -174,4 +175,4 @@ def conv_grid(geo: ConvGeometry, cfg: ConvConfig) -> tuple[int, int]:
     if cfg.sm90:
         tiles = conv_row_tiles(geo, cfg) * cdiv(geo.COUT_G, cfg.block_n) * geo.groups
         return min(tiles, _num_sms(torch.device("cuda"))), 1
-    return cdiv(geo.M, cfg.block_m) * cdiv(geo.COUT_G, cfg.block_n), geo.groups
+    return conv_row_tiles(geo, cfg) * cdiv(geo.COUT_G, cfg.block_n), geo.groups

@@ -106,9 +106,8 @@ class ConvGeometry:
     @property
     def wide_pixels(self) -> int:
         """The padded input's pixels at stride 1 (kernels/conv_sm90.py's wide rows): N * Dp * Hp * Wp."""
-        n = self.M // (self.OD * self.OH * self.OW) if self.M else 0
-        return (n * (self.OD + self.DD * (self.KD - 1)) * (self.OH + self.DH * (self.KH - 1))
-                * (self.OW + self.DW * (self.KW - 1)))
+        dp, hp, wp = self.wide_pad()[1]
+        return (self.M // (self.OD * self.OH * self.OW) if self.M else 0) * dp * hp * wp
 
     def wide_pad(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """pack_input's `pad` for wide rows: the leading padding and the padded input's dims (Dp, Hp, Wp)."""

@@ -748,11 +748,11 @@ def sm90_configs(M: int, N: int, K: int, scheme: str) -> list[GemmConfig]:
     return [c for c in SM90_CONFIGS if supports(c, scheme, K, sm90=True)]
 
 
-def sm90_maxnreg(cfg: GemmConfig) -> int:
-    """Registers per thread at launch for the Hopper twin (one block per SM: its stages take 192 KB of shared
-    memory): its num_warps consumer warps and the producer warp's group of 4 share the SM's 65536 (8 warps: 168).
-    The producer then drops to 24 (setmaxnreg), which lifts the consumers to 240."""
-    return 65536 // ((cfg.num_warps + 4) * 32) // 8 * 8
+def sm90_maxnreg(num_warps: int) -> int:
+    """Registers per thread at launch for a Hopper twin (GEMM or convolution) of num_warps consumer warps, one block
+    per SM: they and the producer warp's group of 4 share the SM's 65536 (8 warps: 168). The producer then drops to
+    24 (setmaxnreg), which lifts the consumers to 240."""
+    return 65536 // ((num_warps + 4) * 32) // 8 * 8
 
 
 def skinny_configs(M: int) -> list[GemmConfig]:

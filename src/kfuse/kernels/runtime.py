@@ -401,7 +401,7 @@ def sm90_options(cfg: GemmConfig, M: int = 0, N: int = 0, K: int = 0, device=Non
     if not cfg.sm90:
         return {}
     options = {"STAGES": cfg.num_stages, "CHUNK": cfg.chunk, "PERSISTENT": cfg.persistent,
-               "maxnreg": sm90_maxnreg(cfg)}
+               "maxnreg": sm90_maxnreg(cfg.num_warps)}
     return options | sm90_tail(cfg, M, N, K, device) if cfg.persistent and device is not None else options
 
 

@@ -309,12 +309,6 @@ def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: li
     offsets = batch_offsets([*outs, *(["z"] if z_var else [])]) if batched else []
     epilogue = ["mask_m = offs_m < M", "mask_n = offs_n < N", "mask = mask_m[:, None] & mask_n[None, :]",
                 *args.loads, *body]
-    epilogue_fn = [
-        "@triton.jit",
-        f"def {name}_epilogue({signature([*plain('acc', 'pid_m', 'pid_n', 'offs_m', 'offs_n'), *decls])}):",
-        f'    """The epilogue of {name}_kernel (and of its Hopper twin) on the tile\'s fp32 accumulator."""',
-        *[f"    {ln}" for ln in epilogue],
-    ]
     kernel = [
         "@triton.jit",
         f"def {name}_kernel({signature(decls)}):",
@@ -328,8 +322,17 @@ def gemm_kernel(name: str, doc: str, outs: list[str], args: KernelArgs, body: li
         "    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
         "    " + call(f"{name}_epilogue", ["acc", "pid_m", "pid_n", "offs_m", "offs_n"], names(decls)),
     ]
-    src = "\n".join(epilogue_fn) + "\n\n\n" + "\n".join(kernel) + "\n"
+    src = (epilogue_fn(name, plain("acc", "pid_m", "pid_n", "offs_m", "offs_n"), decls, epilogue) + "\n\n"
+           + "\n".join(kernel) + "\n")
     return src + "\n\n" + sm90_twin(name, decls, doc) if sm90 and not batched else src
+
+
+def epilogue_fn(name: str, head: tuple[Decl, ...], decls: tuple[Decl, ...], lines: list[str]) -> str:
+    """`<name>_epilogue`: a tile kernel's `lines` after its tile, a jit function the kernel and its Hopper twin both
+    call; its parameters the tile's accumulator, ids and offsets (`head`), then the kernel's."""
+    doc = f'    """The epilogue of {name}_kernel (and of its Hopper twin) on the tile\'s fp32 accumulator."""'
+    return "\n".join(["@triton.jit", f"def {name}_epilogue({signature([*head, *decls])}):", doc,
+                      *[f"    {ln}" for ln in lines]]) + "\n"
 
 
 def gemm_launch(kernel: str, *args: str | Iterable[str]) -> str:

@@ -18,12 +18,13 @@ from kfuse.regions.common import (
     call,
     constexpr,
     docstring,
+    epilogue_fn,
     launcher,
     plain,
     signature,
     var,
 )
-from kfuse.regions.conv_twin import conv_twin, epilogue_call, epilogue_fn, twin_ok
+from kfuse.regions.conv_twin import EPILOGUE_HEAD, conv_twin, epilogue_call, twin_ok
 from kfuse.regions.kind import Walk, numel, pointwise_with
 
 TRANSPOSED = "conv_transpose"  # capture's op for ConvTranspose1d/2d/3d and F.conv_transpose1d/2d/3d
@@ -326,7 +327,8 @@ def conv_kernel(form: ConvForm, name: str, doc: str, outs: list[str], args: Kern
         return "\n".join([*head, *[f"    {ln}" for ln in (*tile_lines(form), *epilogue)]]) + "\n"
     kernel = [*head, *[f"    {ln}" for ln in tile_head(form)],
               "    " + epilogue_call(name, decls, ("offs_m", "mask_m", "offs_c"), indent=8)]
-    return "\n\n\n".join([epilogue_fn(name, decls, epilogue), "\n".join(kernel) + "\n", conv_twin(name, decls, doc)])
+    return "\n\n\n".join([epilogue_fn(name, EPILOGUE_HEAD, decls, epilogue), "\n".join(kernel) + "\n",
+                         conv_twin(name, decls, doc)])
 
 
 def has_twin(kernel_src: str, name: str) -> bool:
@@ -338,9 +340,7 @@ def conv_launcher(form: ConvForm, name: str, outs: list[str], args: KernelArgs, 
     """fused_<name>(x, weight, <epilogue operands>, <geometry>): geometry, scheme, tile config and operands from the
     kernels module (conv_plan or conv_transpose_plan), one launch, the outputs in x's layout and dtype. `sm90`: the
     kernel has a Hopper twin (has_twin), which the plan may pick and pick_conv then launches."""
-    kernel = f"pick_conv({name}_kernel, {name}_kernel_sm90, cfg)" if sm90 else f"{name}_kernel"
-    launch = call(f"{kernel}[{form.grid}(geo, cfg)]", ["*ops", *outs, *args.params, "*sizes"],
-                  [*TILE_LAUNCH, *(["**conv_options(cfg)"] if sm90 else [])])
+    launch = launch_call(form, name, outs, args, sm90)
     if form.plan in ("conv_plan", "conv_transpose_plan"):  # the tile tuned on a GPU's first call at each geometry
         run = ["def launch(cfg):", *[f"    {ln}" for ln in launch.splitlines()],
                f"launch(tuned_conv({name}_kernel, geo, scheme, cfg, x, launch))"]
@@ -376,10 +376,15 @@ def stores(values: list[str], env: dict[str, str]) -> list[str]:
 def conv_launch(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs, sm90: bool = False) -> list[str]:
     """Launcher lines: one launch of a conv-tile kernel of this region under `geo`, `cfg`, `scheme`; `sm90`: the
     kernel has a Hopper twin (has_twin), launched for an sm90 config (pick_conv)."""
+    return ["if geo.M:", *[f"    {ln}" for ln in launch_call(form, kernel, ptrs, args, sm90).splitlines()]]
+
+
+def launch_call(form: ConvForm, kernel: str, ptrs: list[str], args: KernelArgs, sm90: bool) -> str:
+    """The call launching `<kernel>_kernel` (its twin for an sm90 config, where it has one: pick_conv) on the plan's
+    operands, the `ptrs`, the epilogue's operands and the plan's sizes, at `cfg`."""
     name = f"pick_conv({kernel}_kernel, {kernel}_kernel_sm90, cfg)" if sm90 else f"{kernel}_kernel"
-    return ["if geo.M:", *[f"    {ln}" for ln in call(
-        f"{name}[{form.grid}(geo, cfg)]", ["*ops", *ptrs, *args.params, "*sizes"],
-        [*TILE_LAUNCH, *(["**conv_options(cfg)"] if sm90 else [])]).splitlines()]]
+    return call(f"{name}[{form.grid}(geo, cfg)]", ["*ops", *ptrs, *args.params, "*sizes"],
+                [*TILE_LAUNCH, *(["**conv_options(cfg)"] if sm90 else [])])
 
 
 def tuned_lines(kernel: str, launch: str, body: list[str], buffers: list[str],

@@ -29,13 +29,6 @@ def twin_ok(plain_tile: bool, lines: list[str]) -> bool:
     return plain_tile and not any(t in ln for ln in lines for t in _NOT_IN_TWINS)
 
 
-def epilogue_fn(name: str, decls: tuple[Decl, ...], lines: list[str]) -> str:
-    """`<name>_epilogue`: the kernel's lines after its tile, on the tile's accumulator and offsets."""
-    return "\n".join(["@triton.jit", f"def {name}_epilogue({signature((*EPILOGUE_HEAD, *decls))}):",
-                      f'    """The epilogue of {name}_kernel and of its Hopper twin, on the fp32 accumulator."""',
-                      *[f"    {ln}" for ln in lines]]) + "\n"
-
-
 def epilogue_call(name: str, decls: tuple[Decl, ...], offsets: tuple[str, str, str], indent: int) -> str:
     return call(f"{name}_epilogue", ["acc", "pid_m", "pid_n", "g", *offsets], names(decls), indent=indent)
 
