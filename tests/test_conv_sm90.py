@@ -97,6 +97,15 @@ def test_sm90_configs_and_choice(monkeypatch):
     assert not cv.wide_ok(torch.empty(0), geo, "fp16x3p")
 
 
+def test_conv_forward_refuses_a_config_for_the_other_operands():
+    """conv_forward's cfg must match the plan's operands: an sm90 config where the plan packed for the Triton tile
+    (here, without a GPU) is one clear error, not a launch on the wrong layout."""
+    x, w, b = _inputs((2, 20, 9, 11), (24, 20, 3, 3), 0)
+    geo = conv_geometry(tuple(x.shape), tuple(w.shape), 1, 0, 1, 1)
+    with pytest.raises(ValueError, match="for packed operands"):
+        cv.conv_forward(x, w, b, cfg=cc.sm90_config(geo))
+
+
 COMPILE = r"""
 import json, sys
 import triton
